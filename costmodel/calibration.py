@@ -1,0 +1,94 @@
+"""Calibration files: fitted efficiencies for a GPU (and engine), loaded into ``Efficiency``.
+
+A calibration lives in ``profiles/calibrations/NAME.yaml`` (or anywhere, by path)::
+
+    name: h100-sxm-vllm
+    gpu: h100-sxm
+    engine: vllm
+    params: {bw_efficiency: .., decode_flops_efficiency: .., prefill_flops_efficiency: ..,
+             step_overhead_s: .., allreduce_latency_s: .., link_efficiency: ..,
+             activation_reserve_bytes: ..}
+    uncertainty: {same keys: one standard deviation}
+    fit: {points: .., mape_ttft: .., mape_tpot: .., ...}
+    inputs: [{path: .., sha256: .., rows: .., source: ..}]
+
+Shipped ones are found by name: ``GPU-ENGINE`` first, then ``GPU``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from ._data import load_yaml, profiles_path
+from .efficiency import IDEAL, PARAM_BOUNDS, Efficiency
+from .errors import InputError, ProfileDataMissing
+
+__all__ = ["load_calibration", "find_calibration", "efficiency_for", "ENGINES"]
+
+ENGINES = ("vllm", "sglang", "trtllm")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_calibration(path: str | Path) -> Efficiency:
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"calibration {path}: no such file")
+    data = load_yaml(p)
+    if not isinstance(data, dict) or not isinstance(data.get("params"), dict):
+        raise InputError(f"calibration {p}: missing key 'params'")
+    params = data["params"]
+    unknown = set(params) - set(PARAM_BOUNDS)
+    if unknown:
+        raise InputError(f"calibration {p}: params: unknown key '{sorted(unknown)[0]}'")
+    values = {}
+    for key in PARAM_BOUNDS:
+        if key not in params:
+            raise InputError(f"calibration {p}: params: missing key '{key}'")
+        v = params[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise InputError(f"calibration {p}: params.{key} must be a number, got {v!r}")
+        values[key] = float(v)
+    name = str(data.get("name", p.stem))
+    try:
+        shown = p.resolve().relative_to(profiles_path().parent)
+    except ValueError:
+        shown = p
+    return Efficiency(**values, model_comm=True, name=name,
+                      source=f"calibrated: {name} ({shown}, sha256 {_sha256(p)[:12]})")
+
+
+def find_calibration(gpu: str, engine: str | None = None) -> Path:
+    """The shipped calibration file for a GPU (and engine)."""
+    names = ([f"{gpu}-{engine}"] if engine else []) + [gpu]
+    for n in names:
+        p = profiles_path("calibrations", f"{n}.yaml")
+        if p.exists():
+            return p
+    raise ProfileDataMissing(
+        f"no shipped calibration for gpu {gpu}{' engine ' + engine if engine else ''}: "
+        f"use --mode ideal, or fit one with 'kvtune calibrate' and pass --calibration FILE")
+
+
+def efficiency_for(mode: str, gpu: str, calibration: str | Path | None = None,
+                   engine: str | None = None) -> Efficiency:
+    """The efficiency a command runs with: ideal, a given calibration file, or the shipped one."""
+    if mode == "ideal":
+        return IDEAL
+    if mode != "calibrated":
+        raise InputError(f"mode must be ideal or calibrated, got {mode!r}")
+    if engine is not None and engine not in ENGINES:
+        raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if calibration:
+        p = Path(calibration)
+        if not p.exists() and not p.suffix:
+            named = profiles_path("calibrations", f"{calibration}.yaml")
+            if named.exists():
+                p = named
+            elif str(calibration).startswith("profiles/"):
+                p = profiles_path(*Path(str(calibration)).parts[1:]).with_suffix(".yaml")
+        return load_calibration(p)
+    return load_calibration(find_calibration(gpu, engine))

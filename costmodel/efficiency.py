@@ -1,0 +1,56 @@
+"""How close the hardware gets to its datasheet: the parameters a calibration fits.
+
+``IDEAL`` is the speed-of-light model (datasheet peaks, no overheads, no communication cost);
+calibrated efficiencies come from a YAML file in ``profiles/calibrations/`` fitted to measured data
+(see ``costmodel.calibration``). Each field is dimensionless or carries its unit in its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .errors import InputError
+
+__all__ = ["Efficiency", "IDEAL", "PARAM_BOUNDS"]
+
+# Physical bounds for each fitted parameter (used to validate files and to bound the fit).
+PARAM_BOUNDS = {
+    "bw_efficiency": (0.05, 1.0),            # achieved / datasheet HBM bandwidth
+    "decode_flops_efficiency": (0.02, 1.0),  # achieved / dense peak for small-M decode GEMMs
+    "prefill_flops_efficiency": (0.05, 1.0), # achieved / dense peak for prefill GEMMs + attention
+    "step_overhead_s": (0.0, 0.2),           # fixed per engine step: launches, scheduling, sampling
+    "allreduce_latency_s": (0.0, 1e-3),      # per TP all-reduce, latency part
+    "link_efficiency": (0.05, 1.2),          # achieved / datasheet one-way link bandwidth (NVLS can exceed 1)
+    "activation_reserve_bytes": (0.0, 40e9), # per GPU, held back from the KV pool (activations, graphs)
+}
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    bw_efficiency: float = 1.0
+    decode_flops_efficiency: float = 1.0
+    prefill_flops_efficiency: float = 1.0
+    step_overhead_s: float = 0.0
+    allreduce_latency_s: float = 0.0
+    link_efficiency: float = 1.0
+    activation_reserve_bytes: float = 0.0
+    model_comm: bool = True       # False: all-reduce costs nothing (the ideal model's seed arithmetic)
+    name: str = "ideal"
+    source: str = "ideal: datasheet peaks, no overheads, no all-reduce cost"
+
+    def __post_init__(self) -> None:
+        for key, (lo, hi) in PARAM_BOUNDS.items():
+            v = getattr(self, key)
+            if not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise InputError(f"calibration {self.name}: {key} = {v!r} is outside its physical range [{lo}, {hi}]")
+
+    def params(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in PARAM_BOUNDS}
+
+    def with_params(self, **values) -> "Efficiency":
+        d = asdict(self)
+        d.update(values)
+        return Efficiency(**d)
+
+
+IDEAL = Efficiency(model_comm=False)

@@ -1,0 +1,86 @@
+"""GPU datasheet figures, loaded from ``profiles/hardware.yaml`` into frozen objects.
+
+Units are SI inside: bytes, bytes/s, FLOP/s. The YAML holds datasheet units (GB, TB/s, TFLOPS)
+with the datasheet named beside each figure; conversion happens here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ._data import load_yaml, profiles_path
+from .errors import InputError
+
+__all__ = ["GPU", "get_gpu", "list_gpus"]
+
+GB = 1e9  # decimal GB, as on the datasheets
+TB = 1e12
+TFLOP = 1e12
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator's datasheet peaks (dense tensor throughput, decimal memory)."""
+
+    name: str
+    display_name: str
+    memory_bytes: float
+    hbm_bytes_per_s: float
+    bf16_flops_per_s: float
+    fp8_flops_per_s: float  # 0 where the GPU has no FP8 tensor cores
+    interconnect_bytes_per_s: float  # aggregate bidirectional, as on the datasheet
+    interconnect: str
+    source: str
+
+    def __post_init__(self) -> None:
+        for field in ("memory_bytes", "hbm_bytes_per_s", "bf16_flops_per_s", "interconnect_bytes_per_s"):
+            if not getattr(self, field) > 0:
+                raise InputError(f"hardware {self.name}: {field} must be > 0, got {getattr(self, field)}")
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        """One direction of the GPU-to-GPU link: half the datasheet's bidirectional figure."""
+        return self.interconnect_bytes_per_s / 2
+
+    def matmul_flops_per_s(self, weight_dtype: str) -> float:
+        """Dense tensor-core peak for the weight format's GEMMs."""
+        if weight_dtype == "fp8":
+            if self.fp8_flops_per_s <= 0:
+                raise InputError(f"gpu {self.name}: has no FP8 tensor cores; use --weight-dtype bf16")
+            return self.fp8_flops_per_s
+        return self.bf16_flops_per_s
+
+
+@lru_cache(maxsize=None)
+def _catalog() -> dict:
+    data = load_yaml(profiles_path("hardware.yaml"))
+    return {k.lower(): v for k, v in data.items()}
+
+
+_ALIASES = {"h100": "h100-sxm", "h100-sxm5": "h100-sxm", "h100-80gb": "h100-sxm", "h200-sxm": "h200",
+            "a100": "a100-80gb", "a100-sxm": "a100-80gb", "b200-sxm": "b200"}
+
+
+def list_gpus() -> list[str]:
+    return sorted(_catalog())
+
+
+def get_gpu(name: str) -> GPU:
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    cat = _catalog()
+    if key not in cat:
+        raise InputError(f"unknown gpu '{name}'; known: {', '.join(sorted(cat))}")
+    row = cat[key]
+    return GPU(
+        name=key,
+        display_name=row["display_name"],
+        memory_bytes=float(row["memory_gb"]) * GB,
+        hbm_bytes_per_s=float(row["hbm_tb_s"]) * TB,
+        bf16_flops_per_s=float(row["bf16_tflops"]) * TFLOP,
+        fp8_flops_per_s=float(row["fp8_tflops"]) * TFLOP,
+        interconnect_bytes_per_s=float(row["interconnect_gb_s"]) * GB,
+        interconnect=row["interconnect"],
+        source=row["source"],
+    )

@@ -1,0 +1,86 @@
+"""GPU memory: weight bytes under tensor parallelism, the KV pool and how many sequences fit.
+
+Accounting is decimal (1 GB = 1e9 bytes, as on datasheets). Per GPU:
+
+    usable      = memory_bytes x gpu_mem_util
+    kv_pool     = usable - weights/TP - activation_reserve
+    pool_tokens = kv_pool / (KV bytes per token held by one GPU)
+
+KV heads shard across TP ranks until TP exceeds their number; then each rank holds one head
+(replicated), so adding GPUs past that point adds pool bytes but not pool tokens per byte.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import DoesNotFit, InputError
+from .hardware import GPU
+from .models import DTYPE_BYTES, ModelArch
+
+__all__ = ["MemoryPlan", "weight_bytes", "plan_memory", "check_dtype"]
+
+
+def check_dtype(value: str, what: str) -> str:
+    if value not in ("bf16", "fp8"):
+        raise InputError(f"{what} must be bf16 or fp8, got {value!r}")
+    return value
+
+
+def weight_bytes(model: ModelArch, weight_dtype: str) -> float:
+    """Bytes of all stored weights. FP8 checkpoints quantise the GEMM weights to 1 byte and keep
+    the embedding and LM head in bf16 (as vLLM/TensorRT-LLM FP8 checkpoints do)."""
+    check_dtype(weight_dtype, "weight dtype")
+    emb = model.embedding_params * (1 if model.tied_embeddings else 2)
+    gemm = model.total_params - emb
+    return gemm * DTYPE_BYTES[weight_dtype] + emb * DTYPE_BYTES["bf16"]
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    tp: int
+    weight_bytes: float                 # whole model
+    weight_bytes_per_gpu: float
+    usable_bytes_per_gpu: float         # memory x utilisation
+    activation_reserve_bytes: float     # per GPU
+    kv_pool_bytes_per_gpu: float
+    kv_bytes_per_token: float           # whole model, all layers
+    kv_bytes_per_token_per_gpu: float
+    kv_pool_tokens: int                 # per replica (one TP group)
+
+    def max_batch(self, context_tokens: int) -> int:
+        """Sequences of ``context_tokens`` each that the pool holds at once."""
+        if context_tokens <= 0:
+            raise InputError(f"context must be > 0 tokens, got {context_tokens}")
+        return int(self.kv_pool_tokens // context_tokens)
+
+
+def plan_memory(model: ModelArch, gpu: GPU, tp: int, weight_dtype: str, kv_dtype: str,
+                gpu_mem_util: float = 0.9, activation_reserve_bytes: float = 0.0) -> MemoryPlan:
+    check_dtype(kv_dtype, "kv dtype")
+    if not 0 < gpu_mem_util <= 1:
+        raise InputError(f"gpu memory utilisation must be in (0, 1], got {gpu_mem_util}")
+    err = model.tp_error(tp)
+    if err:
+        raise InputError(err)
+    w = weight_bytes(model, weight_dtype)
+    w_gpu = w / tp
+    usable = gpu.memory_bytes * gpu_mem_util
+    pool = usable - w_gpu - activation_reserve_bytes
+    kv_gpu = model.kv_bytes_per_token_per_gpu(kv_dtype, tp)
+    if pool <= kv_gpu * 16:  # not even one 16-token block of KV fits
+        short_gb = (w_gpu + activation_reserve_bytes - usable) / 1e9
+        need_tp = next((t for t in (1, 2, 4, 8, 16, 32, 64) if t > tp and w / t + activation_reserve_bytes < usable * 0.95), None)
+        hint = f"; try --tp {need_tp}" if need_tp else ""
+        raise DoesNotFit(
+            f"{model.name} weights ({weight_dtype}) need {w_gpu / 1e9:.1f} GB per GPU at TP={tp} "
+            f"(+{activation_reserve_bytes / 1e9:.1f} GB reserve) but {gpu.name} offers "
+            f"{usable / 1e9:.1f} GB at {gpu_mem_util:.2f} utilisation: short by {max(short_gb, 0):.1f} GB, "
+            f"no room for the KV cache{hint}", shortfall_bytes=max(short_gb, 0) * 1e9)
+    return MemoryPlan(
+        tp=tp, weight_bytes=w, weight_bytes_per_gpu=w_gpu, usable_bytes_per_gpu=usable,
+        activation_reserve_bytes=activation_reserve_bytes, kv_pool_bytes_per_gpu=pool,
+        kv_bytes_per_token=float(model.kv_bytes_per_token(kv_dtype)), kv_bytes_per_token_per_gpu=kv_gpu,
+        kv_pool_tokens=int(math.floor(pool / kv_gpu)),
+    )

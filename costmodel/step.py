@@ -1,0 +1,191 @@
+"""Step times: what one engine iteration (a decode step, a prefill chunk, or both mixed) costs.
+
+For one TP group (a replica), per GPU:
+
+    bytes   = weights read + KV read (+ KV written)          weights/TP; MoE reads only touched experts
+    flops   = 2 x matmul params x tokens / TP  +  attention pairs x 4 x heads x head_dim x layers / TP
+    t_mem   = bytes / (HBM bandwidth x bw_efficiency)
+    t_comp  = GEMM flops / (peak x flops_efficiency) + attention flops / (bf16 peak x flops_efficiency)
+    t_comm  = 2 x layers x (all-reduce latency + 2(TP-1)/TP x tokens x hidden x 2 bytes / link bandwidth)
+    t_step  = max(t_mem, t_comp) + t_comm + step overhead (+ draft time with speculation)
+
+Decode tokens use the decode FLOP efficiency (small-M GEMMs); prefill tokens use the prefill one.
+Speculative decoding (draft length k, per-token acceptance a) turns every decode sequence into
+k+1 verify tokens: the same bytes, k+1 times the arithmetic, plus k draft passes costing
+``draft_cost`` of a target pass each, and emits (1 - a^(k+1)) / (1 - a) tokens on average.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .efficiency import IDEAL, Efficiency
+from .errors import InputError
+from .hardware import GPU
+from .memory import MemoryPlan, plan_memory, weight_bytes
+from .models import DTYPE_BYTES, ModelArch
+
+__all__ = ["SpecConfig", "StepBreakdown", "StepModel", "spec_tokens_per_step"]
+
+ACT_BYTES = 2  # activations travel as bf16 in the TP all-reduce
+
+
+def spec_tokens_per_step(k: int, acceptance: float) -> float:
+    """Expected tokens emitted per verify pass: 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a)."""
+    if k < 0:
+        raise InputError(f"speculative length k must be >= 0, got {k}")
+    if not 0 <= acceptance <= 1:
+        raise InputError(f"speculative acceptance must be in [0, 1], got {acceptance}")
+    if k == 0:
+        return 1.0
+    if acceptance == 1:
+        return float(k + 1)
+    return (1 - acceptance ** (k + 1)) / (1 - acceptance)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    k: int
+    acceptance: float
+    draft_cost: float = 0.05  # one draft forward pass as a fraction of a target forward pass
+    method: str = "eagle3"
+
+    def __post_init__(self) -> None:
+        spec_tokens_per_step(self.k, self.acceptance)
+        if not 0 <= self.draft_cost <= 1:
+            raise InputError(f"speculative draft_cost must be in [0, 1], got {self.draft_cost}")
+
+    @property
+    def tokens_per_step(self) -> float:
+        return spec_tokens_per_step(self.k, self.acceptance)
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    time_s: float
+    mem_s: float
+    compute_s: float
+    comm_s: float
+    overhead_s: float
+    draft_s: float
+    bytes_per_gpu: float
+    flops_per_gpu: float
+    tokens_per_seq: float  # output tokens each decode sequence gains this step (expected)
+
+    @property
+    def bound(self) -> str:
+        return "bandwidth" if self.mem_s >= self.compute_s else "compute"
+
+
+class StepModel:
+    """The cost model for one replica (a TP group) of one model on one GPU type."""
+
+    def __init__(self, model: ModelArch, gpu: GPU, tp: int = 1, weight_dtype: str = "bf16",
+                 kv_dtype: str = "bf16", efficiency: Efficiency = IDEAL, spec: SpecConfig | None = None,
+                 gpu_mem_util: float = 0.9):
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
+        self.eff = efficiency
+        self.spec = spec if spec is not None and spec.k > 0 else None
+        self.memory: MemoryPlan = plan_memory(model, gpu, tp, weight_dtype, kv_dtype, gpu_mem_util,
+                                              efficiency.activation_reserve_bytes)
+        e = efficiency
+        expert_bytes = model.expert_params_total * DTYPE_BYTES[weight_dtype]
+        self._w_dense_gpu = (weight_bytes(model, weight_dtype) - expert_bytes) / tp
+        self._w_expert_gpu = expert_bytes / tp
+        self._route_frac = model.n_active_experts / model.n_experts if model.is_moe else 0.0
+        self._kv_gpu = self.memory.kv_bytes_per_token_per_gpu
+        self._bw = gpu.hbm_bytes_per_s * e.bw_efficiency
+        self._gemm_flops_tok = model.dense_flops_per_token() / tp
+        self._attn_flops_pair = model.attn_flops_per_token_per_ctx() / tp
+        peak = gpu.matmul_flops_per_s(weight_dtype)
+        self._dec_gemm_rate = peak * e.decode_flops_efficiency
+        self._dec_attn_rate = gpu.bf16_flops_per_s * e.decode_flops_efficiency
+        self._pre_gemm_rate = peak * e.prefill_flops_efficiency
+        self._pre_attn_rate = gpu.bf16_flops_per_s * e.prefill_flops_efficiency
+        if tp > 1 and e.model_comm:
+            self._n_ar = 2 * model.n_layers
+            self._ar_lat = e.allreduce_latency_s
+            self._ar_s_per_token = 2 * (tp - 1) / tp * model.hidden * ACT_BYTES / (gpu.link_bytes_per_s * e.link_efficiency)
+        else:
+            self._n_ar, self._ar_lat, self._ar_s_per_token = 0, 0.0, 0.0
+        self._overhead = e.step_overhead_s
+        self._q_per_seq = self.spec.k + 1 if self.spec else 1
+        self._draft_frac = self.spec.k * self.spec.draft_cost if self.spec else 0.0
+        self.tokens_per_step = self.spec.tokens_per_step if self.spec else 1.0
+
+    # ---- pieces ----------------------------------------------------------------------------
+    def weight_read_bytes(self, n_tokens: float) -> float:
+        """Weights one GPU reads in a step of ``n_tokens``; MoE layers read only the experts the
+        tokens route to: expected touched share 1 - (1 - k/E)^tokens (uniform routing)."""
+        if not self._w_expert_gpu:
+            return self._w_dense_gpu
+        touched = 1.0 - (1.0 - self._route_frac) ** max(n_tokens, 1.0)
+        return self._w_dense_gpu + self._w_expert_gpu * touched
+
+    def _kv_read_tokens(self, n_seqs: float, ctx_sum: float) -> float:
+        if not self.model.n_sliding_layers or n_seqs <= 0:
+            return ctx_sum
+        return n_seqs * self.model.kv_read_tokens(ctx_sum / n_seqs)
+
+    def breakdown(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float = 0.0,
+                  prefill_pairs: float = 0.0, prefill_kv_read: float = 0.0) -> StepBreakdown:
+        """Cost of one step with ``n_decode`` decode sequences whose contexts sum to
+        ``decode_ctx_sum`` tokens, plus ``prefill_tokens`` prompt tokens attending over
+        ``prefill_pairs`` (query, key) pairs and reading ``prefill_kv_read`` cached tokens."""
+        q = self._q_per_seq
+        dec_tokens = n_decode * q
+        n_tokens = dec_tokens + prefill_tokens
+        if n_tokens <= 0:
+            return StepBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, self.tokens_per_step)
+        kv_tokens = self._kv_read_tokens(n_decode, decode_ctx_sum) + prefill_kv_read + n_tokens
+        bytes_gpu = self.weight_read_bytes(n_tokens) + kv_tokens * self._kv_gpu
+        dec_pairs = q * decode_ctx_sum + n_decode * q * (q + 1) / 2
+        dec_gemm = dec_tokens * self._gemm_flops_tok
+        dec_attn = dec_pairs * self._attn_flops_pair
+        pre_gemm = prefill_tokens * self._gemm_flops_tok
+        pre_attn = prefill_pairs * self._attn_flops_pair
+        mem_s = bytes_gpu / self._bw
+        comp_s = (dec_gemm / self._dec_gemm_rate + dec_attn / self._dec_attn_rate
+                  + pre_gemm / self._pre_gemm_rate + pre_attn / self._pre_attn_rate)
+        comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens)
+        draft_s = 0.0
+        if self._draft_frac and n_decode:
+            # the draft runs k passes over the decode batch, each a fraction of a plain target step
+            plain_comp = (n_decode * self._gemm_flops_tok / self._dec_gemm_rate
+                          + decode_ctx_sum * self._attn_flops_pair / self._dec_attn_rate)
+            plain_mem = (self.weight_read_bytes(n_decode) + self._kv_read_tokens(n_decode, decode_ctx_sum) * self._kv_gpu) / self._bw
+            draft_s = self._draft_frac * max(plain_mem, plain_comp)
+        time_s = max(mem_s, comp_s) + comm_s + self._overhead + draft_s
+        return StepBreakdown(time_s, mem_s, comp_s, comm_s, self._overhead, draft_s, bytes_gpu,
+                             dec_gemm + dec_attn + pre_gemm + pre_attn, self.tokens_per_step)
+
+    def step_time_s(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float = 0.0,
+                    prefill_pairs: float = 0.0, prefill_kv_read: float = 0.0) -> float:
+        return self.breakdown(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read).time_s
+
+    # ---- convenience -----------------------------------------------------------------------
+    def decode_step(self, batch: int, context: float) -> StepBreakdown:
+        """A pure decode step of ``batch`` sequences, each with ``context`` tokens cached."""
+        if batch < 1:
+            raise InputError(f"batch must be >= 1, got {batch}")
+        return self.breakdown(batch, batch * float(context))
+
+    @staticmethod
+    def chunk_pairs(chunk: float, prior: float) -> float:
+        """(query, key) pairs of a causal prefill chunk of ``chunk`` tokens after ``prior`` cached."""
+        return chunk * prior + chunk * (chunk + 1) / 2
+
+    def prefill_time_s(self, prompt_tokens: int, cached_tokens: int = 0, chunk_tokens: int | None = None) -> float:
+        """Time to prefill a prompt alone (no decodes riding along), in chunks of ``chunk_tokens``."""
+        todo = max(prompt_tokens - cached_tokens, 0)
+        if todo == 0:
+            return 0.0
+        chunk = chunk_tokens or todo
+        t, done = 0.0, cached_tokens
+        while todo > 0:
+            n = min(chunk, todo)
+            t += self.step_time_s(0, 0.0, n, self.chunk_pairs(n, done), done)
+            done += n
+            todo -= n
+        return t

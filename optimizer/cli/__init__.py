@@ -1,0 +1,61 @@
+"""The ``kvtune`` command line. One group, one context; subcommands live in sibling modules.
+
+Expected failures (``KvtuneError``) print one ``Error:`` line and exit with their code (2 for bad
+input, 3 for an infeasible request); ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from costmodel import __version__
+from costmodel.errors import KvtuneError
+
+
+class KvtuneGroup(click.Group):
+    def main(self, *args, **kwargs):
+        debug = "--debug" in sys.argv
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except KvtuneError as exc:
+            if debug:
+                raise
+            click.echo(f"Error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(130)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(2 if exc.exit_code == 2 else exc.exit_code)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=KvtuneGroup)
+@click.version_option(__version__, prog_name="kvtune")
+@click.option("--debug", is_flag=True, help="Show tracebacks for expected errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """kvtune: which serving config, on how many GPUs, meets your SLOs at the lowest price."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def _register() -> None:
+    import importlib
+
+    for mod in ("estimate", "simulate", "solve", "profile", "calibrate"):
+        try:
+            m = importlib.import_module(f"optimizer.cli.{mod}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"optimizer.cli.{mod}":
+                continue  # that command is not built yet
+            raise
+        for cmd in getattr(m, "COMMANDS", []):
+            main.add_command(cmd)
+
+
+_register()

@@ -1,0 +1,72 @@
+"""Shared option parsing for kvtune's commands: checked where input enters."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from costmodel.errors import InputError
+
+
+def parse_int_list(value: str, what: str, minimum: int = 1) -> list[int]:
+    out = []
+    for part in str(value).split(","):
+        part = part.strip()
+        try:
+            v = int(part)
+        except ValueError:
+            raise InputError(f"--{what}: '{part}' is not an integer") from None
+        if v < minimum:
+            raise InputError(f"--{what}: {v} must be >= {minimum}")
+        out.append(v)
+    if not out:
+        raise InputError(f"--{what}: empty list")
+    return out
+
+
+def to_jsonable(obj):
+    """Floats that JSON cannot hold (inf, nan) become strings; numpy scalars become Python ones."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "inf" if obj > 0 else ("-inf" if obj < 0 else "nan")
+    return obj
+
+
+def dumps(obj) -> str:
+    return json.dumps(to_jsonable(obj), indent=2, sort_keys=False)
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write a file whole or not at all: a temporary file in the same folder, then rename."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise InputError(f"{path}: folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def echo_table(headers: list[str], rows: list[list], out=None) -> None:
+    """A plain aligned table (units belong in the headers)."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    click.echo("\n".join(lines), file=out)
