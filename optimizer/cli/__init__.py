@@ -27,9 +27,14 @@ class KvtuneGroup(click.Group):
         except click.exceptions.Abort:
             click.echo("Aborted.", err=True)
             sys.exit(130)
+        except click.UsageError as exc:
+            # one line, like every other input error; --help shows the usage
+            where = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
+            click.echo(f"Error: {where}{exc.format_message()}", err=True)
+            sys.exit(2)
         except click.ClickException as exc:
-            exc.show()
-            sys.exit(2 if exc.exit_code == 2 else exc.exit_code)
+            click.echo(f"Error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
 
