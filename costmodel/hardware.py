@@ -12,7 +12,7 @@ from functools import lru_cache
 from ._data import load_yaml, profiles_path
 from .errors import InputError
 
-__all__ = ["GPU", "get_gpu", "list_gpus"]
+__all__ = ["GPU", "get_gpu", "list_gpus", "load_gpu_file"]
 
 GB = 1e9  # decimal GB, as on the datasheets
 TB = 1e12
@@ -72,7 +72,36 @@ def get_gpu(name: str) -> GPU:
     cat = _catalog()
     if key not in cat:
         raise InputError(f"unknown gpu '{name}'; known: {', '.join(sorted(cat))}")
-    row = cat[key]
+    return _gpu_from_row(key, cat[key])
+
+
+_KEYS = ("display_name", "memory_gb", "hbm_tb_s", "bf16_tflops", "fp8_tflops", "interconnect_gb_s",
+         "interconnect", "source")
+
+
+def load_gpu_file(path) -> GPU:
+    """A user hardware file: one entry in ``profiles/hardware.yaml``'s format (``NAME: {keys}``)."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"hardware file {p}: no such file")
+    data = load_yaml(p)
+    if not isinstance(data, dict) or len(data) != 1 or not isinstance(next(iter(data.values())), dict):
+        raise InputError(f"hardware file {p}: expected exactly one entry 'NAME: {{{', '.join(_KEYS)}}}'")
+    key, row = next(iter(data.items()))
+    for k in _KEYS:
+        if k not in row:
+            raise InputError(f"hardware file {p}: {key}: missing key '{k}'")
+    try:
+        return _gpu_from_row(str(key).lower(), row)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"hardware file {p}: {key}: a figure is not a number ({exc})") from None
+
+
+def _gpu_from_row(key: str, row: dict) -> GPU:
     return GPU(
         name=key,
         display_name=row["display_name"],

@@ -146,8 +146,8 @@ def read_table(path: str | Path) -> list[ProfileRow]:
                 need = ("input_tokens", "output_tokens")
                 if "concurrency" not in vals and "rate_req_s" not in vals:
                     raise InputError(f"{p}: line {i}: a request row needs concurrency or rate_req_s")
-                if "ttft_mean_ms" not in vals and "tpot_mean_ms" not in vals and "ttft_p99_ms" not in vals:
-                    raise InputError(f"{p}: line {i}: a request row needs a measured ttft_* or tpot_* column")
+                if not any(k in vals for k in ("ttft_mean_ms", "tpot_mean_ms", "ttft_p99_ms", "output_tok_s", "request_s")):
+                    raise InputError(f"{p}: line {i}: a request row needs a measured ttft_*, tpot_*, output_tok_s or request_s column")
             else:
                 raise InputError(f"{p}: line {i}: column kind = {kind!r}, expected step or request")
             for key in need:

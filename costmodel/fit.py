@@ -1,0 +1,313 @@
+"""Fitting a calibration: the ``Efficiency`` parameters that make kvtune match measured rows.
+
+Least squares on relative residuals ``log(predicted / measured)`` (a 10% miss weighs the same on a
+5 ms step and a 2 s TTFT), bounded by ``PARAM_BOUNDS``. Parameters are scaled inside the solver so
+each moves on a unit near 1: overheads in ms, all-reduce latency in us, reserve in GB.
+
+Uncertainty is the usual linearised one: with Jacobian ``J`` of the residuals at the solution,
+``s^2 = sum(r^2) / (n - p)`` and ``cov = s^2 (J^T J)^-1``; one sigma is ``sqrt(diag(cov))``. It
+assumes the model is right and the misses are noise, so read it as a lower bound.
+
+Step rows are predicted with ``StepModel`` directly; request rows (mean TTFT/TPOT of a closed loop
+at a concurrency, or a batch arriving all at once) by running the simulator (``costmodel.simulate``)
+with a fixed seed, so residuals are deterministic and smooth in the parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .efficiency import PARAM_BOUNDS, Efficiency
+from .errors import InputError
+from .hardware import GPU
+from .models import get_model
+from .profile_table import ProfileRow
+from .step import StepModel
+
+__all__ = ["FIT_PARAMS", "PointFit", "FitResult", "RowPredictor", "measured_metrics", "fit_efficiency",
+           "evaluate", "cross_validate", "mape"]
+
+# Fitted by default; activation_reserve_bytes only shows when the KV pool limits a run, so it is
+# fitted only when asked for.
+FIT_PARAMS = ("bw_efficiency", "decode_flops_efficiency", "prefill_flops_efficiency",
+              "step_overhead_s", "allreduce_latency_s", "link_efficiency")
+
+# Solver units: value = x * scale.
+_SCALE = {"bw_efficiency": 1.0, "decode_flops_efficiency": 1.0, "prefill_flops_efficiency": 1.0,
+          "step_overhead_s": 1e-3, "allreduce_latency_s": 1e-6, "link_efficiency": 1.0,
+          "activation_reserve_bytes": 1e9}
+# Probe used to decide whether the rows can see a parameter at all: efficiencies are divided by 4,
+# additive parameters get this much added.
+_PROBE_ADD = {"step_overhead_s": 2e-3, "allreduce_latency_s": 50e-6, "activation_reserve_bytes": 20e9}
+_VISIBLE_REL = 2e-3  # a parameter is visible if the probe moves some prediction by more than 0.2%
+
+METRICS = ("step_ms", "ttft_ms", "tpot_ms", "output_tok_s")
+
+
+def measured_metrics(row: ProfileRow) -> dict[str, float]:
+    """The figures of a row kvtune can predict: step_ms, or mean ttft_ms / tpot_ms / output_tok_s."""
+    if row.kind == "step":
+        return {"step_ms": row.step_ms} if row.step_ms and not row.spec_k else {}
+    out = {}
+    if row.ttft_mean_ms:
+        out["ttft_ms"] = row.ttft_mean_ms
+    if row.tpot_mean_ms and (row.output_tokens or 0) > 1:
+        out["tpot_ms"] = row.tpot_mean_ms
+    if row.output_tok_s:
+        out["output_tok_s"] = row.output_tok_s
+    return out
+
+
+def mape(pred: Sequence[float], meas: Sequence[float]) -> float:
+    p, m = np.asarray(pred, float), np.asarray(meas, float)
+    return float(np.mean(np.abs(p / m - 1.0)) * 100.0) if len(m) else float("nan")
+
+
+class RowPredictor:
+    """Predicts every measurable figure of profile rows under a given ``Efficiency``.
+
+    ``predict(rows, eff)`` returns one ``{metric: value}`` per row. Step models are shared per
+    (model, TP, dtypes). Request rows run the simulator: closed loop at the row's concurrency with
+    ``max(requests_per_client x C, min_requests)`` requests (the first C, the cold start burst, and
+    the last C, the drain, are left out of the means), or an all-at-once batch of ``num_requests``
+    (output tok/s = tokens / makespan). ``chunk_tokens`` is the engine's prefill token budget.
+    """
+
+    def __init__(self, gpu: GPU, chunk_tokens: int = 8192, requests_per_client: int = 4,
+                 min_requests: int = 64, seed: int = 0, gpu_mem_util: float = 0.9):
+        self.gpu, self.chunk_tokens, self.seed = gpu, chunk_tokens, seed
+        self.requests_per_client, self.min_requests = requests_per_client, min_requests
+        self.gpu_mem_util = gpu_mem_util
+
+    def step_model(self, row: ProfileRow, eff: Efficiency) -> StepModel:
+        return StepModel(get_model(row.model), self.gpu, row.tp, row.weight_dtype, row.kv_dtype, eff,
+                         gpu_mem_util=self.gpu_mem_util)
+
+    def __call__(self, rows: Sequence[ProfileRow], eff: Efficiency) -> list[dict[str, float]]:
+        models: dict[tuple, StepModel] = {}
+        out = []
+        for r in rows:
+            key = (r.model, r.tp, r.weight_dtype, r.kv_dtype)
+            if key not in models:
+                models[key] = self.step_model(r, eff)
+            out.append(self.predict_row(models[key], r))
+        return out
+
+    def predict_row(self, sm, row: ProfileRow) -> dict[str, float]:
+        if row.kind == "step":
+            if row.phase == "decode":
+                return {"step_ms": sm.decode_step(row.batch, row.context_tokens).time_s * 1e3}
+            chunk, prior = row.chunk_tokens or 0, row.context_tokens or 0
+            t = sm.step_time_s(0, 0.0, chunk, StepModel.chunk_pairs(chunk, prior), prior)
+            return {"step_ms": t * 1e3}
+        return self._simulate(sm, row)
+
+    def _simulate(self, sm, row: ProfileRow) -> dict[str, float]:
+        from .requests import Requests
+        from .simulate import SimConfig, simulate
+
+        isl, osl = row.input_tokens, row.output_tokens
+        if row.rate_req_s is not None and math.isinf(row.rate_req_s):
+            n = row.num_requests or row.concurrency
+            if not n:
+                raise InputError(f"row {row.id}: an all-at-once row (rate_req_s inf) needs num_requests")
+            res = simulate(sm, Requests.uniform(n, isl, osl), SimConfig(batch_cap=n, chunk_tokens=self.chunk_tokens),
+                           arrival="inf", seed=self.seed)
+            ttft, tpot = np.asarray(res.ttft_s), np.asarray(res.tpot_s)
+            makespan = float(np.max(ttft + tpot * (osl - 1)))
+            return {"ttft_ms": float(ttft.mean() * 1e3), "tpot_ms": float(tpot.mean() * 1e3),
+                    "output_tok_s": n * osl / makespan}
+        if row.concurrency is None:
+            raise InputError(f"row {row.id}: open-loop rows at a finite rate_req_s are not used for fitting; "
+                             f"give concurrency (closed loop) or rate_req_s inf")
+        c = row.concurrency
+        n = max(self.requests_per_client * c, self.min_requests)
+        res = simulate(sm, Requests.uniform(n, isl, osl), SimConfig(batch_cap=c, chunk_tokens=self.chunk_tokens),
+                       arrival="closed", concurrency=c, seed=self.seed)
+        ttft, tpot = np.asarray(res.ttft_s), np.asarray(res.tpot_s)
+        keep = slice(c, n - c) if n > 2 * c else slice(0, n)
+        out = {"ttft_ms": float(ttft[keep].mean() * 1e3), "tpot_ms": float(tpot[keep].mean() * 1e3)}
+        if row.output_tok_s:
+            out["output_tok_s"] = c * osl / float(np.mean(ttft[keep] + tpot[keep] * (osl - 1)))
+        return out
+
+
+@dataclass(frozen=True)
+class PointFit:
+    """One measured figure with kvtune's prediction before and after the fit."""
+
+    id: str
+    metric: str
+    measured: float
+    before: float
+    after: float
+    engine: str = ""
+    model: str = ""
+    tp: int = 1
+
+    @property
+    def err_before(self) -> float:
+        return self.before / self.measured - 1.0
+
+    @property
+    def err_after(self) -> float:
+        return self.after / self.measured - 1.0
+
+
+@dataclass(frozen=True)
+class FitResult:
+    efficiency: Efficiency
+    fitted: tuple[str, ...]
+    uncertainty: dict[str, float]          # one sigma, SI units; 0 for parameters kept at base
+    points: tuple[PointFit, ...]
+    notes: tuple[str, ...] = ()
+    success: bool = True
+    message: str = ""
+    nfev: int = 0
+    rms_log_residual: float = 0.0
+
+    def mape(self, after: bool = True, metric: str | None = None, engine: str | None = None) -> float:
+        pts = [p for p in self.points if (metric is None or p.metric == metric) and (engine is None or p.engine == engine)]
+        return mape([p.after if after else p.before for p in pts], [p.measured for p in pts])
+
+    def mape_by_metric(self, after: bool = True) -> dict[str, float]:
+        return {m: self.mape(after, m) for m in METRICS if any(p.metric == m for p in self.points)}
+
+
+def _targets(rows: Sequence[ProfileRow]) -> list[tuple[int, str, float]]:
+    return [(i, k, v) for i, r in enumerate(rows) for k, v in measured_metrics(r).items()]
+
+
+def _flatten(pred: list[dict[str, float]], targets) -> np.ndarray:
+    return np.array([pred[i][k] for i, k, _ in targets], dtype=float)
+
+
+def evaluate(rows: Sequence[ProfileRow], eff: Efficiency, predict: Callable) -> list[PointFit]:
+    """Predictions for every measured figure of ``rows`` under ``eff`` (before = after)."""
+    t = _targets(rows)
+    p = _flatten(predict(list(rows), eff), t)
+    return [PointFit(rows[i].id, k, v, float(x), float(x), rows[i].engine, rows[i].model, rows[i].tp)
+            for (i, k, v), x in zip(t, p)]
+
+
+def _probe_value(name: str, base: float) -> float:
+    lo, hi = PARAM_BOUNDS[name]
+    if name in _PROBE_ADD:
+        return min(base + _PROBE_ADD[name], hi)
+    return max(base / 4.0, lo)
+
+
+def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
+                   params: Sequence[str] | None = None, predict: Callable | None = None,
+                   max_nfev: int = 60, name: str = "fitted") -> FitResult:
+    """Fit ``params`` (default: those of ``FIT_PARAMS`` the rows can see) starting from ``base``.
+
+    Raises ``InputError`` if a named parameter is unknown or invisible in the rows, or if there
+    are fewer than (parameters + 1) measured figures.
+    """
+    rows = list(rows)
+    predict = predict or RowPredictor(gpu)
+    targets = _targets(rows)
+    if not targets:
+        raise InputError("calibrate: the rows hold no measured figure kvtune can predict (step_ms, ttft/tpot means, output_tok_s)")
+    explicit = params is not None
+    names = list(params) if explicit else list(FIT_PARAMS)
+    for n in names:
+        if n not in PARAM_BOUNDS:
+            raise InputError(f"calibrate: --params: unknown parameter '{n}' (known: {', '.join(PARAM_BOUNDS)})")
+    if len(set(names)) != len(names):
+        raise InputError(f"calibrate: --params: a parameter is named twice in {','.join(names)}")
+    base = base.with_params(model_comm=True, name=name)
+    meas = np.array([v for _, _, v in targets])
+    y0 = _flatten(predict(rows, base), targets)
+    notes = []
+    visible = []
+    for n in names:
+        probe = base.with_params(**{n: _probe_value(n, getattr(base, n))})
+        moved = np.max(np.abs(_flatten(predict(rows, probe), targets) / y0 - 1.0))
+        if moved > _VISIBLE_REL:
+            visible.append(n)
+            continue
+        why = "no TP>1 rows" if n in ("allreduce_latency_s", "link_efficiency") and all(r.tp == 1 for r in rows) \
+            else "no measured figure depends on it"
+        if explicit:
+            raise InputError(f"calibrate: parameter {n} cannot be fitted from these rows ({why}); drop it from --params")
+        notes.append(f"{n} kept at {getattr(base, n):.4g} (base): {why}")
+    if len(targets) < len(visible) + 1:
+        raise InputError(f"calibrate: {len(targets)} measured figures cannot fit {len(visible)} parameters "
+                         f"(need at least {len(visible) + 1}); add rows or fit fewer --params")
+    if not visible:
+        raise InputError("calibrate: none of the parameters is visible in these rows")
+
+    scale = np.array([_SCALE[n] for n in visible])
+    lo = np.array([PARAM_BOUNDS[n][0] for n in visible]) / scale
+    hi = np.array([PARAM_BOUNDS[n][1] for n in visible]) / scale
+    x0 = np.array([getattr(base, n) for n in visible]) / scale
+    x0 = np.clip(x0, lo + 1e-3 * (hi - lo), hi - 1e-3 * (hi - lo))  # least_squares wants a strict interior start
+
+    def eff_of(x):
+        return base.with_params(**{n: float(np.clip(v * s, PARAM_BOUNDS[n][0], PARAM_BOUNDS[n][1]))
+                                   for n, v, s in zip(visible, x, scale)})
+
+    def resid(x):
+        return np.log(_flatten(predict(rows, eff_of(x)), targets) / meas)
+
+    from scipy.optimize import least_squares
+
+    sol = least_squares(resid, x0, bounds=(lo, hi), method="trf", x_scale="jac", diff_step=1e-3,
+                        max_nfev=max_nfev)
+    eff = eff_of(sol.x)
+    dof = len(targets) - len(visible)
+    s2 = float(2 * sol.cost / dof) if dof > 0 else float("nan")
+    J = sol.jac
+    try:
+        cov = s2 * np.linalg.pinv(J.T @ J)
+        sig = np.sqrt(np.clip(np.diag(cov), 0, None)) * scale
+    except np.linalg.LinAlgError:
+        sig = np.full(len(visible), np.nan)
+    unc = {n: 0.0 for n in PARAM_BOUNDS}
+    unc.update({n: float(s) for n, s in zip(visible, sig)})
+    for n, x, l, h in zip(visible, sol.x, lo, hi):
+        if x <= l + 1e-6 * (h - l) or x >= h - 1e-6 * (h - l):
+            notes.append(f"{n} ended on its bound {x * _SCALE[n]:.4g}: the data push it further than physics allows")
+    y1 = _flatten(predict(rows, eff), targets)
+    pts = tuple(PointFit(rows[i].id, k, v, float(b), float(a), rows[i].engine, rows[i].model, rows[i].tp)
+                for (i, k, v), b, a in zip(targets, y0, y1))
+    return FitResult(eff, tuple(visible), unc, pts, tuple(notes), bool(sol.success), str(sol.message),
+                     int(sol.nfev), float(np.sqrt(np.mean(sol.fun ** 2))))
+
+
+@dataclass(frozen=True)
+class FoldResult:
+    held_out: str               # e.g. "tp=4"
+    fit_points: int
+    test_points: int
+    mape_by_metric: dict = field(default_factory=dict)   # held-out MAPE per metric (after the fold's fit)
+    max_abs_err_pct: float = 0.0
+
+
+def cross_validate(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency, key: Callable[[ProfileRow], object],
+                   params: Sequence[str] | None = None, predict: Callable | None = None,
+                   max_nfev: int = 30, label: str = "fold") -> list[FoldResult]:
+    """Leave-one-group-out: for each value of ``key(row)``, fit on the other rows and predict it."""
+    rows = list(rows)
+    predict = predict or RowPredictor(gpu)
+    out = []
+    for g in sorted({key(r) for r in rows}, key=str):
+        train = [r for r in rows if key(r) != g]
+        test = [r for r in rows if key(r) == g]
+        try:
+            res = fit_efficiency(train, gpu, base, params, predict, max_nfev=max_nfev)
+        except InputError:
+            # the remaining rows cannot see some parameter: fit only what they can
+            res = fit_efficiency(train, gpu, base, None, predict, max_nfev=max_nfev)
+        pts = evaluate(test, res.efficiency, predict)
+        by = {m: mape([p.after for p in pts if p.metric == m], [p.measured for p in pts if p.metric == m])
+              for m in METRICS if any(p.metric == m for p in pts)}
+        worst = max((abs(p.err_after) for p in pts), default=0.0) * 100
+        out.append(FoldResult(f"{label}={g}", len(_targets(train)), len(pts), by, worst))
+    return out

@@ -1,0 +1,196 @@
+"""Calibration, end to end: read profile tables, fit, report, and write the calibration YAML.
+
+The fitting itself is ``costmodel.fit`` (pure); this module picks rows, resolves the GPU and the
+starting efficiencies, and turns a ``FitResult`` into the YAML that ``costmodel.calibration``
+loads (``params``) plus the record of how it was made (``uncertainty``, ``fit``, ``inputs``,
+``kvtune_version``, ``created``), which the loader ignores.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import math
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import yaml
+
+from costmodel import __version__
+from costmodel.calibration import ENGINES, efficiency_for, load_calibration
+from costmodel.efficiency import IDEAL, PARAM_BOUNDS, Efficiency
+from costmodel.errors import InputError
+from costmodel.fit import METRICS, FitResult, FoldResult, RowPredictor, cross_validate, fit_efficiency
+from costmodel.hardware import GPU, get_gpu, load_gpu_file
+from costmodel.profile_table import ProfileRow, read_table
+
+__all__ = ["TableInput", "load_tables", "resolve_gpu", "resolve_base", "select_rows", "calibrate",
+           "calibration_dict", "calibration_yaml", "fit_shipped"]
+
+
+class TableInput(dict):
+    """One input table as recorded in the YAML: path, sha256, rows, source."""
+
+
+def _sha256(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _shown(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def load_tables(paths: Sequence[str | Path]) -> tuple[list[ProfileRow], list[TableInput]]:
+    if not paths:
+        raise InputError("calibrate: give at least one profile table")
+    rows, inputs = [], []
+    for path in paths:
+        p = Path(path)
+        t = read_table(p)
+        sources = sorted({r.source.split(":")[0] for r in t if r.source})
+        inputs.append(TableInput(path=_shown(p), sha256=_sha256(p), rows=len(t),
+                                 source=", ".join(sources[:4]) or "not recorded"))
+        rows.extend(t)
+    return rows, inputs
+
+
+def resolve_gpu(spec: str) -> GPU:
+    """A catalog name (``h100-sxm``) or a hardware YAML file (see profiles/hardware-cpu-example.yaml)."""
+    p = Path(spec)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return load_gpu_file(p)
+    return get_gpu(spec)
+
+
+def resolve_base(spec: str, gpu: GPU, engine: str | None) -> Efficiency:
+    """Where the fit starts and what unfitted parameters keep: ideal, the shipped calibration, or a file."""
+    if spec == "ideal":
+        return IDEAL.with_params(model_comm=True, name="ideal")
+    if spec == "calibrated":
+        return efficiency_for("calibrated", gpu.name, None, engine)
+    return load_calibration(spec)
+
+
+def select_rows(rows: Sequence[ProfileRow], gpu: GPU, engine: str | None) -> tuple[list[ProfileRow], list[str]]:
+    """Rows for this GPU (rows that name none count) and engine; notes say what was left out."""
+    notes = []
+    if engine is not None and engine not in ENGINES:
+        raise InputError(f"calibrate: --engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    keep = [r for r in rows if not r.gpu or r.gpu == gpu.name]
+    if len(keep) < len(rows):
+        notes.append(f"{len(rows) - len(keep)} rows for other GPUs left out")
+    if engine:
+        n = len(keep)
+        keep = [r for r in keep if not r.engine or r.engine == engine]
+        if len(keep) < n:
+            notes.append(f"{n - len(keep)} rows of other engines left out")
+    if not keep:
+        raise InputError(f"calibrate: no rows for gpu {gpu.name}{' engine ' + engine if engine else ''} in the tables")
+    return keep, notes
+
+
+def calibrate(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency, params: Sequence[str] | None = None,
+              predict: Callable | None = None, max_nfev: int = 60, name: str = "fitted") -> FitResult:
+    return fit_efficiency(rows, gpu, base, params, predict or RowPredictor(gpu), max_nfev=max_nfev, name=name)
+
+
+def _r(x: float, sig: int = 4) -> float:
+    return float(f"{x:.{sig}g}") if math.isfinite(x) else x
+
+
+def calibration_dict(result: FitResult, name: str, gpu: GPU, engine: str | None, inputs: Sequence[dict],
+                     base_name: str, notes: Sequence[str] = (), cross_validation: Sequence[FoldResult] = (),
+                     wall_s: float | None = None, extra: dict | None = None) -> dict:
+    eff = result.efficiency
+    engines = sorted({p.engine for p in result.points if p.engine})
+    fit = {
+        "points": len(result.points),
+        "rows": len({p.id for p in result.points}),
+        "fitted": list(result.fitted),
+        "base": base_name,
+        "mape_before_pct": {k: _r(v, 3) for k, v in result.mape_by_metric(False).items()},
+        "mape_after_pct": {k: _r(v, 3) for k, v in result.mape_by_metric(True).items()},
+        "per_engine": {e: {m: _r(result.mape(True, m, e), 3) for m in METRICS
+                           if any(p.metric == m and p.engine == e for p in result.points)} for e in engines},
+        "rms_log_residual": _r(result.rms_log_residual, 3),
+        "solver": {"success": result.success, "message": result.message, "nfev": result.nfev},
+        "notes": list(notes) + list(result.notes),
+    }
+    if wall_s is not None:
+        fit["wall_s"] = round(wall_s, 1)
+    if cross_validation:
+        fit["cross_validation"] = [
+            {"held_out": f.held_out, "fit_points": f.fit_points, "test_points": f.test_points,
+             "mape_pct": {k: _r(v, 3) for k, v in f.mape_by_metric.items()},
+             "max_abs_err_pct": _r(f.max_abs_err_pct, 3)} for f in cross_validation]
+    if extra:
+        fit.update(extra)
+    return {
+        "name": name,
+        "gpu": gpu.name,
+        "engine": engine or "any",
+        "kvtune_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "params": {k: _r(getattr(eff, k), 5) for k in PARAM_BOUNDS},
+        "uncertainty": {k: _r(result.uncertainty.get(k, 0.0), 2) for k in PARAM_BOUNDS},
+        "fit": fit,
+        "inputs": [dict(i) for i in inputs],
+    }
+
+
+_HEADER = ("# Fitted by 'kvtune calibrate' (costmodel.fit): params are what kvtune uses; uncertainty is one\n"
+           "# standard deviation from the Jacobian (a lower bound: it assumes the model form is right);\n"
+           "# parameters with uncertainty 0 were not fitted and keep the base value (see fit.notes).\n")
+
+
+def calibration_yaml(d: dict) -> str:
+    text = _HEADER + yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=110)
+    # what we write must load back (and within bounds): fail before anything touches the disk
+    Efficiency(**{k: float(v) for k, v in yaml.safe_load(text)["params"].items()})
+    return text
+
+
+# ---- the shipped H100 files ------------------------------------------------------------------
+_SHIPPED = (
+    # name, engine, tables, cross-validation key
+    ("h100-sxm-trtllm", "trtllm", ("silicon", "published"), "tp"),
+    ("h100-sxm-vllm", "vllm", ("silicon",), "tp"),
+    ("h100-sxm-sglang", "sglang", ("silicon", "published"), "tp"),
+    ("h100-sxm", None, ("silicon", "published"), "engine"),
+)
+
+
+def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None] = print,
+                max_nfev: int = 40, cv: bool = True) -> dict[str, dict]:
+    """Fit and write the shipped H100 calibrations (used by bench/fit_shipped_calibrations.py)."""
+    from optimizer.cli._common import write_atomic
+
+    gpu = get_gpu("h100-sxm")
+    predict = RowPredictor(gpu)
+    out = {}
+    for name, engine, which, cv_key in _SHIPPED:
+        rows, inputs = load_tables([tables[k] for k in which])
+        rows, notes = select_rows(rows, gpu, engine)
+        base = resolve_base("ideal", gpu, engine)
+        t0 = time.perf_counter()
+        res = calibrate(rows, gpu, base, None, predict, max_nfev=max_nfev, name=name)
+        wall = time.perf_counter() - t0
+        folds = []
+        if cv:
+            key = (lambda r: r.tp) if cv_key == "tp" else (lambda r: r.engine)
+            folds = cross_validate(rows, gpu, res.efficiency, key, None, predict, max_nfev=max_nfev // 2,
+                                   label=cv_key)
+        d = calibration_dict(res, name, gpu, engine, inputs, "ideal", notes, folds, wall)
+        write_atomic(outdir / f"{name}.yaml", calibration_yaml(d))
+        log(f"{name}: {len(res.points)} points, fit {wall:.0f} s, MAPE before {d['fit']['mape_before_pct']} "
+            f"after {d['fit']['mape_after_pct']}")
+        for k in res.fitted:
+            log(f"    {k} = {getattr(res.efficiency, k):.4g} +- {res.uncertainty[k]:.2g}")
+        for f in folds:
+            log(f"    CV {f.held_out}: {f.test_points} points, MAPE {f.mape_by_metric}, max {f.max_abs_err_pct:.0f}%")
+        out[name] = d
+    return out
