@@ -1,0 +1,236 @@
+"""From a finished study to the answer: verify the front-runners with the simulator, pick the
+cheapest (or the most goodput per $), and assemble the result object ``kvtune solve`` prints.
+
+Every number in ``predicted`` comes from the simulator: a config's per-replica goodput is the
+highest Poisson rate at which the SLO attainment target holds (``costmodel.goodput``); replicas
+follow from it, and the pick is then simulated once more at its real per-replica load
+(target rate / replicas) for the latency percentiles. Verifications are cached in the study's
+user attributes (``verify:<config>``), so the answer can be rebuilt from the storage alone and
+every process sharing a storage reaches the same one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from costmodel import __version__
+
+from .launch import launch_settings
+from .search import SolveContext, completed_evals, config_key, evaluate
+
+__all__ = ["verify", "recommend", "pareto_front", "N_SIM_REQUESTS"]
+
+N_SIM_REQUESTS = None  # requests per simulated rate: goodput's default (>= 100 in the allowed-miss tail)
+REL_TOL = 0.02         # goodput bisection tolerance
+VERIFY_TOP = 4         # distinct screened front-runners verified with the simulator
+_PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
+
+
+def _sim_config(params: dict):
+    from costmodel.simulate import SimConfig
+    return SimConfig(batch_cap=int(params["batch_cap"]), chunk_tokens=int(params["chunk_tokens"]))
+
+
+def _pct(summary: dict, key: str) -> dict:
+    d = summary.get(key, {})
+    return {p: float(d.get(p, float("nan"))) for p in ("p50", "p90", "p99")} | {"mean": float(d.get("mean", float("nan")))}
+
+
+def verify(ctx: SolveContext, params: dict, screened_goodput_req_s: float) -> dict:
+    """Simulated per-replica goodput, sizing and latencies at the target load for one config."""
+    from costmodel.goodput import goodput
+    from costmodel.simulate import simulate
+
+    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
+    spec, seed = ctx.spec, ctx.seed
+    cfg = _sim_config(params)
+
+    def make(rate, n, s):
+        return spec.requests(n, s, rate_req_s=rate)
+
+    g = goodput(sm, make, cfg, spec.slo.attainment, n_requests=N_SIM_REQUESTS, seed=seed, rel_tol=REL_TOL)
+    per_replica = float(g.goodput_req_s)
+    h = spec.hardware
+    out = {"params": dict(params), "per_replica_goodput_req_s": per_replica}
+    if per_replica <= 0:
+        return out | {"feasible": False, "reason": g.reason or "simulated SLO attainment misses the target even at a trickle"}
+    if spec.objective == "max_goodput":
+        replicas = ctx.max_gpus // params["tp"]
+    else:
+        replicas = math.ceil(ctx.rate_req_s / per_replica * (1 - 1e-12))
+    gpus = replicas * params["tp"]
+    nodes = math.ceil(gpus / h.gpus_per_node)
+    load = ctx.rate_req_s / replicas if spec.objective == "min_cost" else min(ctx.rate_req_s / replicas, per_replica)
+    res = simulate(sm, make(load, g.n_requests, seed + 1), cfg, arrival="trace", seed=seed)
+    summ = res.summary()
+    out |= {"replicas": replicas, "gpus": gpus, "nodes": nodes, "usd_per_hour": gpus * h.usd_per_gpu_hour,
+            "goodput_req_s": per_replica * replicas, "load_per_replica_req_s": load,
+            "slo_attainment": float(res.slo_attainment), "ttft_ms": _pct(summ, "ttft_ms"),
+            "tpot_ms": _pct(summ, "tpot_ms"), "output_tok_s": float(res.output_tok_s) * replicas,
+            "preemptions": int(getattr(res, "preemptions", 0))}
+    out["feasible"] = nodes <= h.max_nodes and out["slo_attainment"] >= spec.slo.attainment - 1e-9
+    if nodes > h.max_nodes:
+        out["reason"] = f"needs {nodes} nodes > max_nodes {h.max_nodes} at {per_replica:.2f} req/s per replica (simulated)"
+    elif not out["feasible"]:
+        out["reason"] = (f"simulated SLO attainment {out['slo_attainment']:.3f} < {spec.slo.attainment:g} "
+                         f"at {load:.2f} req/s per replica")
+    return out
+
+
+def _verified(ctx: SolveContext, study, ev: dict) -> dict:
+    key = "verify:" + config_key(ev["params"])
+    got = study.user_attrs.get(key) if study is not None else None
+    if got is None:
+        got = verify(ctx, ev["params"], ev["per_replica_goodput_req_s"])
+        if study is not None:
+            study.set_user_attr(key, got)
+    return got
+
+
+def _rank(ctx: SolveContext, v: dict) -> tuple:
+    if ctx.spec.objective == "max_goodput":
+        return (-v["per_replica_goodput_req_s"] / v["params"]["tp"], v["usd_per_hour"])
+    return (v["usd_per_hour"], -v["goodput_req_s"], v["params"]["kv_dtype"] != "bf16", v["params"]["tp"])
+
+
+def _distinct(evals: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for e in evals:
+        k = config_key(e["params"])
+        if k not in seen:
+            seen.add(k)
+            out.append(e)
+    return out
+
+
+def pareto_front(items: list[dict]) -> list[dict]:
+    """Non-dominated (fewer $/h, more goodput) points, cheapest first."""
+    pts = sorted(items, key=lambda d: (d["usd_per_hour"], -d["goodput_req_s"]))
+    front, best = [], -math.inf
+    for d in pts:
+        if d["goodput_req_s"] > best + 1e-12:
+            front.append(d)
+            best = d["goodput_req_s"]
+    return front
+
+
+def recommend(ctx: SolveContext, study, sampler: str, verify_top: int = VERIFY_TOP) -> dict:
+    """The result object (``status`` ok or infeasible), built from the study's stored trials."""
+    evals = completed_evals(study)
+    feas = _distinct(sorted((e for e in evals if e["feasible"]), key=lambda e: (e["value"], e["trial"])))
+    verified, notes = [], []
+    i = 0
+    while i < len(feas) and (len(verified) < verify_top or not any(v["feasible"] for v in verified)):
+        verified.append(_verified(ctx, study, feas[i]))
+        i += 1
+        if i >= 3 * verify_top:
+            break
+    ok = [v for v in verified if v["feasible"]]
+    base = _base(ctx, study, evals, sampler)
+    if not ok:
+        return base | _infeasible(ctx, evals, verified)
+    ok.sort(key=lambda v: _rank(ctx, v))
+    pick = ok[0]
+    if "fp8" in ctx.spec.search.kv_dtype and "bf16" in ctx.spec.search.kv_dtype:
+        pick, note = _prefer_bf16(ctx, study, pick, feas, ok)
+        notes.append(note)
+    elif ctx.spec.search.kv_dtype == ("bf16",) or list(ctx.spec.search.kv_dtype) == ["bf16"]:
+        notes.append("FP8 KV excluded by search.kv_dtype: [bf16]")
+    ev = next((e for e in evals if config_key(e["params"]) == config_key(pick["params"])), None) \
+        or evaluate(ctx, pick["params"])
+    return base | _ok(ctx, pick, ev, evals, verified, notes)
+
+
+def _prefer_bf16(ctx, study, pick, feas, ok):
+    """FP8 KV costs a point or two of quality on hard evals: keep bf16 unless fp8 saves money."""
+    if pick["params"]["kv_dtype"] != "fp8":
+        return pick, "bf16 KV: FP8 KV buys no saving here"
+    twin = dict(pick["params"], kv_dtype="bf16")
+    cands = [v for v in ok if v["params"]["kv_dtype"] == "bf16"]
+    tev = evaluate(ctx, twin)
+    if tev["feasible"]:
+        cands.append(_verified(ctx, study, tev))
+    best_bf = next((e for e in feas if e["params"]["kv_dtype"] == "bf16"), None)
+    if best_bf is not None:
+        cands.append(_verified(ctx, study, best_bf))
+    cands = sorted((v for v in cands if v["feasible"]), key=lambda v: _rank(ctx, v))
+    if cands and cands[0]["usd_per_hour"] <= pick["usd_per_hour"] + 1e-9 and ctx.spec.objective == "min_cost":
+        return cands[0], (f"kept bf16 KV: FP8 KV buys no saving (same ${pick['usd_per_hour']:.2f}/h); "
+                          f"FP8 KV can cost a point or two of quality on hard evals")
+    if cands:
+        return pick, (f"FP8 KV saves ${cands[0]['usd_per_hour'] - pick['usd_per_hour']:.2f}/h over the best bf16 "
+                      f"config ({config_key(cands[0]['params'])}); check quality on your hardest evals")
+    return pick, "FP8 KV: no bf16 config verified feasible; check quality on your hardest evals"
+
+
+def _base(ctx: SolveContext, study, evals, sampler) -> dict:
+    return {"kvtune_version": __version__, "seed": ctx.seed, "sampler": sampler, "source": ctx.eff.source,
+            "objective": ctx.spec.objective, "study_name": study.study_name,
+            "target_rate_req_s": ctx.rate_req_s,
+            "trials": {"completed": len(evals), "feasible": sum(1 for e in evals if e["feasible"])}}
+
+
+def _ok(ctx, pick, ev, evals, verified, notes) -> dict:
+    spec, p = ctx.spec, pick["params"]
+    out_tok_s = ctx.rate_req_s * ctx.stats.mean_output_tokens if spec.objective == "min_cost" else pick["output_tok_s"]
+    usd = pick["usd_per_hour"]
+    tpot_mean = pick["tpot_ms"]["mean"]
+    model_id = ctx.model.hf_id or ctx.model.name
+    sdict = None
+    if spec.speculative is not None:
+        s = spec.speculative
+        sdict = {"method": s.method, "draft_model": s.draft_model}
+    pareto_src = {config_key(v["params"]): v for v in verified if v.get("feasible")}
+    items = []
+    for e in _distinct([e for e in evals if e["feasible"]]):
+        v = pareto_src.get(config_key(e["params"]))
+        src = v if v is not None else e
+        items.append({"gpus": src["gpus"], "usd_per_hour": src["usd_per_hour"], "goodput_req_s": src["goodput_req_s"],
+                      "config": dict(e["params"], replicas=src["replicas"]),
+                      "evidence": "simulated" if v is not None else "screened (upper bound)"})
+    detail = ev.get("detail", {})
+    return {
+        "status": "ok",
+        "recommendation": {**{k: p[k] for k in _PARAM_KEYS}, "replicas": pick["replicas"], "gpus": pick["gpus"],
+                           "nodes": pick["nodes"], "gpu": ctx.gpu.name, "model": ctx.model.name},
+        "predicted": {"goodput_req_s": pick["goodput_req_s"], "per_replica_goodput_req_s": pick["per_replica_goodput_req_s"],
+                      "slo_attainment": pick["slo_attainment"], "ttft_ms": pick["ttft_ms"], "tpot_ms": pick["tpot_ms"],
+                      "output_tok_s": pick["output_tok_s"],
+                      "tok_s_per_user": 1000.0 / tpot_mean if tpot_mean and tpot_mean > 0 else float("nan"),
+                      "load_per_replica_req_s": pick["load_per_replica_req_s"], "evidence": "simulated"},
+        "screened": {k: ev.get(k) for k in ("per_replica_goodput_req_s", "batch", "batch_limit", "tpot_ms", "ttft_ms",
+                                            "ttft_zero_load_ms", "tpot_batch1_ms")},
+        "cost": {"usd_per_hour": usd, "usd_per_gpu_hour": spec.hardware.usd_per_gpu_hour,
+                 "usd_per_million_output_tokens": usd / (out_tok_s * 3600) * 1e6 if out_tok_s > 0 else float("inf")},
+        "bottleneck": {"term": ev.get("bottleneck"), "batch_limit": ev.get("batch_limit"), "operating_batch": ev.get("batch"),
+                       **{k: detail.get(k) for k in ("step_ms", "mem_ms", "compute_ms", "comm_ms", "kv_pool_tokens",
+                                                     "kv_pool_used", "prefill_tokens_per_step", "limits")}},
+        "headroom": pick["goodput_req_s"] / ctx.rate_req_s - 1,
+        "pareto": pareto_front(items),
+        "verified": [{"config": v["params"], "feasible": v["feasible"], "usd_per_hour": v.get("usd_per_hour"),
+                      "goodput_req_s": v.get("goodput_req_s"), "reason": v.get("reason", "")} for v in verified],
+        "launch": launch_settings(model_id, p, pick["replicas"], spec.gpu_mem_util, sdict,
+                                  name=f"kvtune-{ctx.model.name}"),
+        "notes": notes,
+    }
+
+
+def _infeasible(ctx, evals, verified) -> dict:
+    """The best miss: the smallest constraint violation, and why."""
+    if verified:
+        v = max(verified, key=lambda v: v.get("per_replica_goodput_req_s", 0.0))
+        reason = v.get("reason", "simulated SLO attainment misses the target")
+        return {"status": "infeasible", "reason": reason, "closest": {"config": v["params"], "miss": reason,
+                                                                      "usd_per_hour": v.get("usd_per_hour")}}
+    if not evals:
+        return {"status": "infeasible", "reason": "no trials ran", "closest": None}
+    def badness(e):
+        c = e["constraint"]
+        return (c[0] > 0, c[1], c[2], c[0])
+    e = min(evals, key=badness)
+    return {"status": "infeasible", "reason": e["reason"],
+            "closest": {"config": e["params"], "miss": e["reason"], "slo_share": e.get("slo_share"),
+                        "ttft_ms": e.get("ttft_ms"), "tpot_ms": e.get("tpot_ms"),
+                        "tpot_batch1_ms": e.get("tpot_batch1_ms")}}

@@ -1,0 +1,358 @@
+"""The optuna search over serving configurations, screened analytically, one trial per config.
+
+A trial picks TP, batch cap (log scale), KV dtype, speculative length (only with a
+``speculative:`` section) and chunk budget (log scale); ``optimizer.screen`` bounds the
+per-replica goodput and the replica count follows:
+
+    min_cost      replicas = ceil(rate / goodput), gpus = replicas x TP, nodes = ceil(gpus / per node)
+                  objective: $/h (ties: more headroom first)
+    max_goodput   replicas = the GPUs max_nodes offers // TP; objective: goodput per $
+    --sampler nsga2  replicas searched too (as nodes); objectives ($/h, goodput): the Pareto front
+
+Infeasible trials (does not fit, misses SLOs, over the node budget) carry a constraint vector
+in ``user_attrs['constraint']`` (every entry <= 0: feasible), set with ``Trial.set_constraint``
+(optuna >= 5) or read through the samplers' ``constraints_func`` (optuna 4). Each trial stores its whole evaluation in ``user_attrs['eval']``, so the
+recommendation can be rebuilt from the storage alone (``optimizer.recommend``).
+
+Several processes may share one storage: before each ask a process counts the study's finished
+and live trials, and a trial that turns out to be surplus after a race (more than ``n_trials``
+finished or running with lower numbers) is told FAIL unevaluated. RUNNING trials left by a killed
+process (its pid is gone, or older than ``STALE_S``) are marked FAIL when a run resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from costmodel import SpecConfig, StepModel, get_gpu, get_model
+from costmodel.calibration import efficiency_for
+from costmodel.errors import DoesNotFit, InputError
+
+from .screen import WorkloadStats, screen
+
+__all__ = ["SolveContext", "evaluate", "make_storage", "open_study", "run_search", "grid_space",
+           "SAMPLERS", "STALE_S", "config_key"]
+
+SAMPLERS = ("tpe", "grid", "nsga2")
+STALE_S = 600.0        # a RUNNING trial this old is a leftover (one evaluation takes milliseconds)
+N_SCREEN_REQUESTS = 2000  # requests sampled to describe the workload's lengths and SLOs
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+
+@dataclass
+class SolveContext:
+    """Everything a trial needs, built once per solve from the workload spec."""
+
+    spec: object                       # optimizer.workload.WorkloadSpec
+    seed: int
+    model: object = None
+    gpu: object = None
+    eff: object = None
+    stats: WorkloadStats = None
+    rate_req_s: float = 0.0
+    _steps: dict = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, spec, seed: int | None = None) -> "SolveContext":
+        seed = spec.search.seed if seed is None else seed
+        ctx = cls(spec=spec, seed=seed)
+        ctx.model = spec.model if hasattr(spec.model, "n_layers") else get_model(spec.model)
+        ctx.gpu = get_gpu(spec.hardware.gpu)
+        ctx.eff = efficiency_for("calibrated", ctx.gpu.name, spec.calibration, spec.engine)
+        rate = spec.workload.mean_rate_req_s
+        if rate is None or not math.isfinite(rate):
+            if spec.objective == "min_cost":
+                raise InputError(f"{spec.path}: workload.rate_req_s: objective min_cost needs a finite target rate")
+            rate = math.nan  # max_goodput without a target: no headroom to report
+        ctx.rate_req_s = float(rate)
+        req = spec.requests(N_SCREEN_REQUESTS, seed)
+        ctx.stats = WorkloadStats.from_requests(req, spec.slo.attainment)
+        return ctx
+
+    @property
+    def weight_dtype(self) -> str:
+        return getattr(self.spec, "weights", None) or "bf16"
+
+    def spec_config(self, k: int) -> SpecConfig | None:
+        s = self.spec.speculative
+        if not k or s is None:
+            return None
+        return SpecConfig(k, s.acceptance, s.draft_cost, s.method)
+
+    def step(self, tp: int, kv_dtype: str, spec_k: int) -> StepModel:
+        key = (tp, kv_dtype, spec_k)
+        if key not in self._steps:
+            try:
+                self._steps[key] = StepModel(self.model, self.gpu, tp, self.weight_dtype, kv_dtype, self.eff,
+                                             self.spec_config(spec_k), self.spec.gpu_mem_util)
+            except (DoesNotFit, InputError) as exc:
+                self._steps[key] = exc
+        return self._steps[key]
+
+    @property
+    def max_gpus(self) -> int:
+        h = self.spec.hardware
+        return h.max_nodes * h.gpus_per_node
+
+
+def config_key(p: dict) -> str:
+    return f"tp{p['tp']}-b{p['batch_cap']}-{p['kv_dtype']}-k{p['spec_k']}-c{p['chunk_tokens']}"
+
+
+def _size(ctx: SolveContext, tp: int, goodput_req_s: float, nodes_pick: int | None) -> dict:
+    """Replicas, GPUs, nodes and cost for a per-replica goodput."""
+    h = ctx.spec.hardware
+    if nodes_pick is not None:                                # nsga2: nodes searched
+        replicas = nodes_pick * h.gpus_per_node // tp
+    elif ctx.spec.objective == "max_goodput":
+        replicas = ctx.max_gpus // tp
+    else:
+        replicas = math.ceil(ctx.rate_req_s / goodput_req_s * (1 - 1e-12)) if goodput_req_s > 0 else 0
+    gpus = replicas * tp
+    nodes = math.ceil(gpus / h.gpus_per_node)
+    usd = gpus * h.usd_per_gpu_hour
+    total = replicas * goodput_req_s
+    headroom = total / ctx.rate_req_s - 1 if replicas and ctx.rate_req_s > 0 else -1.0
+    return {"replicas": replicas, "gpus": gpus, "nodes": nodes, "usd_per_hour": usd,
+            "goodput_req_s": total, "headroom": headroom if math.isfinite(headroom) else 0.0}
+
+
+def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> dict:
+    """Screen one configuration and size the deployment: a JSON-able record (``user_attrs['eval']``).
+
+    ``constraint`` = [memory shortfall GB, SLO-share shortfall, nodes over budget]: all <= 0 is
+    feasible. ``value`` is the screened objective (lower is better)."""
+    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
+    h = ctx.spec.hardware
+    worst = ctx.max_gpus * h.usd_per_gpu_hour
+    if isinstance(sm, Exception):
+        short = getattr(sm, "shortfall_bytes", 0.0) / 1e9
+        return {"params": params, "fits": False, "feasible": False, "constraint": [max(short, 1e-3), 1.0, 0.0],
+                "value": 2 * worst, "reason": str(sm), "per_replica_goodput_req_s": 0.0, "bottleneck": "memory"}
+    s = screen(sm, ctx.stats, params["batch_cap"], params["chunk_tokens"])
+    size = _size(ctx, params["tp"], s.goodput_req_s, nodes_pick)
+    over = 0.0
+    if s.feasible:
+        if size["replicas"] < 1:
+            over = 1.0
+        elif size["nodes"] > h.max_nodes:
+            over = size["nodes"] - h.max_nodes
+    feasible = s.feasible and over <= 0
+    if ctx.spec.objective == "max_goodput":
+        value = -s.goodput_req_s / (params["tp"] * h.usd_per_gpu_hour)
+    else:
+        value = size["usd_per_hour"] * (1 - 0.01 * min(max(size["headroom"], 0.0), 1.0)) if feasible else 2 * worst
+    reason = s.reason
+    if s.feasible and over > 0:
+        reason = (f"needs {size['nodes']} nodes ({size['gpus']} GPUs) for {ctx.rate_req_s:g} req/s at "
+                  f"{s.goodput_req_s:.2f} req/s per TP-{params['tp']} replica > max_nodes {h.max_nodes}")
+    return {
+        "params": params, "fits": True, "feasible": feasible,
+        "constraint": [0.0, s.slo_shortfall, over], "value": value, "reason": reason,
+        "per_replica_goodput_req_s": s.goodput_req_s, "batch": s.batch, "batch_limit": s.batch_limit,
+        "tpot_ms": s.tpot_ms, "tpot_batch1_ms": s.tpot_batch1_ms, "ttft_ms": s.ttft_ms,
+        "ttft_zero_load_ms": s.ttft_zero_load_ms, "slo_share": s.slo_share, "bottleneck": s.bottleneck,
+        "detail": s.detail, "kv_pool_tokens": s.pool_tokens, **size,
+    }
+
+
+# ---- search space -----------------------------------------------------------------------------
+def _pow2_between(lo: int, hi: int) -> list[int]:
+    out = [1 << i for i in range(0, 31) if lo <= (1 << i) <= hi]
+    return out or [lo]
+
+
+def grid_space(ctx: SolveContext) -> dict:
+    """The discretised space ``--sampler grid`` walks: batch cap and chunk in powers of 2."""
+    s = ctx.spec.search
+    space = {"tp": list(s.tp), "kv_dtype": list(s.kv_dtype),
+             "batch_cap": _pow2_between(*s.batch_cap), "chunk_tokens": _pow2_between(*s.chunk_tokens)}
+    if ctx.spec.speculative is not None:
+        space["spec_k"] = list(range(s.spec_k[0], s.spec_k[1] + 1))
+    return space
+
+
+def _suggest(trial: optuna.Trial, ctx: SolveContext, nsga2: bool) -> tuple[dict, int | None]:
+    s = ctx.spec.search
+    p = {"tp": trial.suggest_categorical("tp", list(s.tp)),
+         "batch_cap": trial.suggest_int("batch_cap", s.batch_cap[0], s.batch_cap[1], log=True),
+         "kv_dtype": trial.suggest_categorical("kv_dtype", list(s.kv_dtype)),
+         "spec_k": trial.suggest_int("spec_k", s.spec_k[0], s.spec_k[1]) if ctx.spec.speculative is not None else 0,
+         "chunk_tokens": trial.suggest_int("chunk_tokens", s.chunk_tokens[0], s.chunk_tokens[1], log=True)}
+    nodes = trial.suggest_int("nodes", 1, ctx.spec.hardware.max_nodes) if nsga2 else None
+    return p, nodes
+
+
+def _constraints(t) -> list[float]:
+    return list(t.user_attrs.get("constraint", [1.0, 1.0, 1.0]))
+
+
+# optuna >= 5 reads constraints stored with ``Trial.set_constraint``; older ones need constraints_func
+_NATIVE_CONSTRAINTS = hasattr(optuna.trial.Trial, "set_constraint")
+_CONSTRAINT_NAMES = ("memory_gb", "slo_share", "nodes_over")
+
+
+def make_sampler(name: str, ctx: SolveContext, seed: int) -> optuna.samplers.BaseSampler:
+    cf = {} if _NATIVE_CONSTRAINTS else {"constraints_func": _constraints}
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10, **cf)
+    if name == "grid":
+        return optuna.samplers.GridSampler(grid_space(ctx), seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=20, **cf)
+    raise InputError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {name!r}")
+
+
+# ---- storage and study ------------------------------------------------------------------------
+def make_storage(url: str | None):
+    """None: in memory; ``journal:PATH``: a journal file; anything else: an RDB URL (sqlite:///...)."""
+    if not url:
+        return None
+    if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+        path = url[len("journal:"):]
+        if not path:
+            raise InputError("--storage journal:PATH needs a file path")
+        return JournalStorage(JournalFileBackend(path))
+    if "://" not in url:
+        raise InputError(f"--storage {url!r}: use journal:PATH or an RDB URL such as sqlite:///kvtune.db")
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None)
+    except Exception as exc:  # a bad URL or missing driver is the user's to fix
+        raise InputError(f"--storage {url!r}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}") from None
+
+
+def workload_digest(ctx: SolveContext, sampler: str) -> str:
+    spec = ctx.spec
+    blob = json.dumps({"spec": repr(spec.hardware) + repr(spec.slo) + repr(spec.search) + repr(spec.speculative)
+                       + repr(spec.objective) + str(spec.model) + str(spec.engine) + str(spec.gpu_mem_util),
+                       "stats": [ctx.stats.mean_input_tokens, ctx.stats.mean_output_tokens, ctx.rate_req_s],
+                       "sampler": sampler, "seed": ctx.seed, "source": ctx.eff.source}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def open_study(ctx: SolveContext, sampler: str, storage_url: str | None, study_name: str | None) -> optuna.Study:
+    digest = workload_digest(ctx, sampler)
+    name = study_name or f"kvtune-{digest}"
+    storage = make_storage(storage_url)
+    directions = ["minimize", "maximize"] if sampler == "nsga2" else ["minimize"]
+    study = optuna.create_study(storage=storage, study_name=name, directions=directions,
+                                sampler=make_sampler(sampler, ctx, ctx.seed), load_if_exists=True)
+    have = study.user_attrs.get("digest")
+    if have is None:
+        study.set_user_attr("digest", digest)
+    elif have != digest:
+        raise InputError(f"--study-name {name}: that study was run with another workload, sampler or seed "
+                         f"(digest {have} != {digest}); pick a new --study-name")
+    return study
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_stale(t) -> bool:
+    host, pid = t.user_attrs.get("host"), t.user_attrs.get("pid")
+    if host == socket.gethostname() and pid is not None and pid != os.getpid() and not _pid_alive(pid):
+        return True
+    start = t.datetime_start.timestamp() if t.datetime_start else time.time()
+    return time.time() - start > STALE_S
+
+
+def fail_stale_trials(study: optuna.Study) -> int:
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if _is_stale(t):
+            try:
+                study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                n += 1
+            except Exception:  # another process finished or failed it first
+                pass
+    return n
+
+
+def _counted(study: optuna.Study, upto: int | None = None) -> int:
+    """Trials that count towards the budget: complete, or running in a live process."""
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+        if upto is not None and t.number >= upto:
+            continue
+        if t.state == TrialState.COMPLETE or not _is_stale(t):
+            n += 1
+    return n
+
+
+class _Surplus(Exception):
+    """This trial lost a race with another process: the budget was already taken."""
+
+
+def run_search(ctx: SolveContext, study: optuna.Study, n_trials: int, sampler: str,
+               on_trial: Callable[[int, int], None] | None = None) -> int:
+    """Run trials until the study holds ``n_trials`` complete ones (shared with other processes).
+    Returns how many this process evaluated. (``study.optimize`` rather than ask/tell: the grid
+    sampler stops the study when its grid is exhausted, which only works inside ``optimize``.)"""
+    fail_stale_trials(study)
+    nsga2 = sampler == "nsga2"
+    ran = 0
+
+    def objective(trial: optuna.Trial):
+        nonlocal ran
+        trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("pid", os.getpid())
+        if _counted(study, upto=trial.number) >= n_trials:  # lost a race with another process
+            trial.set_user_attr("surplus", True)
+            study.stop()
+            raise _Surplus()
+        params, nodes = _suggest(trial, ctx, nsga2)
+        ev = evaluate(ctx, params, nodes)
+        trial.set_user_attr("eval", ev)
+        trial.set_user_attr("constraint", ev["constraint"])
+        if _NATIVE_CONSTRAINTS:
+            for k, v in zip(_CONSTRAINT_NAMES, ev["constraint"]):
+                trial.set_constraint(k, float(v))
+        ran += 1
+        if nsga2:
+            worst = 2 * ctx.max_gpus * ctx.spec.hardware.usd_per_gpu_hour
+            return ev["usd_per_hour"] if ev["fits"] else worst, ev.get("goodput_req_s", 0.0)
+        return ev["value"]
+
+    def callback(study: optuna.Study, trial) -> None:
+        done = _counted(study)
+        if on_trial:
+            on_trial(min(done, n_trials), n_trials)
+        if done >= n_trials:
+            study.stop()
+
+    while (left := n_trials - _counted(study)) > 0:
+        before = ran
+        study.optimize(objective, n_trials=left, catch=(_Surplus,), callbacks=[callback])
+        if ran == before:   # only surplus trials (another process holds the rest) or the grid is done
+            break
+    return ran
+
+
+def completed_evals(study: optuna.Study) -> list[dict]:
+    """Every complete trial's evaluation, in trial order, with its trial number."""
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        ev = t.user_attrs.get("eval")
+        if ev is not None:
+            out.append({**ev, "trial": t.number})
+    return out
