@@ -1,0 +1,540 @@
+"""The workload file: what to serve (model, weights), on what (GPU, price, nodes), the traffic
+(request classes or a trace), the SLOs and the search space. Read and checked in one place.
+
+    model: meta-llama/Llama-3.1-70B-Instruct   # catalog name, HF id, or path to config.json
+    weights: bf16                              # bf16 | fp8
+    engine: vllm                               # optional: vllm | sglang | trtllm
+    calibration: h100-sxm                      # optional: calibration file or shipped name
+    gpu_mem_util: 0.9                          # optional
+    hardware: {gpu: h100-sxm, gpus_per_node: 8, usd_per_gpu_hour: 3.0, max_nodes: 4}
+    workload:
+      rate_req_s: 12                           # Poisson arrivals (.inf: all at t = 0)
+      classes:
+        - {name: chat, share: 0.7, input_tokens: {dist: lognormal, mean: 1200, sigma: 0.8},
+           output_tokens: 250, prefix_tokens: 400}
+        - {name: rag, share: 0.3, input_tokens: 8000, output_tokens: 300, slo: {ttft_ms: 2000}}
+      # trace: traces/azure_conv.csv           # instead of classes; time_scale or rate_req_s rescales it
+    slo: {ttft_ms: 1000, tpot_ms: 40, attainment: 0.9}
+    speculative: {method: eagle3, acceptance: 0.75, draft_cost: 0.05, draft_model: ...}   # optional
+    objective: min_cost                        # min_cost | max_goodput
+    search: {tp: [1, 2, 4, 8], batch_cap: [8, 1024], kv_dtype: [bf16, fp8], spec_k: [0, 6],
+             chunk_tokens: [512, 16384], trials: 200, seed: 0}
+
+Lengths are a whole number or ``{dist: fixed, value}``, ``{dist: uniform, min, max}``,
+``{dist: lognormal, mean, sigma}`` (``mean``: the mean length in tokens; ``sigma``: the standard
+deviation of the underlying normal) or ``{dist: normal, mean, std}``, each with optional
+``min``/``max`` clipping. A class's input is never shorter than its ``prefix_tokens``: for a
+lognormal or normal input without ``min`` the prefix is the floor; otherwise the shortest input
+must hold the prefix. Paths (model config, calibration, trace) are relative to the YAML file.
+``time_scale`` multiplies a trace's timestamps (0.5 replays it twice as fast).
+
+Every error is one line naming the file, the key and the value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from costmodel import get_gpu, get_model
+from costmodel._data import profiles_path
+from costmodel.calibration import ENGINES, efficiency_for
+from costmodel.errors import InputError, KvtuneError
+from costmodel.requests import Requests
+from costmodel.step import SpecConfig
+from costmodel.workload import DISTS, SLO, LengthDist, RequestClass, Workload
+
+from .traces import read_trace
+
+__all__ = ["load_workload", "load_workload_dict", "WorkloadSpec", "HardwareSpec", "SearchSpec",
+           "SpeculativeSpec", "OBJECTIVES", "KV_DTYPES", "WEIGHT_DTYPES"]
+
+OBJECTIVES = ("min_cost", "max_goodput")
+KV_DTYPES = ("bf16", "fp8")
+WEIGHT_DTYPES = ("bf16", "fp8")
+
+
+# ---- the parsed spec ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class HardwareSpec:
+    gpu: str                      # canonical catalog name (costmodel.get_gpu)
+    gpus_per_node: int = 8
+    usd_per_gpu_hour: float
+    max_nodes: int = 1
+
+    def __post_init__(self) -> None:
+        for f in ("gpus_per_node", "max_nodes"):
+            v = getattr(self, f)
+            if not _is_int(v) or v < 1:
+                raise InputError(f"hardware {f} must be a whole number >= 1, got {v!r}")
+        v = self.usd_per_gpu_hour
+        if not _is_num(v) or not 0 < v < math.inf:
+            raise InputError(f"hardware usd_per_gpu_hour must be a number > 0, got {v!r}")
+
+    @property
+    def max_gpus(self) -> int:
+        return self.gpus_per_node * self.max_nodes
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    method: str                   # eagle3, eagle, medusa, mtp, ngram, draft, ...
+    acceptance: float             # per-token probability that a drafted token is accepted
+    draft_cost: float = 0.05      # one draft pass as a fraction of a target pass
+    draft_model: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.method, str) or not self.method:
+            raise InputError(f"speculative method must be a non-empty string, got {self.method!r}")
+        if not _is_num(self.acceptance) or not 0 < self.acceptance <= 1:
+            raise InputError(f"speculative acceptance must be in (0, 1], got {self.acceptance!r}")
+        if not _is_num(self.draft_cost) or not 0 <= self.draft_cost <= 1:
+            raise InputError(f"speculative draft_cost must be in [0, 1], got {self.draft_cost!r}")
+
+    def config(self, k: int) -> SpecConfig:
+        """The step model's view at draft length ``k``."""
+        return SpecConfig(k=k, acceptance=self.acceptance, draft_cost=self.draft_cost, method=self.method)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpec:
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    batch_cap: tuple[int, int] = (8, 1024)       # [lo, hi] integer range
+    kv_dtype: tuple[str, ...] = KV_DTYPES
+    spec_k: tuple[int, int] = (0, 6)             # [lo, hi]; searched only with speculative:
+    chunk_tokens: tuple[int, int] = (512, 16384)  # [lo, hi] prefill chunk size
+    trials: int = 200
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.tp or any(not _is_int(t) or t < 1 for t in self.tp):
+            raise InputError(f"search tp values must be whole numbers >= 1, got {self.tp!r}")
+        for f, lo_min in (("batch_cap", 1), ("spec_k", 0), ("chunk_tokens", 1)):
+            r = getattr(self, f)
+            if len(r) != 2 or not all(_is_int(x) for x in r) or not lo_min <= r[0] <= r[1]:
+                raise InputError(f"search {f} must be [lo, hi] whole numbers with {lo_min} <= lo <= hi, got {r!r}")
+        if not self.kv_dtype or any(k not in KV_DTYPES for k in self.kv_dtype):
+            raise InputError(f"search kv_dtype must be drawn from {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
+        if not _is_int(self.trials) or self.trials < 1:
+            raise InputError(f"search trials must be a whole number >= 1, got {self.trials!r}")
+        if not _is_int(self.seed) or self.seed < 0:
+            raise InputError(f"search seed must be a whole number >= 0, got {self.seed!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadSpec:
+    path: str                               # the YAML file (or "<dict>")
+    model: str                              # as given; a path is resolved against the YAML's folder
+    weights: str = "bf16"
+    engine: str | None = None
+    calibration: str | None = None          # as given; a path is resolved against the YAML's folder
+    gpu_mem_util: float = 0.9
+    hardware: HardwareSpec
+    workload: Workload
+    slo: SLO
+    speculative: SpeculativeSpec | None = None
+    objective: str = "min_cost"
+    search: SearchSpec = field(default_factory=SearchSpec)
+
+    def requests(self, n: int, seed: int, rate_req_s: float | None = None) -> Requests:
+        """``n`` requests of this workload (see ``costmodel.workload.Workload.requests``)."""
+        return self.workload.requests(n, seed, rate_req_s)
+
+    def to_dict(self) -> dict:
+        """The normalised spec, defaults filled in (for reports and result files)."""
+        wl = self.workload
+        if wl.trace is not None:
+            traffic: dict = {"trace": wl.trace.source, "requests": len(wl.trace)}
+            if wl.time_scale is not None:
+                traffic["time_scale"] = wl.time_scale
+        else:
+            traffic = {"classes": [
+                {"name": c.name, "share": c.share, "input_tokens": c.input_tokens.to_dict(),
+                 "output_tokens": c.output_tokens.to_dict(), "prefix_tokens": c.prefix_tokens,
+                 **({"slo": {k: v for k, v in (("ttft_ms", c.ttft_ms), ("tpot_ms", c.tpot_ms)) if v is not None}}
+                    if c.ttft_ms is not None or c.tpot_ms is not None else {})}
+                for c in wl.classes]}
+        if wl.rate_req_s is not None:
+            traffic = {"rate_req_s": wl.rate_req_s, **traffic}
+        traffic["mean_input_tokens"] = round(wl.mean_input_tokens, 1)
+        traffic["mean_output_tokens"] = round(wl.mean_output_tokens, 1)
+        s = self.search
+        return {
+            "path": self.path, "model": self.model, "weights": self.weights, "engine": self.engine,
+            "calibration": self.calibration, "gpu_mem_util": self.gpu_mem_util,
+            "hardware": {"gpu": self.hardware.gpu, "gpus_per_node": self.hardware.gpus_per_node,
+                         "usd_per_gpu_hour": self.hardware.usd_per_gpu_hour, "max_nodes": self.hardware.max_nodes},
+            "workload": traffic,
+            "slo": {"ttft_ms": self.slo.ttft_ms, "tpot_ms": self.slo.tpot_ms, "attainment": self.slo.attainment},
+            "speculative": None if self.speculative is None else {
+                "method": self.speculative.method, "acceptance": self.speculative.acceptance,
+                "draft_cost": self.speculative.draft_cost, "draft_model": self.speculative.draft_model},
+            "objective": self.objective,
+            "search": {"tp": list(s.tp), "batch_cap": list(s.batch_cap), "kv_dtype": list(s.kv_dtype),
+                       "spec_k": list(s.spec_k), "chunk_tokens": list(s.chunk_tokens), "trials": s.trials,
+                       "seed": s.seed},
+        }
+
+
+# ---- value checks ------------------------------------------------------------------------------
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+
+
+def _is_int(v) -> bool:
+    return _is_num(v) and math.isfinite(v) and int(v) == v
+
+
+def _show(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+class _Reader:
+    """Checks values against keys of one file; every error names the file, the key and the value."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.base = Path(path).parent if path != "<dict>" else Path(".")
+
+    def bad(self, key: str, value, why: str) -> InputError:
+        return InputError(f"{self.path}: {key} = {_show(value)}: {why}")
+
+    def bad_key(self, key: str, why: str) -> InputError:
+        return InputError(f"{self.path}: {key}: {why}")
+
+    def mapping(self, v, key: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
+        if not isinstance(v, dict):
+            raise self.bad(key, v, f"must be a mapping with keys {', '.join(allowed)}")
+        for k in v:
+            if k not in allowed:
+                near = difflib.get_close_matches(str(k), allowed, n=1)
+                hint = f" (did you mean '{near[0]}'?)" if near else ""
+                raise self.bad_key(f"{key}.{k}" if key else str(k),
+                                   f"unknown key{hint}; allowed: {', '.join(allowed)}")
+        for k in required:
+            if k not in v or v[k] is None:
+                raise self.bad_key(f"{key}.{k}" if key else k, "missing (required)")
+        return v
+
+    def num(self, v, key: str, lo: float = -math.inf, hi: float = math.inf, lo_open: bool = False,
+            allow_inf: bool = False) -> float:
+        if not _is_num(v) or (math.isinf(v) and not allow_inf):
+            raise self.bad(key, v, "must be a number")
+        if v < lo or (lo_open and v == lo) or v > hi:
+            left = "(" if lo_open else "["
+            raise self.bad(key, v, f"must be in {left}{lo:g}, {hi:g}]" if hi < math.inf else
+                           f"must be {'>' if lo_open else '>='} {lo:g}")
+        return float(v)
+
+    def int_(self, v, key: str, lo: int) -> int:
+        if not _is_int(v):
+            raise self.bad(key, v, "must be a whole number")
+        if v < lo:
+            raise self.bad(key, v, f"must be >= {lo}")
+        return int(v)
+
+    def str_(self, v, key: str) -> str:
+        if not isinstance(v, str) or not v.strip():
+            raise self.bad(key, v, "must be a non-empty string")
+        return v.strip()
+
+    def choice(self, v, key: str, options: tuple[str, ...]) -> str:
+        if v not in options:
+            raise self.bad(key, v, f"must be one of {', '.join(options)}")
+        return v
+
+    def range_(self, v, key: str, lo_min: int) -> tuple[int, int]:
+        if _is_int(v):
+            v = [v, v]
+        if not isinstance(v, list) or len(v) != 2:
+            raise self.bad(key, v, "must be [lo, hi] (two whole numbers) or one whole number")
+        lo = self.int_(v[0], f"{key}[0]", lo_min)
+        hi = self.int_(v[1], f"{key}[1]", lo_min)
+        if lo > hi:
+            raise self.bad(key, v, "lo must be <= hi")
+        return lo, hi
+
+    def local_path(self, value: str) -> Path:
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else self.base / p
+
+    def wrap(self, key: str, value, exc: KvtuneError) -> KvtuneError:
+        return type(exc)(f"{self.path}: {key} = {_show(value)}: {exc}")
+
+
+# ---- sections ----------------------------------------------------------------------------------
+
+_TOP = ("model", "weights", "engine", "calibration", "gpu_mem_util", "hardware", "workload", "slo",
+        "speculative", "objective", "search")
+_LEN_EXTRA = ("min", "max")
+
+
+def _length(r: _Reader, v, key: str, floor: int = 0) -> LengthDist:
+    """A length spec; ``floor`` (a shared prefix) becomes the default ``min`` of open distributions."""
+    if _is_num(v) and not isinstance(v, dict):
+        if not _is_int(v) or v < 1:
+            raise r.bad(key, v, "a length must be a whole number >= 1 token")
+        return LengthDist.fixed(int(v))
+    if not isinstance(v, dict):
+        raise r.bad(key, v, "must be a whole number of tokens or {dist: fixed|uniform|lognormal|normal, ...}")
+    if "dist" not in v:
+        raise r.bad_key(f"{key}.dist", f"missing (required); one of {', '.join(DISTS)}")
+    d = v["dist"]
+    if d not in DISTS:
+        raise r.bad(f"{key}.dist", d, f"unknown distribution; use {', '.join(DISTS)}")
+    names = DISTS[d]
+    allowed = ("dist",) + names + tuple(k for k in _LEN_EXTRA if k not in names)
+    r.mapping(v, key, allowed)
+    for k in names:
+        if k not in v or v[k] is None:
+            raise r.bad_key(f"{key}.{k}", f"missing: dist {d} needs {', '.join(names)}")
+    lo = r.int_(v["min"], f"{key}.min", 1) if v.get("min") is not None else None
+    hi = r.int_(v["max"], f"{key}.max", 1) if v.get("max") is not None else None
+    if lo is not None and hi is not None and lo > hi:
+        raise r.bad(f"{key}.max", hi, f"must be >= min ({lo})")
+    if d == "fixed":
+        val = v["value"]
+        if not _is_int(val) or val < 1:
+            raise r.bad(f"{key}.value", val, "a length must be a whole number >= 1 token")
+        return LengthDist("fixed", (int(val),), lo or 1, hi)
+    if d == "uniform":
+        return LengthDist.uniform(lo, hi)
+    r.num(v["mean"], f"{key}.mean", 0, lo_open=True)
+    r.num(v[names[1]], f"{key}.{names[1]}", 0)
+    if lo is None and floor:
+        if hi is not None and hi < floor:
+            raise r.bad(f"{key}.max", hi, f"is shorter than the class's prefix_tokens ({floor})")
+        lo = floor
+    return LengthDist(d, (float(v["mean"]), float(v[names[1]])), lo or 1, hi)
+
+
+def _classes(r: _Reader, v) -> tuple[RequestClass, ...]:
+    key = "workload.classes"
+    if not isinstance(v, list) or not v:
+        raise r.bad(key, v, "must be a non-empty list of request classes")
+    out: list[RequestClass] = []
+    seen: dict[str, int] = {}
+    for i, c in enumerate(v):
+        k = f"{key}[{i}]"
+        r.mapping(c, k, ("name", "share", "input_tokens", "output_tokens", "prefix_tokens", "slo"),
+                  required=("input_tokens", "output_tokens") + (("share",) if len(v) > 1 else ()))
+        name = r.str_(c["name"], f"{k}.name") if c.get("name") is not None else f"class{i}"
+        if name in seen:
+            raise r.bad(f"{k}.name", name, f"already used by {key}[{seen[name]}]")
+        seen[name] = i
+        share = r.num(c.get("share", 1.0), f"{k}.share", 0, 1, lo_open=True)
+        prefix = r.int_(c.get("prefix_tokens", 0), f"{k}.prefix_tokens", 0)
+        inp = _length(r, c["input_tokens"], f"{k}.input_tokens", floor=prefix)
+        if prefix > inp.lower_bound:
+            raise r.bad(f"{k}.prefix_tokens", prefix,
+                        f"exceeds the shortest input ({inp.lower_bound} tokens); every request holds its prefix")
+        outp = _length(r, c["output_tokens"], f"{k}.output_tokens")
+        ttft = tpot = None
+        if c.get("slo") is not None:
+            s = r.mapping(c["slo"], f"{k}.slo", ("ttft_ms", "tpot_ms"))
+            if s.get("ttft_ms") is not None:
+                ttft = r.num(s["ttft_ms"], f"{k}.slo.ttft_ms", 0, lo_open=True)
+            if s.get("tpot_ms") is not None:
+                tpot = r.num(s["tpot_ms"], f"{k}.slo.tpot_ms", 0, lo_open=True)
+        out.append(RequestClass(name, share, inp, outp, prefix, ttft, tpot))
+    total = sum(c.share for c in out)
+    if abs(total - 1) > 1e-6:
+        raise r.bad(f"{key}[{len(out) - 1}].share", out[-1].share, f"shares must sum to 1 (they sum to {total:g})")
+    return tuple(out)
+
+
+def _workload(r: _Reader, v, slo: SLO, objective: str) -> Workload:
+    wl = r.mapping(v, "workload", ("rate_req_s", "classes", "trace", "time_scale"))
+    has_c, has_t = wl.get("classes") is not None, wl.get("trace") is not None
+    if has_c == has_t:
+        raise r.bad_key("workload", "give either classes (sampled requests) or trace (a recorded log), "
+                                    + ("not both" if has_c else "neither is given"))
+    rate = r.num(wl["rate_req_s"], "workload.rate_req_s", 0, lo_open=True, allow_inf=True) \
+        if wl.get("rate_req_s") is not None else None
+    if has_c:
+        if wl.get("time_scale") is not None:
+            raise r.bad("workload.time_scale", wl["time_scale"], "applies to a trace only")
+        if rate is None and objective == "min_cost":
+            raise r.bad_key("workload.rate_req_s", "missing: objective min_cost needs the arrival rate to serve")
+        return Workload(classes=_classes(r, wl["classes"]), rate_req_s=rate, slo=slo)
+    scale = None
+    if wl.get("time_scale") is not None:
+        scale = r.num(wl["time_scale"], "workload.time_scale", 0, lo_open=True)
+        if rate is not None:
+            raise r.bad("workload.time_scale", wl["time_scale"], "give time_scale or rate_req_s, not both")
+    given = r.str_(wl["trace"], "workload.trace")
+    p = r.local_path(given)
+    if not p.is_file():
+        raise r.bad("workload.trace", given, f"no such file ({p})")
+    trace = read_trace(p, shown=str(p))
+    return Workload(trace=trace, rate_req_s=rate, slo=slo, time_scale=scale)
+
+
+def _slo(r: _Reader, v) -> SLO:
+    s = r.mapping(v, "slo", ("ttft_ms", "tpot_ms", "attainment"))
+    if s.get("ttft_ms") is None and s.get("tpot_ms") is None:
+        raise r.bad("slo", v, "give ttft_ms and/or tpot_ms")
+    ttft = r.num(s["ttft_ms"], "slo.ttft_ms", 0, lo_open=True) if s.get("ttft_ms") is not None else math.inf
+    tpot = r.num(s["tpot_ms"], "slo.tpot_ms", 0, lo_open=True) if s.get("tpot_ms") is not None else math.inf
+    att = r.num(s.get("attainment", 0.9), "slo.attainment", 0, 1, lo_open=True)
+    return SLO(ttft, tpot, att)
+
+
+def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
+    h = r.mapping(v, "hardware", ("gpu", "gpus_per_node", "usd_per_gpu_hour", "max_nodes"),
+                  required=("gpu", "usd_per_gpu_hour"))
+    name = r.str_(h["gpu"], "hardware.gpu")
+    try:
+        gpu = get_gpu(name)
+    except InputError as exc:
+        raise r.wrap("hardware.gpu", name, exc) from None
+    if weights == "fp8" and gpu.fp8_flops_per_s <= 0:
+        raise r.bad("hardware.gpu", name, f"{gpu.name} has no FP8 tensor cores, but weights is fp8")
+    return HardwareSpec(
+        gpu=gpu.name,
+        gpus_per_node=r.int_(h.get("gpus_per_node", 8), "hardware.gpus_per_node", 1),
+        usd_per_gpu_hour=r.num(h["usd_per_gpu_hour"], "hardware.usd_per_gpu_hour", 0, lo_open=True),
+        max_nodes=r.int_(h.get("max_nodes", 1), "hardware.max_nodes", 1),
+    )
+
+
+def _speculative(r: _Reader, v) -> SpeculativeSpec:
+    s = r.mapping(v, "speculative", ("method", "acceptance", "draft_cost", "draft_model"), required=("acceptance",))
+    return SpeculativeSpec(
+        method=r.str_(s.get("method", "eagle3"), "speculative.method"),
+        acceptance=r.num(s["acceptance"], "speculative.acceptance", 0, 1, lo_open=True),
+        draft_cost=r.num(s.get("draft_cost", 0.05), "speculative.draft_cost", 0, 1),
+        draft_model=r.str_(s["draft_model"], "speculative.draft_model") if s.get("draft_model") is not None else None,
+    )
+
+
+def _search(r: _Reader, v, hw: HardwareSpec, spec: SpeculativeSpec | None) -> SearchSpec:
+    s = r.mapping({} if v is None else v, "search",
+                  ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "trials", "seed"))
+    d = SearchSpec()
+    if "tp" in s:
+        tps = s["tp"] if isinstance(s["tp"], list) else [s["tp"]]
+        if not tps:
+            raise r.bad("search.tp", s["tp"], "must list at least one tensor-parallel size")
+        tp = tuple(sorted({r.int_(t, f"search.tp[{i}]", 1) for i, t in enumerate(tps)}))
+        if tp[-1] > hw.gpus_per_node:
+            raise r.bad("search.tp", s["tp"], f"tp {tp[-1]} exceeds hardware.gpus_per_node {hw.gpus_per_node} "
+                                              f"(a tensor-parallel group stays inside one node)")
+    else:
+        tp = tuple(t for t in d.tp if t <= hw.gpus_per_node)
+    if "kv_dtype" in s:
+        kvs = s["kv_dtype"] if isinstance(s["kv_dtype"], list) else [s["kv_dtype"]]
+        if not kvs:
+            raise r.bad("search.kv_dtype", s["kv_dtype"], f"must list at least one of {', '.join(KV_DTYPES)}")
+        kv = tuple(dict.fromkeys(r.choice(k, f"search.kv_dtype[{i}]", KV_DTYPES) for i, k in enumerate(kvs)))
+    else:
+        kv = d.kv_dtype
+    spec_k = r.range_(s["spec_k"], "search.spec_k", 0) if "spec_k" in s else d.spec_k
+    if "spec_k" in s and spec is None and spec_k[1] > 0:
+        raise r.bad("search.spec_k", s["spec_k"], "speculative decoding needs a speculative: section "
+                                                  "(method, acceptance)")
+    return SearchSpec(
+        tp=tp,
+        batch_cap=r.range_(s["batch_cap"], "search.batch_cap", 1) if "batch_cap" in s else d.batch_cap,
+        kv_dtype=kv,
+        spec_k=spec_k,
+        chunk_tokens=r.range_(s["chunk_tokens"], "search.chunk_tokens", 1) if "chunk_tokens" in s else d.chunk_tokens,
+        trials=r.int_(s["trials"], "search.trials", 1) if "trials" in s else d.trials,
+        seed=r.int_(s["seed"], "search.seed", 0) if "seed" in s else d.seed,
+    )
+
+
+def _model(r: _Reader, v) -> str:
+    given = r.str_(v, "model")
+    p = r.local_path(given)
+    model = str(p) if given.endswith(".json") or p.exists() else given
+    try:
+        get_model(model)
+    except InputError as exc:
+        raise r.wrap("model", given, exc) from None
+    return model
+
+
+def _calibration(r: _Reader, v, gpu: str, engine: str | None) -> str:
+    given = r.str_(v, "calibration")
+    p = r.local_path(given)
+    cal = str(p) if p.is_file() else given
+    try:
+        efficiency_for("calibrated", gpu, cal, engine)
+    except KvtuneError as exc:
+        if "no such file" in str(exc):
+            shipped = sorted(q.stem for q in profiles_path("calibrations").glob("*.yaml"))
+            raise r.bad("calibration", given, f"no such file ({p}) nor shipped calibration; shipped: "
+                                              f"{', '.join(shipped) or 'none'}") from None
+        raise r.wrap("calibration", given, exc) from None
+    return cal
+
+
+# ---- entry points ------------------------------------------------------------------------------
+
+def load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
+    """Check a parsed workload document; ``path`` names it in errors and anchors relative paths."""
+    r = _Reader(str(path))
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: must be a mapping with keys {', '.join(_TOP)}")
+    r.mapping(data, "", _TOP, required=("model", "hardware", "workload", "slo"))
+    model = _model(r, data["model"])
+    weights = r.choice(data.get("weights", "bf16"), "weights", WEIGHT_DTYPES)
+    engine = r.choice(data["engine"], "engine", ENGINES) if data.get("engine") is not None else None
+    gpu_mem_util = r.num(data.get("gpu_mem_util", 0.9), "gpu_mem_util", 0, 1, lo_open=True)
+    hardware = _hardware(r, data["hardware"], weights)
+    calibration = _calibration(r, data["calibration"], hardware.gpu, engine) \
+        if data.get("calibration") is not None else None
+    objective = r.choice(data.get("objective", "min_cost"), "objective", OBJECTIVES)
+    slo = _slo(r, data["slo"])
+    speculative = _speculative(r, data["speculative"]) if data.get("speculative") is not None else None
+    search = _search(r, data.get("search"), hardware, speculative)
+    workload = _workload(r, data["workload"], slo, objective)
+    return WorkloadSpec(path=str(path), model=model, weights=weights, engine=engine, calibration=calibration,
+                        gpu_mem_util=gpu_mem_util, hardware=hardware, workload=workload, slo=slo,
+                        speculative=speculative, objective=objective, search=search)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key '{key}' given twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_workload(path: str | Path) -> WorkloadSpec:
+    """Read and check a workload YAML file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such workload file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{path}:{where} invalid YAML: {problem}") from None
+    if data is None:
+        raise InputError(f"{path}: empty workload file")
+    return load_workload_dict(data, str(path))
