@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from costmodel.errors import InputError
 from costmodel.workload import SLO, LengthDist, RequestClass, Trace, Workload
@@ -59,6 +61,16 @@ def test_uniform_is_inclusive_and_sampling_is_seeded():
     x = d.sample(np.random.default_rng(0), 10_000)
     assert set(np.unique(x)) == {3, 4, 5}
     assert np.array_equal(d.sample(np.random.default_rng(7), 100), d.sample(np.random.default_rng(7), 100))
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(["lognormal", "normal"]), mean=st.floats(1, 1e5), spread=st.floats(0, 2),
+       lo=st.integers(1, 500), width=st.one_of(st.none(), st.integers(0, 5000)), seed=st.integers(0, 2**32))
+def test_samples_stay_in_bounds(kind, mean, spread, lo, width, seed):
+    d = LengthDist(kind, (mean, spread * (mean if kind == "normal" else 1)), lo, None if width is None else lo + width)
+    x = d.sample(np.random.default_rng(seed), 500)
+    assert x.dtype == np.int64 and x.min() >= max(lo, 1) and x.max() <= d.upper_bound
+    assert d.lower_bound <= d.mean <= d.upper_bound
 
 
 @pytest.mark.parametrize("args", [("fixed", (0,)), ("fixed", (2.5,)), ("uniform", (5, 3)), ("lognormal", (-1, 0.5)),
