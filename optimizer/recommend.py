@@ -18,11 +18,11 @@ import numpy as np
 from costmodel import __version__
 
 from .launch import launch_settings
-from .search import SolveContext, completed_evals, config_key, evaluate
+from .search import SolveContext, completed_evals, config_key, evaluate, grid_space, open_study, run_search
 
-__all__ = ["verify", "recommend", "pareto_front", "N_SIM_REQUESTS"]
+__all__ = ["solve", "verify", "recommend", "pareto_front", "N_SIM_REQUESTS"]
 
-N_SIM_REQUESTS = None  # requests per simulated rate: goodput's default (>= 100 in the allowed-miss tail)
+N_SIM_REQUESTS = 600    # requests per simulated rate (goodput's default is ~1,100 at 0.9: slower, steadier)
 REL_TOL = 0.02         # goodput bisection tolerance
 VERIFY_TOP = 4         # distinct screened front-runners verified with the simulator
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
@@ -234,3 +234,17 @@ def _infeasible(ctx, evals, verified) -> dict:
             "closest": {"config": e["params"], "miss": e["reason"], "slo_share": e.get("slo_share"),
                         "ttft_ms": e.get("ttft_ms"), "tpot_ms": e.get("tpot_ms"),
                         "tpot_batch1_ms": e.get("tpot_batch1_ms")}}
+
+
+def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str = "tpe",
+          storage: str | None = None, study_name: str | None = None, verify_top: int = VERIFY_TOP,
+          on_trial=None) -> dict:
+    """Search, verify and recommend: the whole ``kvtune solve`` for a loaded ``WorkloadSpec``."""
+    ctx = SolveContext.build(spec, seed)
+    study = open_study(ctx, sampler, storage, study_name)
+    if trials is None:
+        trials = spec.search.trials
+        if sampler == "grid":
+            trials = math.prod(len(v) for v in grid_space(ctx).values())
+    run_search(ctx, study, trials, sampler, on_trial)
+    return recommend(ctx, study, sampler, verify_top)

@@ -1,0 +1,133 @@
+"""``kvtune solve``: the cheapest deployment that meets the SLOs, with evidence and launch settings."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from costmodel.errors import Infeasible, InputError
+
+from ._common import dumps, write_atomic
+
+SAMPLER_NAMES = ("tpe", "grid", "nsga2")
+
+
+def _int_opt(value: str | None, flag: str, minimum: int) -> int | None:
+    """Integers checked here (not by click) so a bad value is one ``Error:`` line, exit 2."""
+    if value is None:
+        return None
+    try:
+        v = int(value)
+    except ValueError:
+        raise InputError(f"{flag}: {value!r} is not an integer") from None
+    if v < minimum:
+        raise InputError(f"{flag}: {v} must be >= {minimum}")
+    return v
+
+
+class _Progress:
+    """A one-line progress bar on stderr (interactive runs only)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        fill = int(width * done / max(total, 1))
+        sys.stderr.write(f"\r  trials [{'#' * fill}{'.' * (width - fill)}] {done}/{total}")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+@click.command("solve")
+@click.argument("workload", type=click.Path(dir_okay=False))
+@click.option("--trials", default=None, help="Trials to run (default: search.trials; grid: the whole grid).")
+@click.option("--seed", default=None, help="Sampler and simulation seed (default: search.seed).")
+@click.option("--sampler", default="tpe", show_default=True, help="tpe | grid (exhaustive, for checking) | nsga2 (cost/goodput Pareto).")
+@click.option("--storage", default=None, help="Optuna storage: sqlite:///kvtune.db, journal:./kvtune.log or an RDB URL (default: in memory).")
+@click.option("--study-name", default=None, help="Study to create or resume in --storage (default: derived from the workload).")
+@click.option("--verify-top", default="4", show_default=True, help="Screened front-runners to verify with the simulator.")
+@click.option("--json", "json_path", default=None, help="Write the result object to this file (atomically).")
+@click.option("--report", "report_dir", default=None, help="Write report.md and plots to this folder.")
+@click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
+def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, json_path, report_dir, quiet):
+    """Search serving configs for WORKLOAD.yaml and recommend the cheapest that meets its SLOs."""
+    from optimizer.workload import load_workload
+    from optimizer.recommend import solve
+
+    if sampler not in SAMPLER_NAMES:
+        raise InputError(f"--sampler must be one of {', '.join(SAMPLER_NAMES)}, got {sampler!r}")
+    n_trials = _int_opt(trials, "--trials", 1)
+    seed_v = _int_opt(seed, "--seed", 0)
+    top = _int_opt(verify_top, "--verify-top", 1)
+    if json_path:
+        from pathlib import Path
+        parent = Path(json_path).parent
+        if not parent.exists():
+            raise InputError(f"--json {json_path}: folder {parent} does not exist")
+    spec = load_workload(workload)
+    progress = _Progress(enabled=not quiet and sys.stderr.isatty())
+    result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=storage,
+                   study_name=study_name, verify_top=top, on_trial=progress)
+    if report_dir:
+        from optimizer.report import write_report
+        result["report"] = write_report(result, spec, report_dir)
+    text = dumps(result)
+    if json_path:
+        write_atomic(json_path, text + "\n")
+    click.echo(summary_text(result, storage))
+    if result["status"] != "ok":
+        raise Infeasible(f"no configuration meets the SLOs: {result['reason']}")
+
+
+def summary_text(r: dict, storage: str | None) -> str:
+    lines = []
+    t = r["trials"]
+    head = f"kvtune {r['kvtune_version']}  {r['objective']}  target {r['target_rate_req_s']:g} req/s  " \
+           f"sampler {r['sampler']} seed {r['seed']}  trials {t['completed']} ({t['feasible']} feasible)"
+    lines.append(head)
+    lines.append(f"  efficiency: {r['source']}")
+    if r["status"] != "ok":
+        lines.append(f"INFEASIBLE: {r['reason']}")
+        c = r.get("closest") or {}
+        if c.get("config"):
+            lines.append(f"  closest: {_cfg(c['config'])}: {c.get('miss', '')}")
+        return "\n".join(lines)
+    rec, p, c, b = r["recommendation"], r["predicted"], r["cost"], r["bottleneck"]
+    lines.append(f"Recommendation: {rec['replicas']} x TP{rec['tp']} {rec['model']} on {rec['gpus']} {rec['gpu']} "
+                 f"({rec['nodes']} node{'s' if rec['nodes'] > 1 else ''})")
+    lines.append(f"  batch cap {rec['batch_cap']}  chunk {rec['chunk_tokens']} tokens  KV {rec['kv_dtype']}  "
+                 f"speculative k {rec['spec_k']}")
+    lines.append(f"  cost ${c['usd_per_hour']:.2f}/h  ${c['usd_per_million_output_tokens']:.3f} per 1M output tokens")
+    lines.append(f"  predicted (simulated at {p['load_per_replica_req_s']:.2f} req/s per replica): "
+                 f"goodput {p['goodput_req_s']:.2f} req/s  SLO attainment {p['slo_attainment']:.3f}  "
+                 f"headroom {r['headroom'] * 100:+.0f}%")
+    lines.append(f"  TTFT p50/p90/p99 {p['ttft_ms']['p50']:.0f}/{p['ttft_ms']['p90']:.0f}/{p['ttft_ms']['p99']:.0f} ms   "
+                 f"TPOT p50/p90/p99 {p['tpot_ms']['p50']:.1f}/{p['tpot_ms']['p90']:.1f}/{p['tpot_ms']['p99']:.1f} ms   "
+                 f"{p['tok_s_per_user']:.0f} tok/s per user  {p['output_tok_s']:,.0f} output tok/s")
+    lines.append(f"  bottleneck: {b['term']} (batch limited by {b['batch_limit']} at {b['operating_batch']}; "
+                 f"step {b.get('step_ms') or 0:.1f} ms: memory {b.get('mem_ms') or 0:.1f}, compute {b.get('compute_ms') or 0:.1f})")
+    for n in r.get("notes", []):
+        lines.append(f"  note: {n}")
+    if len(r.get("pareto", [])) > 1:
+        lines.append("  cost/goodput front: " + "; ".join(
+            f"{x['gpus']} GPUs ${x['usd_per_hour']:.0f}/h {x['goodput_req_s']:.1f} req/s" for x in r["pareto"][:6]))
+    lines.append("Launch (vLLM):")
+    lines.append("  " + r["launch"]["vllm"].replace("\n", "\n  "))
+    lines.append("  (SGLang, TensorRT-LLM and a Kubernetes Deployment are in --json under 'launch')")
+    if storage:
+        lines.append(f"  study '{r['study_name']}' in {storage}: browse with  optuna-dashboard {storage.replace('journal:', '')}")
+    if r.get("report"):
+        lines.append(f"  report: {r['report']}")
+    return "\n".join(lines)
+
+
+def _cfg(p: dict) -> str:
+    return f"TP{p['tp']} batch {p['batch_cap']} KV {p['kv_dtype']} k {p['spec_k']} chunk {p['chunk_tokens']}"
+
+
+COMMANDS = [solve_cmd]

@@ -1,0 +1,157 @@
+"""``kvtune solve --report DIR``: report.md and three plots (matplotlib, Agg backend).
+
+1. ``frontier.png``: per-user tok/s vs total tok/s of one replica over batch, for the chosen TP,
+   KV dtype and speculative length (StepModel decode steps at the workload's mean context), with
+   the TPOT SLO as a vertical line (1000 / tpot_ms tok/s per user) and the chosen operating point.
+2. ``pareto.png``: the cost/goodput Pareto front (simulated or screened points) and the pick.
+3. ``latency.png``: TTFT and TPOT CDFs of the pick, simulated at its per-replica load, against the SLOs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from costmodel.errors import InputError
+
+__all__ = ["write_report"]
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _frontier(ctx, rec: dict, result: dict, path: Path) -> None:
+    plt = _plt()
+    sm = ctx.step(rec["tp"], rec["kv_dtype"], rec["spec_k"])
+    w = ctx.stats
+    context = w.mean_input_tokens + w.mean_output_tokens / 2
+    b_max = max(2, min(rec["batch_cap"] * 2, int(sm.memory.kv_pool_tokens // context)))
+    batches = np.unique(np.geomspace(1, b_max, 40).astype(int))
+    per_user, total = [], []
+    for b in batches:
+        s = sm.decode_step(int(b), context)
+        u = s.tokens_per_seq / s.time_s
+        per_user.append(u)
+        total.append(u * b)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(total, per_user, "-o", ms=3, label=f"TP{rec['tp']} KV {rec['kv_dtype']} k={rec['spec_k']} (decode at {context:,.0f} ctx)")
+    tpot = ctx.spec.slo.tpot_ms
+    if np.isfinite(tpot):
+        ax.axhline(1000 / tpot, color="red", ls="--", label=f"TPOT SLO {tpot:g} ms = {1000 / tpot:.0f} tok/s/user")
+    op = result["bottleneck"].get("operating_batch") or 1
+    s = sm.decode_step(int(op), context)
+    ax.plot([s.tokens_per_seq / s.time_s * op], [s.tokens_per_seq / s.time_s], "k*", ms=14,
+            label=f"operating point (batch {op})")
+    ax.set_xlabel("total output tok/s per replica")
+    ax.set_ylabel("tok/s per user")
+    ax.set_title(f"{ctx.model.name}: interactivity vs throughput (one replica)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pareto(result: dict, path: Path) -> None:
+    plt = _plt()
+    pts = result.get("pareto", [])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for ev, mk in (("simulated", "o"), ("screened (upper bound)", "x")):
+        sel = [p for p in pts if p.get("evidence") == ev]
+        if sel:
+            ax.plot([p["usd_per_hour"] for p in sel], [p["goodput_req_s"] for p in sel], mk, label=ev)
+    if pts:
+        xs = [p["usd_per_hour"] for p in pts]
+        ys = [p["goodput_req_s"] for p in pts]
+        ax.step(xs, ys, where="post", color="gray", alpha=0.5)
+    c, p = result["cost"], result["predicted"]
+    ax.plot([c["usd_per_hour"]], [p["goodput_req_s"]], "r*", ms=14, label="recommendation (simulated)")
+    rate = result.get("target_rate_req_s")
+    if rate and np.isfinite(rate):
+        ax.axhline(rate, color="red", ls="--", label=f"target {rate:g} req/s")
+    ax.set_xlabel("$ per hour")
+    ax.set_ylabel("goodput, req/s (SLO attainment met)")
+    ax.set_title("cost / goodput Pareto front")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _latency(ctx, rec: dict, result: dict, path: Path) -> None:
+    from costmodel.simulate import SimConfig, simulate
+    plt = _plt()
+    sm = ctx.step(rec["tp"], rec["kv_dtype"], rec["spec_k"])
+    load = result["predicted"]["load_per_replica_req_s"]
+    from costmodel.goodput import default_n_requests
+    n = default_n_requests(ctx.spec.slo.attainment)
+    res = simulate(sm, ctx.spec.requests(n, ctx.seed + 1, rate_req_s=load),
+                   SimConfig(batch_cap=rec["batch_cap"], chunk_tokens=rec["chunk_tokens"]), arrival="trace", seed=ctx.seed)
+    m = res.measured
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, arr, slo, name in ((axes[0], res.ttft_s[m] * 1e3, ctx.spec.slo.ttft_ms, "TTFT"),
+                               (axes[1], res.tpot_s[m] * 1e3, ctx.spec.slo.tpot_ms, "TPOT")):
+        x = np.sort(arr[np.isfinite(arr)])
+        if x.size:
+            ax.plot(x, np.arange(1, x.size + 1) / x.size, label=f"simulated at {load:.2f} req/s/replica")
+        if np.isfinite(slo):
+            ax.axvline(slo, color="red", ls="--", label=f"SLO {slo:g} ms")
+        ax.axhline(ctx.spec.slo.attainment, color="gray", ls=":", label=f"attainment {ctx.spec.slo.attainment:g}")
+        ax.set_xlabel(f"{name}, ms")
+        ax.set_ylabel("share of requests")
+        ax.set_title(f"{name} CDF")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(result: dict, spec, out_dir: str) -> str:
+    """Write report.md and the plots into ``out_dir`` (created if missing); returns the md path."""
+    from .search import SolveContext
+    d = Path(out_dir)
+    if d.exists() and not d.is_dir():
+        raise InputError(f"--report {out_dir}: exists and is not a folder")
+    d.mkdir(parents=True, exist_ok=True)
+    lines = [f"# kvtune solve: {Path(spec.path).name}", "",
+             f"kvtune {result['kvtune_version']}, sampler {result['sampler']}, seed {result['seed']}, "
+             f"{result['trials']['completed']} trials ({result['trials']['feasible']} feasible).",
+             f"Efficiency: {result['source']}.", ""]
+    if result["status"] != "ok":
+        lines += ["## Infeasible", "", result["reason"], ""]
+        (d / "report.md").write_text("\n".join(lines))
+        return str(d / "report.md")
+    ctx = SolveContext.build(spec, result["seed"])
+    rec = result["recommendation"]
+    _frontier(ctx, rec, result, d / "frontier.png")
+    _pareto(result, d / "pareto.png")
+    _latency(ctx, rec, result, d / "latency.png")
+    p, c, b = result["predicted"], result["cost"], result["bottleneck"]
+    lines += [
+        "## Recommendation", "",
+        f"**{rec['replicas']} x TP{rec['tp']}** ({rec['gpus']} GPUs, {rec['nodes']} node(s)), batch cap "
+        f"{rec['batch_cap']}, chunk {rec['chunk_tokens']} tokens, KV {rec['kv_dtype']}, speculative k {rec['spec_k']}.", "",
+        "| metric | value |", "|---|---|",
+        f"| cost | ${c['usd_per_hour']:.2f}/h, ${c['usd_per_million_output_tokens']:.3f} per 1M output tokens |",
+        f"| goodput (simulated) | {p['goodput_req_s']:.2f} req/s (target {result['target_rate_req_s']:g}; headroom {result['headroom'] * 100:+.0f}%) |",
+        f"| SLO attainment at target | {p['slo_attainment']:.3f} |",
+        f"| TTFT p50 / p90 / p99 | {p['ttft_ms']['p50']:.0f} / {p['ttft_ms']['p90']:.0f} / {p['ttft_ms']['p99']:.0f} ms |",
+        f"| TPOT p50 / p90 / p99 | {p['tpot_ms']['p50']:.1f} / {p['tpot_ms']['p90']:.1f} / {p['tpot_ms']['p99']:.1f} ms |",
+        f"| bottleneck | {b['term']} (batch limited by {b['batch_limit']} at {b['operating_batch']}) |", "",
+        *[f"- {n}" for n in result.get("notes", [])], "",
+        "## Plots", "", "![frontier](frontier.png)", "", "![pareto](pareto.png)", "", "![latency](latency.png)", "",
+        "## Launch (vLLM)", "", "```bash", result["launch"]["vllm"], "```", "",
+        "## Launch (SGLang)", "", "```bash", result["launch"]["sglang"], "```", "",
+        "## Launch (TensorRT-LLM)", "", "```bash", result["launch"]["trtllm"]["command"], "```", "",
+        "config.yaml:", "", "```yaml", result["launch"]["trtllm"]["config_yaml"].rstrip(), "```", "",
+        "## Kubernetes", "", "```yaml", result["launch"]["k8s"].rstrip(), "```", "",
+        f"_{result['launch']['checked']}_", ""]
+    (d / "report.md").write_text("\n".join(lines))
+    return str(d / "report.md")
