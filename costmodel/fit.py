@@ -118,9 +118,8 @@ class RowPredictor:
             res = simulate(sm, Requests.uniform(n, isl, osl), SimConfig(batch_cap=n, chunk_tokens=self.chunk_tokens),
                            arrival="inf", seed=self.seed)
             ttft, tpot = np.asarray(res.ttft_s), np.asarray(res.tpot_s)
-            makespan = float(np.max(ttft + tpot * (osl - 1)))
-            return {"ttft_ms": float(ttft.mean() * 1e3), "tpot_ms": float(tpot.mean() * 1e3),
-                    "output_tok_s": n * osl / makespan}
+            return {"ttft_ms": float(ttft.mean() * 1e3), "tpot_ms": float(np.nanmean(tpot) * 1e3) if osl > 1 else math.nan,
+                    "output_tok_s": float(res.output_tok_s)}
         if row.concurrency is None:
             raise InputError(f"row {row.id}: open-loop rows at a finite rate_req_s are not used for fitting; "
                              f"give concurrency (closed loop) or rate_req_s inf")
@@ -130,9 +129,10 @@ class RowPredictor:
                        arrival="closed", concurrency=c, seed=self.seed)
         ttft, tpot = np.asarray(res.ttft_s), np.asarray(res.tpot_s)
         keep = slice(c, n - c) if n > 2 * c else slice(0, n)
-        out = {"ttft_ms": float(ttft[keep].mean() * 1e3), "tpot_ms": float(tpot[keep].mean() * 1e3)}
+        out = {"ttft_ms": float(ttft[keep].mean() * 1e3),
+               "tpot_ms": float(tpot[keep].mean() * 1e3) if osl > 1 else math.nan}
         if row.output_tok_s:
-            out["output_tok_s"] = c * osl / float(np.mean(ttft[keep] + tpot[keep] * (osl - 1)))
+            out["output_tok_s"] = c * osl / float(np.mean(np.asarray(res.e2e_s)[keep]))
         return out
 
 
@@ -203,8 +203,14 @@ def _probe_value(name: str, base: float) -> float:
 
 def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
                    params: Sequence[str] | None = None, predict: Callable | None = None,
-                   max_nfev: int = 60, name: str = "fitted") -> FitResult:
+                   max_nfev: int = 60, name: str = "fitted", loss: str = "soft_l1",
+                   f_scale: float = 0.1) -> FitResult:
     """Fit ``params`` (default: those of ``FIT_PARAMS`` the rows can see) starting from ``base``.
+
+    ``loss``/``f_scale`` go to ``scipy.optimize.least_squares``: the default robust ``soft_l1``
+    with scale 0.1 treats log residuals beyond ~10% as outliers (linear, not quadratic, cost), so a
+    few points the model cannot describe (queueing the engine does and kvtune does not model) do
+    not drag every parameter; ``loss="linear"`` is plain least squares.
 
     Raises ``InputError`` if a named parameter is unknown or invisible in the rows, or if there
     are fewer than (parameters + 1) measured figures.
@@ -221,6 +227,9 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
             raise InputError(f"calibrate: --params: unknown parameter '{n}' (known: {', '.join(PARAM_BOUNDS)})")
     if len(set(names)) != len(names):
         raise InputError(f"calibrate: --params: a parameter is named twice in {','.join(names)}")
+    if explicit and len(targets) < len(names) + 1:
+        raise InputError(f"calibrate: {len(targets)} measured figures cannot fit {len(names)} parameters "
+                         f"(need at least {len(names) + 1}); add rows or fit fewer --params")
     base = base.with_params(model_comm=True, name=name)
     meas = np.array([v for _, _, v in targets])
     y0 = _flatten(predict(rows, base), targets)
@@ -259,10 +268,10 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     from scipy.optimize import least_squares
 
     sol = least_squares(resid, x0, bounds=(lo, hi), method="trf", x_scale="jac", diff_step=1e-3,
-                        max_nfev=max_nfev)
+                        max_nfev=max_nfev, loss=loss, f_scale=f_scale)
     eff = eff_of(sol.x)
     dof = len(targets) - len(visible)
-    s2 = float(2 * sol.cost / dof) if dof > 0 else float("nan")
+    s2 = float(np.sum(sol.fun ** 2) / dof) if dof > 0 else float("nan")  # sol.cost is the robust cost
     J = sol.jac
     try:
         cov = s2 * np.linalg.pinv(J.T @ J)

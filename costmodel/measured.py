@@ -107,6 +107,9 @@ class MeasuredStepModel:
         return getattr(self.base, name)
 
     chunk_pairs = staticmethod(StepModel.chunk_pairs)
+    # The simulator's closed-form decode runs (sim_clock.DecodeClock) assume T(context) is
+    # piecewise linear with the base model's kinks; interpolated tables are not, so ask it to step.
+    closed_form_ok = False
 
     @property
     def source(self) -> str:

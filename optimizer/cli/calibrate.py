@@ -1,0 +1,79 @@
+"""``kvtune calibrate``: fit the cost model's efficiencies to measured profile tables."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from costmodel.errors import InputError
+from costmodel.fit import RowPredictor
+
+from ._common import dumps, echo_table, write_atomic
+
+
+@click.command("calibrate")
+@click.argument("tables", nargs=-1, required=True)
+@click.option("--gpu", default="h100-sxm", show_default=True,
+              help="Catalog GPU name, or a hardware YAML file (see profiles/hardware-cpu-example.yaml).")
+@click.option("--engine", type=click.Choice(["vllm", "sglang", "trtllm"]), default=None,
+              help="Use only this engine's rows (rows that name no engine count).")
+@click.option("--base", default="ideal", show_default=True,
+              help="Start (and value of unfitted parameters): ideal, calibrated (the shipped one) or a calibration file.")
+@click.option("--params", default=None,
+              help="Comma-separated parameters to fit (default: every one the rows can see).")
+@click.option("--chunk-tokens", type=int, default=8192, show_default=True,
+              help="Engine prefill token budget used when simulating request rows.")
+@click.option("--max-nfev", type=int, default=60, show_default=True, help="Most model evaluations of the solver.")
+@click.option("-o", "--output", required=True, help="Calibration YAML to write (e.g. profiles/calibrations/NAME.yaml).")
+@click.option("--name", default=None, help="Calibration name (default: the output file's stem).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def calibrate_cmd(tables, gpu, engine, base, params, chunk_tokens, max_nfev, output, name, as_json):
+    """Fit bandwidth/FLOP efficiencies, step overhead and all-reduce cost to TABLES."""
+    from optimizer.calibrate import (calibrate, calibration_dict, calibration_yaml, load_tables, resolve_base,
+                                     resolve_gpu, select_rows)
+
+    out = Path(output)
+    if not out.parent.exists():
+        raise InputError(f"-o {output}: folder {out.parent} does not exist")
+    names = [p.strip() for p in params.split(",") if p.strip()] if params else None
+    if params is not None and not names:
+        raise InputError("--params: empty list")
+    if chunk_tokens < 1:
+        raise InputError(f"--chunk-tokens must be >= 1, got {chunk_tokens}")
+    g = resolve_gpu(gpu)
+    rows, inputs = load_tables(tables)
+    rows, notes = select_rows(rows, g, engine)
+    eff0 = resolve_base(base, g, engine)
+    name = name or out.stem
+    t0 = time.perf_counter()
+    res = calibrate(rows, g, eff0, names, RowPredictor(g, chunk_tokens=chunk_tokens), max_nfev=max_nfev, name=name)
+    wall = time.perf_counter() - t0
+    d = calibration_dict(res, name, g, engine, inputs, base, notes, wall_s=wall)
+    write_atomic(out, calibration_yaml(d))
+    if as_json:
+        d = dict(d, output=str(out),
+                 points_detail=[{"id": p.id, "metric": p.metric, "measured": p.measured, "before": p.before,
+                                 "after": p.after, "err_before_pct": p.err_before * 100,
+                                 "err_after_pct": p.err_after * 100} for p in res.points])
+        click.echo(dumps(d))
+        return
+    click.echo(f"calibrate {g.name}{' engine ' + engine if engine else ''}: {len(res.points)} measured figures "
+               f"from {len(rows)} rows, base {base}, {res.nfev} model evaluations, {wall:.1f} s")
+    echo_table(["id", "metric", "measured", "before", "err_before_%", "after", "err_after_%"],
+               [[p.id[-40:], p.metric, f"{p.measured:.4g}", f"{p.before:.4g}", f"{p.err_before * 100:+.1f}",
+                 f"{p.after:.4g}", f"{p.err_after * 100:+.1f}"] for p in res.points])
+    click.echo("MAPE %      before   after")
+    for m, v in d["fit"]["mape_before_pct"].items():
+        click.echo(f"  {m:<12}{v:>7.1f} {d['fit']['mape_after_pct'][m]:>7.1f}")
+    click.echo("parameters (one sigma; '-' = kept at base):")
+    for k, v in d["params"].items():
+        s = d["uncertainty"][k]
+        click.echo(f"  {k:<26}{v:>12.5g}  {'+- %.2g' % s if k in res.fitted else '-'}")
+    for n in d["fit"]["notes"]:
+        click.echo(f"  note: {n}")
+    click.echo(f"wrote {out}")
+
+
+COMMANDS = [calibrate_cmd]
