@@ -1,0 +1,165 @@
+"""Goodput: the highest Poisson arrival rate one replica serves with SLO attainment at target.
+
+Attainment (the share of measured requests meeting both TTFT and TPOT targets) falls as the rate
+rises. ``goodput`` brackets the crossing and bisects it:
+
+1. zero load: a tiny rate (1e-3 x the analytic bound). If attainment already misses the target
+   the answer is 0 req/s with the reason (which term, at which percentile, against which target);
+2. upper bracket: the analytic decode-limited throughput at the largest batch the cap and the KV
+   pool allow, ``B x tokens_per_step / (T(B) x mean output)`` req/s (prefill and queueing only
+   lower it), times 1.25; doubled until attainment misses (a few times at most);
+3. bisection, geometric while the bracket spans more than a factor 2, then arithmetic, until
+   ``hi - lo <= rel_tol x lo``. The answer is ``lo``, the highest rate seen to meet the target.
+
+Every rate uses the same seed: ``make_requests(rate, n, seed)`` should draw the same requests with
+arrival times scaled by 1/rate (common random numbers; ``costmodel.workload`` does), so the
+attainment curve is monotone up to scheduling noise and the bisection compares like with like.
+
+How many requests: with attainment target ``a`` the misses allowed are the ``1 - a`` tail; to
+place that tail's edge we want at least ~100 measured requests in it, so the measured count must
+be ``>= 100 / (1 - a)`` and, with the default 10% warm-up excluded, ``n >= 100 / ((1 - a) x 0.9)``:
+1,112 requests at a = 0.9, 2,223 at 0.95, 11,112 at 0.99; never fewer than 1,000 (so the run
+spans many service times and queues reach their load) and at most 20,000 (a = 1 and beyond 0.995:
+the tail is then a handful of requests and the answer is noisier; pass ``n_requests`` to choose).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .errors import InputError
+from .requests import Requests
+from .simulate import SimConfig, SimResult, default_warmup_frac, simulate
+from .step import StepModel
+
+__all__ = ["GoodputResult", "goodput", "default_n_requests", "capacity_bound_req_s"]
+
+_TAIL_REQUESTS = 100      # measured requests wanted in the allowed-miss tail
+_MIN_REQUESTS = 1000
+_MAX_REQUESTS = 20000
+
+
+def default_n_requests(attainment: float, warmup_frac: float = default_warmup_frac("trace")) -> int:
+    """Requests per simulation so that the allowed-miss tail holds >= 100 measured requests."""
+    if not 0 < attainment <= 1:
+        raise InputError(f"attainment must be in (0, 1], got {attainment!r}")
+    if attainment >= 1:
+        return _MAX_REQUESTS
+    n = math.ceil(_TAIL_REQUESTS / ((1 - attainment) * (1 - warmup_frac)) - 1e-9)
+    return int(min(max(n, _MIN_REQUESTS), _MAX_REQUESTS))
+
+
+def capacity_bound_req_s(step: StepModel, mean_input_tokens: float, mean_output_tokens: float,
+                         batch_cap: int) -> float:
+    """Decode-limited throughput at the largest batch the cap and pool allow (an upper bound).
+
+    A sequence is half-way through on average: context = input + output / 2; the pool holds
+    pool_tokens / context of them, the cap at most ``batch_cap``. Throughput in requests per second
+    is B x tokens_per_step / (T(B) x output): every request needs output / tokens_per_step verify
+    steps, each shared by B sequences. Prefill steps and queueing can only lower it.
+    """
+    ctx = max(mean_input_tokens + mean_output_tokens / 2.0, 1.0)
+    b = max(1, min(int(batch_cap), int(step.memory.kv_pool_tokens // ctx)))
+    t = step.step_time_s(b, b * ctx)
+    return b * step.tokens_per_step / (t * max(mean_output_tokens, 1.0))
+
+
+@dataclass(frozen=True)
+class GoodputResult:
+    goodput_req_s: float              # highest rate found to meet the target (0: none does)
+    attainment: float                 # measured attainment at that rate
+    target_attainment: float
+    summary: dict                     # SimResult.summary() at that rate (zero-load probe when 0)
+    iterations: int                   # simulations run
+    bracket: tuple[float, float]      # final (meets, misses) rates, req/s
+    rel_tol: float
+    n_requests: int
+    upper_bound_req_s: float          # the analytic starting bound
+    reason: str = ""                  # why the goodput is 0 (empty otherwise)
+    history: tuple = field(default=())  # ((rate_req_s, attainment), ...) in the order probed
+
+    def to_dict(self) -> dict:
+        return {"goodput_req_s": self.goodput_req_s, "attainment": self.attainment,
+                "target_attainment": self.target_attainment, "iterations": self.iterations,
+                "bracket_req_s": list(self.bracket), "rel_tol": self.rel_tol, "n_requests": self.n_requests,
+                "upper_bound_req_s": self.upper_bound_req_s, "reason": self.reason,
+                "history": [list(h) for h in self.history], "at_goodput": self.summary}
+
+
+def _zero_load_reason(res: SimResult, req: Requests, attainment: float) -> str:
+    m = res.measured
+    ttft, tpot = res.ttft_s[m], res.tpot_s[m]
+    miss_ttft = ~(ttft <= req.ttft_slo_s[m])
+    miss_tpot = (req.output_tokens[m] > 1) & ~(tpot <= req.tpot_slo_s[m])
+    q = 100 * attainment
+    parts = []
+    if miss_ttft.mean() > 0:
+        parts.append(f"TTFT at zero load: p{q:g} {np.percentile(ttft, q) * 1e3:.0f} ms (prefill) vs target "
+                     f"{np.median(req.ttft_slo_s[m]) * 1e3:.0f} ms; {miss_ttft.mean():.0%} of requests miss it")
+    if miss_tpot.mean() > 0:
+        tp = tpot[~np.isnan(tpot)]
+        parts.append(f"TPOT at zero load: p{q:g} {np.percentile(tp, q) * 1e3:.1f} ms (batch-1 decode step) vs target "
+                     f"{np.median(req.tpot_slo_s[m]) * 1e3:.1f} ms; {miss_tpot.mean():.0%} of requests miss it")
+    if res.rejected:
+        parts.append(f"{res.rejected} requests do not fit the KV pool ({res.rejected / len(res.ttft_s):.0%})")
+    return "; ".join(parts) or f"attainment {res.slo_attainment:.3f} below {attainment:g} at zero load"
+
+
+def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests], config: SimConfig,
+            attainment: float, n_requests: int | None = None, seed: int = 0, rel_tol: float = 0.02,
+            warmup_frac: float | None = None, max_iterations: int = 40) -> GoodputResult:
+    """Highest Poisson rate (req/s, one replica) at which SLO attainment stays >= ``attainment``.
+
+    ``make_requests(rate_req_s, n, seed)`` draws the requests (the same seed at every rate). See
+    the module docstring for the bracketing, the tolerance and ``n_requests`` (default
+    ``default_n_requests(attainment)``).
+    """
+    if not 0 < attainment <= 1:
+        raise InputError(f"attainment must be in (0, 1], got {attainment!r}")
+    if not 0 < rel_tol < 1:
+        raise InputError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
+    wf = default_warmup_frac("trace") if warmup_frac is None else warmup_frac
+    n = default_n_requests(attainment, wf) if n_requests is None else int(n_requests)
+    if n < 1:
+        raise InputError(f"n_requests must be >= 1, got {n_requests!r}")
+    history: list[tuple[float, float]] = []
+
+    def run(rate: float) -> tuple[SimResult, Requests]:
+        req = make_requests(rate, n, seed)
+        res = simulate(step, req, config, "trace", seed=seed, warmup_frac=wf)
+        history.append((rate, res.slo_attainment))
+        return res, req
+
+    probe = make_requests(1.0, n, seed)
+    ub = capacity_bound_req_s(step, float(probe.input_tokens.mean()), float(probe.output_tokens.mean()),
+                              config.batch_cap)
+    lo_rate = ub * 1e-3
+    res_lo, req_lo = run(lo_rate)
+    if res_lo.slo_attainment < attainment:
+        return GoodputResult(0.0, res_lo.slo_attainment, attainment, res_lo.summary(), len(history),
+                             (0.0, lo_rate), rel_tol, n, ub, _zero_load_reason(res_lo, req_lo, attainment),
+                             tuple(history))
+    hi_rate = ub * 1.25
+    res_hi, _ = run(hi_rate)
+    while res_hi.slo_attainment >= attainment and len(history) < max_iterations:
+        lo_rate, res_lo = hi_rate, res_hi
+        hi_rate *= 2.0
+        res_hi, _ = run(hi_rate)
+    if res_hi.slo_attainment >= attainment:
+        return GoodputResult(hi_rate, res_hi.slo_attainment, attainment, res_hi.summary(), len(history),
+                             (hi_rate, math.inf), rel_tol, n, ub,
+                             f"no miss found up to {hi_rate:.3g} req/s after {max_iterations} simulations",
+                             tuple(history))
+    while hi_rate - lo_rate > rel_tol * lo_rate and len(history) < max_iterations:
+        mid = math.sqrt(lo_rate * hi_rate) if hi_rate > 2 * lo_rate else 0.5 * (lo_rate + hi_rate)
+        res, _ = run(mid)
+        if res.slo_attainment >= attainment:
+            lo_rate, res_lo = mid, res
+        else:
+            hi_rate = mid
+    return GoodputResult(lo_rate, res_lo.slo_attainment, attainment, res_lo.summary(), len(history),
+                         (lo_rate, hi_rate), rel_tol, n, ub, "", tuple(history))
