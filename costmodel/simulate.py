@@ -252,7 +252,10 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     total_blocks = int(step.memory.kv_pool_tokens) // bt
     watermark_blocks = int(config.watermark_frac * total_blocks)
     # too large for the whole pool: prompt + output (+ the slot being computed) in blocks
-    rejected_mask = -(-(inp_a + out_a + 1) // bt) > total_blocks
+    rejected_mask = -(-(inp_a + out_a + 1) // bt) > total_blocks - watermark_blocks
+    rejected = rejected_mask.tolist()
+    any_rejected = bool(rejected_mask.any())
+    trace = arrival == "trace"
 
     step_time = step.step_time_s
     clock = DecodeClock(step)
@@ -272,6 +275,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     sg = np.zeros(cap)
     ssh = np.zeros(cap)
     free_slots = list(range(cap))   # a heap: the lowest free slot first keeps active slots packed
+    active = [False] * cap
     top = [0]                       # 1 + highest slot in use: numpy work covers slots [:top]
     unit_gain = step.spec is None
     slot_of = [-1] * n
@@ -311,7 +315,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     def reject_skip() -> None:
         # drop rejected requests from the head of the waiting queue (they are never served)
         nonlocal n_left
-        while waiting and rejected_mask[waiting[0]]:
+        while waiting and rejected[waiting[0]]:
             i = waiting.popleft()
             n_left -= 1
             on_done(i)
@@ -370,8 +374,9 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     def free_slot(s: int) -> None:
         sL0[s], sS0[s], sg[s], ssh[s] = -1.0, 0.0, 0.0, 0.0
         heapq.heappush(free_slots, s)
+        active[s] = False
         k = top[0]
-        while k and sg[k - 1] == 0.0:
+        while k and not active[k - 1]:
             k -= 1
         top[0] = k
 
@@ -409,10 +414,10 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     while n_left > 0:
         events += 1
         # ---- arrivals up to now ------------------------------------------------------------------
-        while nxt < n and arrival == "trace" and arr[nxt] <= t:
+        while trace and nxt < n and arr[nxt] <= t:
             waiting.append(nxt)
             nxt += 1
-        if waiting and rejected_mask[waiting[0]]:
+        if any_rejected and waiting and rejected[waiting[0]]:
             reject_skip()
             if n_left == 0:
                 break
@@ -422,7 +427,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
                 continue
         # ---- blocks for this step's decodes: preempt the newest while they do not fit ------------
         preempted_now = False
-        if n_dec and dec_bound(0) + alloc_pf + pinned > total_blocks:
+        if n_dec and (ctx_sum + n_dec) / bt + n_dec - shared_dec + alloc_pf + pinned > total_blocks:
             used = dec_blocks(0) + alloc_pf + pinned
             while used > total_blocks and running:
                 used -= preempt()
@@ -450,7 +455,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
             # vLLM V1 admits nothing in a step that had to preempt (the victim would come straight back)
             while budget > 0 and waiting and len(running) < cap and not preempted_now:
                 i = waiting[0]
-                if rejected_mask[i]:
+                if any_rejected and rejected[i]:
                     reject_skip()
                     continue
                 target = inp[i] + (int(round(steps_done[i] * gain[i])) if steps_done[i] else 0)
@@ -460,7 +465,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
                 shared = cached // bt
                 need = -(-target // bt) - shared
                 if used_ub is None:
-                    used_ub = dec_bound(0) + alloc_pf + pinned
+                    used_ub = (ctx_sum + n_dec) / bt + n_dec - shared_dec + alloc_pf + pinned
                 if used_ub + need > total_blocks - watermark_blocks:
                     used = dec_blocks(0) + alloc_pf + pinned
                     if used + need > total_blocks - watermark_blocks:
@@ -513,6 +518,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
                     on_done(i)
                     continue
                 s = heapq.heappop(free_slots)
+                active[s] = True
                 if s >= top[0]:
                     top[0] = s + 1
                 slot_of[i] = s
@@ -532,15 +538,28 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
             pcs = None if naive else pieces_of(n_dec)
             if pcs is None or (preempted_now and waiting):
                 m = 1  # after a preemption the next step may admit again: no run ahead
-            elif arrival == "trace" and not waiting and nxt < n:
-                ma = steps_until(pcs, ctx_sum, G, arr[nxt] - t)  # the arrival joins after step ma
-                if ma < m:
-                    m = ma
-            if m > 1 and dec_bound(m - 1) + alloc_pf + pinned > total_blocks:
+            elif trace and not waiting and nxt < n:
+                # the next arrival joins after the step during which it arrives
+                tau = arr[nxt] - t
+                if len(pcs) == 1:
+                    # one linear piece (the common case): S(k) = k a1 + b1 k (k - 1) / 2, solved inline
+                    _, a, b = pcs[0]
+                    a1 = a + b * ctx_sum
+                    b1 = b * G
+                    if m * a1 + b1 * m * (m - 1) * 0.5 > tau:
+                        m = steps_until(pcs, ctx_sum, G, tau)
+                else:
+                    ma = steps_until(pcs, ctx_sum, G, tau)
+                    if ma < m:
+                        m = ma
+            if m > 1 and (ctx_sum + (m - 1) * G + n_dec) / bt + n_dec - shared_dec + alloc_pf + pinned > total_blocks:
                 # the pool may run out inside the run: stop before the first step that does not fit
                 m = first_short_step(total_blocks - alloc_pf - pinned, m)
             if m == 1:
                 t += step_time(n_dec, ctx_sum)
+            elif len(pcs) == 1:
+                _, a, b = pcs[0]
+                t += m * (a + b * ctx_sum) + b * G * m * (m - 1) * 0.5
             else:
                 t += time_of(pcs, ctx_sum, G, m)
             gstep += m
