@@ -20,9 +20,10 @@ from costmodel import __version__
 from .launch import launch_settings
 from .search import SolveContext, completed_evals, config_key, evaluate, grid_space, open_study, run_search
 
-__all__ = ["solve", "verify", "recommend", "pareto_front", "N_SIM_REQUESTS"]
+__all__ = ["solve", "verify", "recommend", "pareto_front", "sim_requests"]
 
-N_SIM_REQUESTS = 600    # requests per simulated rate (goodput's default is ~1,100 at 0.9: slower, steadier)
+MAX_SIM_REQUESTS = 6000  # cap on requests per simulated rate (simulation time)
+RUNS_PER_SLOT = 5        # requests per concurrency slot: the run must outlast the in-flight set several times
 REL_TOL = 0.02         # goodput bisection tolerance
 VERIFY_TOP = 4         # distinct screened front-runners verified with the simulator
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
@@ -38,7 +39,15 @@ def _pct(summary: dict, key: str) -> dict:
     return {p: float(d.get(p, float("nan"))) for p in ("p50", "p90", "p99")} | {"mean": float(d.get("mean", float("nan")))}
 
 
-def verify(ctx: SolveContext, params: dict, screened_goodput_req_s: float) -> dict:
+def sim_requests(attainment: float, operating_batch: int) -> int:
+    """Requests per simulated rate: goodput's default (>= 100 in the allowed-miss tail) and at least
+    ``RUNS_PER_SLOT`` times the concurrency the screen expects. Fewer requests than the KV pool
+    holds sequences would all be admitted at once and never queue: a goodput that is not one."""
+    from costmodel.goodput import default_n_requests
+    return int(min(max(default_n_requests(attainment), RUNS_PER_SLOT * max(operating_batch, 1)), MAX_SIM_REQUESTS))
+
+
+def verify(ctx: SolveContext, params: dict, operating_batch: int) -> dict:
     """Simulated per-replica goodput, sizing and latencies at the target load for one config."""
     from costmodel.goodput import goodput
     from costmodel.simulate import simulate
@@ -46,11 +55,12 @@ def verify(ctx: SolveContext, params: dict, screened_goodput_req_s: float) -> di
     sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
     spec, seed = ctx.spec, ctx.seed
     cfg = _sim_config(params)
+    n = sim_requests(spec.slo.attainment, operating_batch)
 
     def make(rate, n, s):
         return spec.requests(n, s, rate_req_s=rate)
 
-    g = goodput(sm, make, cfg, spec.slo.attainment, n_requests=N_SIM_REQUESTS, seed=seed, rel_tol=REL_TOL)
+    g = goodput(sm, make, cfg, spec.slo.attainment, n_requests=n, seed=seed, rel_tol=REL_TOL)
     per_replica = float(g.goodput_req_s)
     h = spec.hardware
     out = {"params": dict(params), "per_replica_goodput_req_s": per_replica}
@@ -63,13 +73,13 @@ def verify(ctx: SolveContext, params: dict, screened_goodput_req_s: float) -> di
     gpus = replicas * params["tp"]
     nodes = math.ceil(gpus / h.gpus_per_node)
     load = ctx.rate_req_s / replicas if spec.objective == "min_cost" else min(ctx.rate_req_s / replicas, per_replica)
-    res = simulate(sm, make(load, g.n_requests, seed + 1), cfg, arrival="trace", seed=seed)
+    res = simulate(sm, make(load, n, seed + 1), cfg, arrival="trace", seed=seed)
     summ = res.summary()
     out |= {"replicas": replicas, "gpus": gpus, "nodes": nodes, "usd_per_hour": gpus * h.usd_per_gpu_hour,
             "goodput_req_s": per_replica * replicas, "load_per_replica_req_s": load,
             "slo_attainment": float(res.slo_attainment), "ttft_ms": _pct(summ, "ttft_ms"),
             "tpot_ms": _pct(summ, "tpot_ms"), "output_tok_s": float(res.output_tok_s) * replicas,
-            "preemptions": int(getattr(res, "preemptions", 0))}
+            "preemptions": int(getattr(res, "preemptions", 0)), "sim_requests": n}
     out["feasible"] = nodes <= h.max_nodes and out["slo_attainment"] >= spec.slo.attainment - 1e-9
     if nodes > h.max_nodes:
         out["reason"] = f"needs {nodes} nodes > max_nodes {h.max_nodes} at {per_replica:.2f} req/s per replica (simulated)"
@@ -83,7 +93,7 @@ def _verified(ctx: SolveContext, study, ev: dict) -> dict:
     key = "verify:" + config_key(ev["params"])
     got = study.user_attrs.get(key) if study is not None else None
     if got is None:
-        got = verify(ctx, ev["params"], ev["per_replica_goodput_req_s"])
+        got = verify(ctx, ev["params"], int(ev.get("batch") or 1))
         if study is not None:
             study.set_user_attr(key, got)
     return got

@@ -89,8 +89,8 @@ def _latency(ctx, rec: dict, result: dict, path: Path) -> None:
     plt = _plt()
     sm = ctx.step(rec["tp"], rec["kv_dtype"], rec["spec_k"])
     load = result["predicted"]["load_per_replica_req_s"]
-    from costmodel.goodput import default_n_requests
-    n = default_n_requests(ctx.spec.slo.attainment)
+    from .recommend import sim_requests
+    n = sim_requests(ctx.spec.slo.attainment, result["bottleneck"].get("operating_batch") or 1)
     res = simulate(sm, ctx.spec.requests(n, ctx.seed + 1, rate_req_s=load),
                    SimConfig(batch_cap=rec["batch_cap"], chunk_tokens=rec["chunk_tokens"]), arrival="trace", seed=ctx.seed)
     m = res.measured

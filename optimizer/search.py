@@ -345,6 +345,10 @@ def run_search(ctx: SolveContext, study: optuna.Study, n_trials: int, sampler: s
         study.optimize(objective, n_trials=left, catch=(_Surplus,), callbacks=[callback])
         if ran == before:   # only surplus trials (another process holds the rest) or the grid is done
             break
+    # other processes may still be finishing trials that count: wait for them, so every process
+    # recommends from the same set of trials
+    while any(not _is_stale(t) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
+        time.sleep(0.05)
     return ran
 
 
