@@ -103,3 +103,36 @@ def test_goodput_rejects_bad_arguments():
         goodput(s, make, SimConfig(8), attainment=1.5)
     with pytest.raises(InputError):
         goodput(s, make, SimConfig(8), attainment=0.9, rel_tol=0.0)
+
+
+def test_cli_goodput(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from optimizer.cli import main
+
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("""
+model: llama-3.1-8b
+hardware: {gpu: h100-sxm, usd_per_gpu_hour: 3.0}
+workload:
+  rate_req_s: 10
+  classes:
+    - {name: chat, share: 1.0, input_tokens: {dist: uniform, min: 500, max: 1500}, output_tokens: 150}
+slo: {ttft_ms: 1000, tpot_ms: 40, attainment: 0.9}
+""")
+    run = CliRunner().invoke
+    res = run(main, ["goodput", str(wl), "--batch-cap", "64", "--requests", "400", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["goodput_req_s"] > 0 and out["attainment"] >= 0.9
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms", "config", "source", "bracket_req_s"):
+        assert key in out
+    two = json.loads(run(main, ["goodput", str(wl), "--batch-cap", "64", "--requests", "400", "--replicas", "2",
+                                "--json"]).output)
+    assert two["goodput_req_s"] == pytest.approx(2 * out["goodput_req_s"])
+    human = run(main, ["goodput", str(wl), "--batch-cap", "64", "--requests", "400"])
+    assert human.exit_code == 0 and "goodput" in human.output
+    bad = run(main, ["goodput", str(wl), "--attainment", "2"])
+    assert bad.exit_code == 2 and "Error:" in bad.output

@@ -332,3 +332,60 @@ def test_bad_inputs_raise_input_error():
         simulate(s, req, SimConfig(8), arrival="closed")
     with pytest.raises(InputError):
         simulate(s, req, SimConfig(8), warmup_frac=1.0)
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+WORKLOAD_YAML = """
+model: llama-3.1-8b
+hardware: {gpu: h100-sxm, usd_per_gpu_hour: 3.0}
+workload:
+  rate_req_s: 10
+  classes:
+    - {name: chat, share: 1.0, input_tokens: {dist: uniform, min: 500, max: 1500}, output_tokens: 150, prefix_tokens: 100}
+slo: {ttft_ms: 1000, tpot_ms: 40, attainment: 0.9}
+speculative: {method: eagle3, acceptance: 0.75}
+"""
+
+
+def _cli(args, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from optimizer.cli import main
+
+    wl = tmp_path / "wl.yaml"
+    wl.write_text(WORKLOAD_YAML)
+    res = CliRunner().invoke(main, [a.replace("WL", str(wl)) for a in args])
+    return res, (json.loads(res.output) if res.exit_code == 0 and "--json" in args else None)
+
+
+def test_cli_simulate_json(tmp_path):
+    res, out = _cli(["simulate", "WL", "--tp", "1", "--batch-cap", "64", "--requests", "300", "--json"], tmp_path)
+    assert res.exit_code == 0, res.output
+    for key in ("requests", "ttft_ms", "tpot_ms", "e2e_ms", "slo_attainment", "output_tok_s", "request_s",
+                "preemptions", "sim_wall_s", "config", "source"):
+        assert key in out
+    assert out["requests"] == 300 and out["rate_req_s"] == 10 and out["source"].startswith("calibrated")
+    assert set(out["tpot_ms"]) == {"mean", "p50", "p90", "p99"}
+    # fleet: 4 replicas at 40 req/s behave like one at 10 req/s, throughput x4
+    _, fleet = _cli(["simulate", "WL", "--requests", "300", "--rate", "40", "--replicas", "4", "--json"], tmp_path)
+    assert fleet["request_s"] == pytest.approx(4 * out["request_s"], rel=1e-9)
+    assert fleet["ttft_ms"] == out["ttft_ms"]
+    _, spec = _cli(["simulate", "WL", "--spec-k", "3", "--requests", "300", "--json"], tmp_path)
+    assert spec["tpot_ms"]["p50"] < 0.7 * out["tpot_ms"]["p50"]
+    _, off = _cli(["simulate", "WL", "--rate", "inf", "--requests", "300", "--json"], tmp_path)
+    assert off["arrival"] == "inf" and off["output_tok_s"] > out["output_tok_s"]
+    _, closed = _cli(["simulate", "WL", "--concurrency", "8", "--requests", "300", "--json"], tmp_path)
+    assert closed["arrival"] == "closed"
+
+
+def test_cli_simulate_human_and_bad_flags(tmp_path):
+    res, _ = _cli(["simulate", "WL", "--requests", "200"], tmp_path)
+    assert res.exit_code == 0 and "SLO attainment" in res.output
+    for bad in (["--tp", "abc"], ["--bogus"], ["--rate", "-1"], ["--rate", "1", "--concurrency", "2"],
+                ["--kv-dtype", "fp4"], ["--batch-cap", "0"]):
+        res, _ = _cli(["simulate", "WL", *bad], tmp_path)
+        assert res.exit_code == 2, (bad, res.output)
+        assert "Error:" in res.output and "Traceback" not in res.output

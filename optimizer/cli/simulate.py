@@ -1,0 +1,222 @@
+"""``kvtune simulate`` and ``kvtune goodput``: one serving config run through the simulator."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import click
+
+from costmodel import StepModel, get_gpu, get_model
+from costmodel.calibration import efficiency_for
+from costmodel.errors import InputError
+from costmodel.goodput import goodput
+from costmodel.simulate import SimConfig, simulate_fleet
+from costmodel.step import SpecConfig
+
+from ._common import dumps
+
+KV_DTYPES = ("bf16", "fp8")
+
+
+class _OneLineCommand(click.Command):
+    """Bad or missing flags become one ``Error:`` line and exit 2 (an ``InputError``)."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise InputError(f"kvtune {self.name}: {exc.format_message()}") from None
+
+
+class _Int(click.ParamType):
+    name = "integer"
+
+    def __init__(self, minimum: int):
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        try:
+            v = int(str(value))
+        except ValueError:
+            raise InputError(f"--{param.name.replace('_', '-')}: {value!r} is not a whole number") from None
+        if v < self.minimum:
+            raise InputError(f"--{param.name.replace('_', '-')}: {v} must be >= {self.minimum}")
+        return v
+
+
+class _Float(click.ParamType):
+    name = "number"
+
+    def __init__(self, lo: float = 0.0, hi: float = math.inf, allow_inf: bool = False):
+        self.lo, self.hi, self.allow_inf = lo, hi, allow_inf
+
+    def convert(self, value, param, ctx):
+        flag = f"--{param.name.replace('_', '-')}"
+        try:
+            v = float(str(value))
+        except ValueError:
+            raise InputError(f"{flag}: {value!r} is not a number") from None
+        if math.isnan(v) or (math.isinf(v) and not self.allow_inf) or not (self.lo < v <= self.hi or (self.allow_inf and v == math.inf)):
+            raise InputError(f"{flag}: {value} must be in ({self.lo:g}, {self.hi:g}]" + (" or inf" if self.allow_inf else ""))
+        return v
+
+
+class _Choice(click.ParamType):
+    name = "choice"
+
+    def __init__(self, choices: tuple[str, ...]):
+        self.choices = choices
+
+    def convert(self, value, param, ctx):
+        if value not in self.choices:
+            raise InputError(f"--{param.name.replace('_', '-')}: {value!r} is not one of {', '.join(self.choices)}")
+        return value
+
+
+def _config_options(f):
+    opts = [
+        click.argument("workload", type=click.Path(dir_okay=False)),
+        click.option("--tp", type=_Int(1), default=1, show_default=True, help="Tensor-parallel size (GPUs per replica)."),
+        click.option("--batch-cap", type=_Int(1), default=128, show_default=True, help="Max running sequences."),
+        click.option("--kv-dtype", type=_Choice(KV_DTYPES), default="bf16", show_default=True),
+        click.option("--spec-k", type=_Int(0), default=0, show_default=True, help="Speculative draft length (0 = off)."),
+        click.option("--spec-alpha", type=_Float(0.0, 1.0), default=None,
+                     help="Per-token acceptance (default: the workload's speculative.acceptance)."),
+        click.option("--chunk-tokens", type=_Int(1), default=8192, show_default=True, help="Per-step token budget."),
+        click.option("--block-tokens", type=_Int(1), default=16, show_default=True, help="KV block size."),
+        click.option("--no-prefix-caching", is_flag=True, help="Recompute shared prefixes."),
+        click.option("--replicas", type=_Int(1), default=1, show_default=True, help="Replicas behind a random load balancer."),
+        click.option("--seed", type=_Int(0), default=0, show_default=True),
+        click.option("--mode", type=_Choice(("calibrated", "ideal")), default="calibrated", show_default=True),
+        click.option("--calibration", default=None, help="Calibration file or shipped name (default: the workload's)."),
+        click.option("--engine", type=_Choice(("vllm", "sglang", "trtllm")), default=None),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine):
+    from optimizer.workload import load_workload
+
+    spec = load_workload(workload)
+    model = get_model(spec.model)
+    gpu = get_gpu(spec.hardware.gpu)
+    eff = efficiency_for(mode, gpu.name, calibration or spec.calibration, engine or spec.engine)
+    sc = None
+    if spec_k:
+        if spec_alpha is None and spec.speculative is None:
+            raise InputError(f"--spec-k {spec_k}: {workload} has no speculative: section; give --spec-alpha")
+        s = spec.speculative
+        sc = SpecConfig(spec_k, spec_alpha if spec_alpha is not None else s.acceptance,
+                        s.draft_cost if s else 0.05, s.method if s else "eagle3")
+    step = StepModel(model, gpu, tp, spec.weights, kv_dtype, eff, sc, spec.gpu_mem_util)
+    return spec, step
+
+
+def _config_dict(spec, step, tp, batch_cap, kv_dtype, spec_k, chunk_tokens, block_tokens, prefix, replicas, mode):
+    return {"model": step.model.name, "gpu": step.gpu.name, "tp": tp, "weights": spec.weights, "kv_dtype": kv_dtype,
+            "batch_cap": batch_cap, "chunk_tokens": chunk_tokens, "block_tokens": block_tokens,
+            "prefix_caching": prefix, "spec_k": spec_k,
+            "spec_acceptance": step.spec.acceptance if step.spec else None, "replicas": replicas,
+            "gpus": tp * replicas, "kv_pool_tokens": step.memory.kv_pool_tokens, "mode": mode}
+
+
+def _tails(s: dict) -> str:
+    return "  ".join(f"{k} p50/p90/p99 {s[k]['p50']:.1f}/{s[k]['p90']:.1f}/{s[k]['p99']:.1f}"
+                     for k in ("ttft_ms", "tpot_ms", "e2e_ms"))
+
+
+@click.command("simulate", cls=_OneLineCommand)
+@_config_options
+@click.option("--rate", type=_Float(0.0, allow_inf=True), default=None,
+              help="Poisson arrivals, req/s across the fleet ('inf': all at t=0). Default: the workload's rate.")
+@click.option("--concurrency", type=_Int(1), default=None, help="Closed loop: clients each with one request in flight.")
+@click.option("--requests", "n_requests", type=_Int(1), default=2000, show_default=True)
+def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tokens, block_tokens, no_prefix_caching,
+                 replicas, seed, mode, calibration, engine, as_json, rate, concurrency, n_requests):
+    """Simulate one serving config on a workload: latency tails, SLO attainment, throughput."""
+    if rate is not None and concurrency is not None:
+        raise InputError("give --rate or --concurrency, not both")
+    spec, step = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine)
+    cfg = SimConfig(batch_cap, chunk_tokens, block_tokens, not no_prefix_caching)
+    if concurrency is not None:
+        arrival, rate_used = "closed", None
+    else:
+        rate_used = rate if rate is not None else spec.workload.mean_rate_req_s
+        if rate_used is None:
+            raise InputError(f"{workload}: workload.rate_req_s is not set; give --rate or --concurrency")
+        arrival = "inf" if math.isinf(rate_used) else "trace"
+
+    def make(r, n, s):
+        return spec.requests(n, s, r)
+
+    t0 = time.perf_counter()
+    res = simulate_fleet(step, make, cfg, replicas, rate_used, n_requests, arrival, concurrency, seed)
+    wall = time.perf_counter() - t0
+    out = res.summary()
+    out["sim_wall_s"] = wall
+    out = {**out, "arrival": arrival, "rate_req_s": rate_used, "concurrency": concurrency,
+           "config": _config_dict(spec, step, tp, batch_cap, kv_dtype, spec_k, chunk_tokens, block_tokens,
+                                  not no_prefix_caching, replicas, mode),
+           "slo": {"ttft_ms": spec.slo.ttft_ms, "tpot_ms": spec.slo.tpot_ms, "attainment": spec.slo.attainment},
+           "source": step.eff.source}
+    if as_json:
+        click.echo(dumps(out))
+        return
+    load = f"{rate_used:g} req/s" if rate_used is not None else f"concurrency {concurrency}"
+    click.echo(f"{step.model.name} TP{tp} x {replicas} on {step.gpu.name}, KV {kv_dtype}, batch cap {batch_cap}, "
+               f"chunk {chunk_tokens}, spec k={spec_k}  [{out['source']}]")
+    click.echo(f"  {out['requests']} requests at {load} ({arrival}); {out['measured_requests']} measured after warm-up")
+    click.echo(f"  {_tails(out)}")
+    click.echo(f"  SLO attainment {out['slo_attainment']:.3f} (target {spec.slo.attainment:g})   "
+               f"{out['output_tok_s']:,.0f} output tok/s   {out['request_s']:.2f} req/s   "
+               f"preemptions {out['preemptions']}   rejected {out['rejected']}   simulated in {wall * 1e3:.0f} ms")
+
+
+@click.command("goodput", cls=_OneLineCommand)
+@_config_options
+@click.option("--attainment", type=_Float(0.0, 1.0), default=None, help="Target share (default: the workload's slo.attainment).")
+@click.option("--requests", "n_requests", type=_Int(1), default=None, help="Requests per simulation (default: 100 in the tail).")
+@click.option("--rel-tol", type=_Float(0.0, 0.5), default=0.02, show_default=True)
+def goodput_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tokens, block_tokens, no_prefix_caching,
+                replicas, seed, mode, calibration, engine, as_json, attainment, n_requests, rel_tol):
+    """The highest Poisson rate this config serves with SLO attainment at target."""
+    spec, step = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine)
+    cfg = SimConfig(batch_cap, chunk_tokens, block_tokens, not no_prefix_caching)
+    target = attainment if attainment is not None else spec.slo.attainment
+
+    def make(r, n, s):
+        return spec.requests(n, s, r)
+
+    t0 = time.perf_counter()
+    g = goodput(step, make, cfg, target, n_requests, seed, rel_tol)
+    wall = time.perf_counter() - t0
+    out = {"goodput_req_s": g.goodput_req_s * replicas, "goodput_req_s_per_replica": g.goodput_req_s,
+           "attainment": g.attainment, "target_attainment": target,
+           "ttft_ms": g.summary["ttft_ms"], "tpot_ms": g.summary["tpot_ms"], "e2e_ms": g.summary["e2e_ms"],
+           "output_tok_s": g.summary["output_tok_s"] * replicas, "preemptions": g.summary["preemptions"],
+           "reason": g.reason, "iterations": g.iterations, "bracket_req_s": list(g.bracket), "rel_tol": rel_tol,
+           "requests_per_simulation": g.n_requests, "upper_bound_req_s": g.upper_bound_req_s,
+           "sim_wall_s": wall,
+           "config": _config_dict(spec, step, tp, batch_cap, kv_dtype, spec_k, chunk_tokens, block_tokens,
+                                  not no_prefix_caching, replicas, mode),
+           "slo": {"ttft_ms": spec.slo.ttft_ms, "tpot_ms": spec.slo.tpot_ms, "attainment": target},
+           "source": step.eff.source}
+    if as_json:
+        click.echo(dumps(out))
+        return
+    click.echo(f"{step.model.name} TP{tp} x {replicas} on {step.gpu.name}, KV {kv_dtype}, batch cap {batch_cap}, "
+               f"chunk {chunk_tokens}, spec k={spec_k}  [{out['source']}]")
+    if g.goodput_req_s == 0:
+        click.echo(f"  goodput 0 req/s: {g.reason}")
+        return
+    click.echo(f"  goodput {out['goodput_req_s']:.3g} req/s ({g.goodput_req_s:.3g} per replica) at attainment "
+               f"{g.attainment:.3f} >= {target:g}; {g.iterations} simulations of {g.n_requests} requests, "
+               f"bracket {g.bracket[0]:.3g}-{g.bracket[1]:.3g} req/s, {wall:.2f} s")
+    click.echo(f"  at that rate: {_tails(g.summary)}")
+
+
+COMMANDS = [simulate_cmd, goodput_cmd]
