@@ -15,7 +15,8 @@ KV pool: ``kv_pool_tokens // block_tokens`` blocks. A decoding sequence with ``c
 holds ceil((c + 1) / block_tokens) blocks (its cache plus the slot of the token it computes). When
 a step's blocks do not fit, the most recently admitted running request is preempted (vLLM
 RECOMPUTE): its blocks are freed, it goes back to the head of the waiting queue and later
-re-prefills its prompt plus the tokens it had generated. Prefix caching: once a request of a
+re-prefills its prompt plus the tokens it had generated; as in vLLM V1, a step that had to preempt
+admits nothing new. Prefix caching: once a request of a
 ``prefix_group`` finishes its prefill, the group's prefix stays cached for good, its blocks pinned
 (taken out of the pool); later requests of the group skip those tokens (they are read, not
 computed). If the engine is empty and the head request still does not fit, the cache is dropped.
