@@ -1,0 +1,138 @@
+"""``kvtune profile``: measured tables in. ``import`` reads benchmark outputs; ``run`` measures a
+live OpenAI-compatible server. Both write the profile table format (profiles/README.md)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from costmodel.errors import InputError
+from costmodel.profile_table import ProfileRow, read_table
+from optimizer.importers import FORMATS, Metadata, import_files, rows_to_csv
+
+from ._common import echo_table, parse_int_list, write_atomic
+
+
+def _meta_options(f):
+    for opt in reversed([
+        click.option("--model", "model", default=None, help="Model name (fills what the file lacks)."),
+        click.option("--gpu", default=None, help="GPU or machine label, e.g. h100-sxm or cpu-2core."),
+        click.option("--tp", type=int, default=None, help="Tensor-parallel size."),
+        click.option("--engine", default=None, help="Serving engine, e.g. vllm, sglang, llama.cpp."),
+        click.option("--engine-version", default=None),
+        click.option("--weight-dtype", default=None, help="Weight format, e.g. bf16, fp8, q4_1."),
+        click.option("--kv-dtype", default=None, help="KV-cache format, e.g. bf16, fp8."),
+        click.option("--source", default=None, help="Where the numbers come from (default: the tool and file)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _summary(rows: list[ProfileRow]) -> None:
+    def f(v, fmt="{:.1f}"):
+        return "" if v is None else fmt.format(v)
+    echo_table(["concurrency", "rate_req_s", "isl", "osl", "n", "ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms",
+                "tpot_p99_ms", "output_tok_s"],
+               [[f(r.concurrency, "{}"), f(r.rate_req_s, "{:g}"), r.input_tokens, r.output_tokens,
+                 f(r.num_requests, "{}"), f(r.ttft_mean_ms), f(r.ttft_p99_ms), f(r.tpot_mean_ms, "{:.2f}"),
+                 f(r.tpot_p99_ms, "{:.2f}"), f(r.output_tok_s)] for r in rows], out=sys.stderr)
+
+
+def _unknown_note(rows: list[ProfileRow], given: Metadata) -> None:
+    missing = [k for k in ("gpu", "model", "engine") if not all(getattr(r, k) for r in rows)]
+    defaults = [k for k in ("weight_dtype", "kv_dtype", "tp") if getattr(given, k) is None]
+    if missing:
+        click.echo(f"note: {', '.join(missing)} not known for some rows (pass --{missing[0].replace('_', '-')})",
+                   err=True)
+    if defaults:
+        click.echo(f"note: {', '.join(defaults)} not stated; the table format's defaults apply "
+                   "(bf16, bf16, tp 1)", err=True)
+
+
+@click.group("profile")
+def profile_group():
+    """Measured profile tables: import benchmark outputs or measure a live server."""
+
+
+@profile_group.command("import")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Profile table to write (CSV).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="Input format (default: detected from content).")
+@_meta_options
+def import_cmd(files, output, fmt, model, gpu, tp, engine, engine_version, weight_dtype, kv_dtype, source):
+    """Convert vLLM, SGLang, genai-perf, AIPerf or LLMPerf results to one profile table.
+
+    Values in a file win; the flags fill what a file does not record. A bad file stops the whole
+    import and nothing is written.
+    """
+    meta = Metadata(model=model, gpu=gpu, tp=tp, engine=engine, engine_version=engine_version,
+                    weight_dtype=weight_dtype, kv_dtype=kv_dtype, source=source)
+    rows = import_files(files, fmt, meta)
+    write_atomic(output, rows_to_csv(rows))
+    _summary(rows)
+    _unknown_note(rows, meta)
+    click.echo(f"wrote {len(rows)} rows to {output}", err=True)
+
+
+@profile_group.command("run")
+@click.option("--url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1.")
+@click.option("--model", "model", required=True, help="Model name: sent as 'model' and written to the table.")
+@click.option("--concurrency", default="1,4,16", show_default=True, help="Closed-loop client counts.")
+@click.option("--isl", default="256,2048", show_default=True, help="Prompt lengths in tokens.")
+@click.option("--osl", default="128", show_default=True, help="Output lengths in tokens (ignore_eos).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--requests-per-point", type=int, default=16, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for the synthetic prompts.")
+@click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per-request timeout.")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Short requests sent before measuring.")
+@click.option("--append", is_flag=True, help="Keep the rows already in OUTPUT and add these.")
+@click.option("--gpu", default=None, help="GPU or machine label, e.g. h100-sxm or cpu-2core.")
+@click.option("--tp", type=int, default=None)
+@click.option("--engine", default=None, help="Default: what the server reports (llama.cpp, vllm, sglang).")
+@click.option("--engine-version", default=None)
+@click.option("--weight-dtype", default=None)
+@click.option("--kv-dtype", default=None)
+def run_cmd(url, model, concurrency, isl, osl, output, requests_per_point, seed, timeout_s, warmup, append,
+            gpu, tp, engine, engine_version, weight_dtype, kv_dtype):
+    """Measure TTFT, TPOT and throughput on a live server over a grid of loads and lengths."""
+    from optimizer.profile_run import RunSpec, run_profile  # keeps `kvtune --help` light
+
+    spec = RunSpec(url=url, model=model, concurrencies=tuple(parse_int_list(concurrency, "concurrency")),
+                   input_tokens=tuple(parse_int_list(isl, "isl")), output_tokens=tuple(parse_int_list(osl, "osl")),
+                   requests_per_point=requests_per_point, seed=seed, timeout_s=timeout_s, warmup_requests=warmup)
+    old: list[ProfileRow] = []
+    if append and output.exists():
+        old = read_table(output)
+    elif not output.parent.exists():
+        raise InputError(f"{output}: folder {output.parent} does not exist")
+    # The source is the command that reproduces these rows (rebuilt from the options, so it reads the
+    # same however kvtune was invoked).
+    cmd = ["kvtune", "profile", "run", "--url", url, "--model", model, "--concurrency", concurrency, "--isl", isl,
+           "--osl", osl, "--requests-per-point", str(requests_per_point), "--seed", str(seed)]
+    for flag, v in (("--gpu", gpu), ("--tp", tp), ("--engine", engine), ("--engine-version", engine_version),
+                    ("--weight-dtype", weight_dtype), ("--kv-dtype", kv_dtype)):
+        if v is not None:
+            cmd += [flag, str(v)]
+    meta = Metadata(gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
+                    kv_dtype=kv_dtype, source=shlex.join(cmd))
+
+    def progress(pt, row):
+        fails = f"  ({len(pt.failures)} failed: {pt.failures[0].error})" if pt.failures else ""
+        tpot = f"{row.tpot_mean_ms:.2f}" if row.tpot_mean_ms is not None else "-"
+        click.echo(f"concurrency {pt.concurrency:>3}  isl {row.input_tokens:>5}  osl {row.output_tokens:>4}  "
+                   f"ttft {row.ttft_mean_ms:8.1f} ms  tpot {tpot:>7} ms  {row.output_tok_s:8.1f} tok/s  "
+                   f"{pt.duration_s:6.1f} s{fails}", err=True)
+
+    prefix = "run" if not old else f"run{len(old)}"
+    rows, info = run_profile(spec, meta, progress, id_prefix=prefix)
+    write_atomic(output, rows_to_csv([*old, *rows]))
+    click.echo(f"wrote {len(rows)} rows to {output}" + (f" (after {len(old)} kept)" if old else "")
+               + f"  [engine {info.engine or '?'} {info.engine_version}]", err=True)
+
+
+COMMANDS = [profile_group]

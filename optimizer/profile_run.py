@@ -1,0 +1,376 @@
+"""Measure request-level profile rows from a live OpenAI-compatible server (``kvtune profile run``).
+
+For each (concurrency C, input length, output length) point: C client threads run a closed loop
+(each sends its next request when the last one finishes) over ``requests_per_point`` streaming
+``/v1/completions`` requests. Each request gets a different synthetic prompt of the requested
+token length (so no prefix is shared), a fixed output length (``max_tokens`` + ``ignore_eos``, and
+``min_tokens`` for vLLM), and ``cache_prompt: false`` for llama.cpp. Per request we record the
+time to the first streamed token and the time of the last one; TPOT = (last - first) / (output
+tokens - 1), as vLLM's benchmark defines it. The prompt and output lengths written to the table
+are the ones the server reports (``usage``, or llama.cpp's ``timings``), not the ones asked for.
+
+Standard library only (``http.client`` + threads). Prompts come from ``numpy.random.default_rng``
+so a seed gives the same prompts; timings are measurements and vary run to run.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import queue
+import socket
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Sequence
+
+import numpy as np
+
+from costmodel.errors import InputError, KvtuneError
+from costmodel.profile_table import ProfileRow
+
+from .importers import Metadata, latency_summary
+
+__all__ = ["RunSpec", "RequestResult", "PointResult", "ServerInfo", "probe_server", "make_prompt",
+           "run_profile", "stream_completion", "summarize_point"]
+
+# Short, common English words: most BPE vocabularies hold " word" as one token, so N words are
+# close to N tokens; when the server has a /tokenize endpoint we trim or pad to the exact count.
+_WORDS = ("the of and to in is was for on as with by at from his an were are which this be has "
+          "had one not but have its all new more also two first after time can who they been "
+          "other year most only over when into there some would where city may such these many "
+          "made used state world then school three part both years under her between during "
+          "well war people found while area them high known early same each work called around "
+          "since water house small just life west south north east group great game began power "
+          "line name set age long end left land old team way day play came film book music home "
+          "road river light king field point order form case place food green blue red black "
+          "white gold stone wood glass paper cloud rain snow wind fire sun moon star tree bird "
+          "fish horse dog cat ship train car door wall room table chair bread milk salt sugar").split()
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    url: str                          # base URL ending in /v1
+    model: str                        # sent as "model" and written to the table
+    concurrencies: tuple[int, ...]
+    input_tokens: tuple[int, ...]
+    output_tokens: tuple[int, ...]
+    requests_per_point: int = 16
+    seed: int = 0
+    timeout_s: float = 600.0
+    warmup_requests: int = 1
+
+    def __post_init__(self):
+        u = urllib.parse.urlsplit(self.url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise InputError(f"--url {self.url!r}: expected http://HOST:PORT/v1")
+        for name, vals in (("concurrency", self.concurrencies), ("isl", self.input_tokens),
+                           ("osl", self.output_tokens)):
+            if not vals or any((not isinstance(v, int)) or v < 1 for v in vals):
+                raise InputError(f"--{name} {vals!r}: expected whole numbers >= 1")
+        if self.requests_per_point < 1:
+            raise InputError(f"--requests-per-point {self.requests_per_point}: must be >= 1")
+        if not (self.timeout_s > 0):
+            raise InputError(f"--timeout-s {self.timeout_s}: must be > 0")
+        if self.warmup_requests < 0:
+            raise InputError(f"--warmup {self.warmup_requests}: must be >= 0")
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    engine: str = ""
+    engine_version: str = ""
+    can_tokenize: bool = False
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    ok: bool
+    ttft_s: float = 0.0
+    last_token_s: float = 0.0
+    chunks: int = 0                  # streamed chunks that carried text
+    output_tokens: int | None = None  # from the server (usage.completion_tokens / timings.predicted_n)
+    prompt_tokens: int | None = None  # from the server (usage.prompt_tokens / timings.prompt_n)
+    error: str = ""
+
+    @property
+    def n_out(self) -> int:
+        return self.output_tokens if self.output_tokens else self.chunks
+
+    @property
+    def tpot_s(self) -> float | None:
+        return (self.last_token_s - self.ttft_s) / (self.n_out - 1) if self.ok and self.n_out > 1 else None
+
+
+@dataclass(frozen=True)
+class PointResult:
+    concurrency: int
+    isl: int
+    osl: int
+    duration_s: float
+    results: tuple[RequestResult, ...] = field(repr=False)
+
+    @property
+    def failures(self) -> list[RequestResult]:
+        return [r for r in self.results if not r.ok]
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP
+
+def _split(url: str) -> tuple[str, str, int, str]:
+    u = urllib.parse.urlsplit(url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    return u.scheme, u.hostname, port, u.path.rstrip("/")
+
+
+def _conn(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
+    scheme, host, port, path = _split(url)
+    cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+    return cls(host, port, timeout=timeout_s), path
+
+
+def _root(url: str) -> str:
+    """The server root: llama.cpp's /props and /tokenize and vLLM's /version live outside /v1."""
+    scheme, host, port, path = _split(url)
+    if path.endswith("/v1"):
+        path = path[:-3]
+    return f"{scheme}://{host}:{port}{path}"
+
+
+def _request_json(url: str, method: str, path: str, body: dict | None, timeout_s: float):
+    c, base = _conn(url, timeout_s)
+    try:
+        c.request(method, base + path, json.dumps(body) if body is not None else None,
+                  {"Content-Type": "application/json"} if body is not None else {})
+        r = c.getresponse()
+        data = r.read()
+        return r.status, dict(r.getheaders()), data
+    finally:
+        c.close()
+
+
+def probe_server(url: str, timeout_s: float = 10.0) -> ServerInfo:
+    """Check the server answers ``GET {url}/models``; find its engine and version where it says.
+
+    llama.cpp: ``Server: llama.cpp`` header, ``GET /props`` -> ``build_info``; vLLM: ``GET
+    /version`` -> ``version``; SGLang: ``GET /get_server_info`` -> ``version``. Unreachable ->
+    ``InputError``.
+    """
+    try:
+        status, headers, _ = _request_json(url, "GET", "/models", None, timeout_s)
+    except (OSError, http.client.HTTPException) as exc:
+        raise InputError(f"cannot reach server at {url}: {_reason(exc)}") from None
+    if status >= 400:
+        raise InputError(f"server at {url} answered GET /models with HTTP {status}")
+    engine, version = "", ""
+    root = _root(url)
+    server_hdr = {k.lower(): v for k, v in headers.items()}.get("server", "")
+    probes = [("/props", "build_info", "llama.cpp"), ("/version", "version", "vllm"),
+              ("/get_server_info", "version", "sglang")]
+    if "llama.cpp" in server_hdr:
+        engine = "llama.cpp"
+        probes = probes[:1]
+    for path, key, name in probes:
+        try:
+            st, _, data = _request_json(root, "GET", path, None, timeout_s)
+            d = json.loads(data) if st == 200 else None
+        except (OSError, http.client.HTTPException, ValueError):
+            continue
+        if isinstance(d, dict) and isinstance(d.get(key), str):
+            engine, version = engine or name, d[key]
+            break
+    can_tok = _tokenize(root, "hello world", timeout_s) is not None
+    return ServerInfo(engine, version, can_tok)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, socket.timeout):
+        return "timed out"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def _tokenize(root: str, text: str, timeout_s: float) -> int | None:
+    """Token count from llama.cpp's ``/tokenize`` ({"content"}) or vLLM's ({"prompt"}), else None."""
+    for body in ({"content": text, "add_special": False}, {"prompt": text, "add_special_tokens": False}):
+        try:
+            st, _, data = _request_json(root, "POST", "/tokenize", body, timeout_s)
+            d = json.loads(data) if st == 200 else None
+        except (OSError, http.client.HTTPException, ValueError):
+            return None
+        if isinstance(d, dict) and isinstance(d.get("tokens"), list):
+            return len(d["tokens"])
+        if isinstance(d, dict) and isinstance(d.get("count"), int):
+            return d["count"]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts
+
+def make_prompt(rng: np.random.Generator, n_words: int) -> str:
+    """``n_words`` words drawn from a fixed list (the seeded generator decides which)."""
+    idx = rng.integers(0, len(_WORDS), size=n_words)
+    return " ".join(_WORDS[i] for i in idx)
+
+
+def _fit_prompt(rng: np.random.Generator, isl: int, root: str | None, timeout_s: float) -> str:
+    words = make_prompt(rng, isl).split(" ")
+    if root is None:
+        return " ".join(words)
+    n = len(words)
+    for _ in range(4):  # each word is about one token: a few corrections converge
+        text = " ".join(words[:n])
+        count = _tokenize(root, text, timeout_s)
+        if count is None or count == isl:
+            return text
+        n = max(1, n + (isl - count))
+        while n > len(words):
+            words += make_prompt(rng, n - len(words)).split(" ")
+    return " ".join(words[:n])
+
+
+# ---------------------------------------------------------------------------------------------
+# One streamed request
+
+def stream_completion(url: str, payload: dict, timeout_s: float) -> RequestResult:
+    """POST ``{url}/completions`` with ``stream: true``; time the text chunks of the SSE stream."""
+    c, base = _conn(url, timeout_s)
+    t0 = time.perf_counter()
+    first = last = None
+    chunks = 0
+    usage_out = usage_in = None
+    try:
+        c.request("POST", base + "/completions", json.dumps(payload), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            body = r.read(300).decode("utf-8", "replace").strip().replace("\n", " ")
+            return RequestResult(ok=False, error=f"HTTP {r.status}: {body}")
+        for raw in r:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            now = time.perf_counter()
+            try:
+                d = json.loads(data)
+            except ValueError:
+                return RequestResult(ok=False, error=f"bad stream chunk {data[:80]!r}")
+            if "error" in d:
+                return RequestResult(ok=False, error=f"server error: {str(d['error'])[:200]}")
+            ch = d.get("choices") or []
+            if ch and (ch[0].get("text") or ch[0].get("delta", {}).get("content")):
+                chunks += 1
+                first = now if first is None else first
+                last = now
+            u = d.get("usage") or {}
+            t = d.get("timings") or {}
+            usage_out = u.get("completion_tokens", t.get("predicted_n", usage_out))
+            usage_in = u.get("prompt_tokens", t.get("prompt_n", usage_in))
+    except (OSError, http.client.HTTPException) as exc:
+        return RequestResult(ok=False, error=_reason(exc))
+    finally:
+        c.close()
+    if first is None:
+        return RequestResult(ok=False, error="stream ended without any text")
+    return RequestResult(ok=True, ttft_s=first - t0, last_token_s=last - t0, chunks=chunks,
+                         output_tokens=usage_out if isinstance(usage_out, int) else None,
+                         prompt_tokens=usage_in if isinstance(usage_in, int) else None)
+
+
+def _payload(model: str, prompt: str, osl: int) -> dict:
+    return {"model": model, "prompt": prompt, "max_tokens": osl, "stream": True,
+            "ignore_eos": True,                         # vLLM, SGLang, llama.cpp: run to max_tokens
+            "min_tokens": osl,                          # vLLM: do not stop early on a stop token
+            "cache_prompt": False,                      # llama.cpp: do not reuse a cached prefix
+            "temperature": 0.0,
+            "stream_options": {"include_usage": True}}  # OpenAI/vLLM: usage in the last chunk
+
+
+# ---------------------------------------------------------------------------------------------
+# A point: C threads, closed loop
+
+def _run_point(spec: RunSpec, c: int, isl: int, osl: int, prompts: list[str]) -> PointResult:
+    work: queue.Queue[str] = queue.Queue()
+    for p in prompts:
+        work.put(p)
+    results: list[RequestResult] = []
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            try:
+                p = work.get_nowait()
+            except queue.Empty:
+                return
+            r = stream_completion(spec.url, _payload(spec.model, p, osl), spec.timeout_s)
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(c, len(prompts)))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return PointResult(c, isl, osl, time.perf_counter() - t0, tuple(results))
+
+
+def summarize_point(pt: PointResult) -> dict:
+    """Row values (ms, tok/s, req/s) from a point's successful requests."""
+    ok = [r for r in pt.results if r.ok]
+    if not ok:
+        first = pt.failures[0].error if pt.failures else "no requests"
+        raise KvtuneError(f"every request failed at concurrency {pt.concurrency}, isl {pt.isl}, "
+                          f"osl {pt.osl}: {first}")
+    ttft = [r.ttft_s * 1e3 for r in ok]
+    tpot = [r.tpot_s * 1e3 for r in ok if r.tpot_s is not None]
+    prompt = [r.prompt_tokens for r in ok if r.prompt_tokens]
+    out: dict = {"concurrency": pt.concurrency, "num_requests": len(ok),
+                 "input_tokens": int(round(float(np.mean(prompt)))) if prompt else pt.isl,
+                 "output_tokens": int(round(float(np.mean([r.n_out for r in ok])))),
+                 "output_tok_s": sum(r.n_out for r in ok) / pt.duration_s,
+                 "request_s": len(ok) / pt.duration_s}
+    out["ttft_mean_ms"], out["ttft_p50_ms"], out["ttft_p90_ms"], out["ttft_p99_ms"] = latency_summary(ttft)
+    if tpot:
+        out["tpot_mean_ms"], out["tpot_p50_ms"], out["tpot_p90_ms"], out["tpot_p99_ms"] = latency_summary(tpot)
+    return out
+
+
+def run_profile(spec: RunSpec, meta: Metadata, on_point: Callable[[PointResult, ProfileRow], None] | None = None,
+                id_prefix: str = "run") -> tuple[list[ProfileRow], ServerInfo]:
+    """Probe the server, then measure every (concurrency, isl, osl) point; one row per point.
+
+    ``meta`` fills gpu, engine, version, dtypes, tp, source; the engine and version the server
+    reports fill what ``meta`` leaves empty. ``on_point`` is called after each point (progress).
+    """
+    info = probe_server(spec.url, min(spec.timeout_s, 10.0))
+    root = _root(spec.url) if info.can_tokenize else None
+    rng = np.random.default_rng(spec.seed)
+    m = meta.fill(Metadata(model=spec.model, engine=info.engine or None, engine_version=info.engine_version or None,
+                           date=datetime.now(timezone.utc).replace(microsecond=0).isoformat()))
+    if spec.warmup_requests:
+        warm = [stream_completion(spec.url, _payload(spec.model, make_prompt(rng, 16), 4), spec.timeout_s)
+                for _ in range(spec.warmup_requests)]
+        bad = [w for w in warm if not w.ok]
+        if len(bad) == len(warm):
+            raise KvtuneError(f"server at {spec.url}: warm-up request failed: {bad[0].error}")
+    rows = []
+    for isl in spec.input_tokens:
+        for osl in spec.output_tokens:
+            for c in spec.concurrencies:
+                prompts = [_fit_prompt(rng, isl, root, spec.timeout_s) for _ in range(spec.requests_per_point)]
+                pt = _run_point(spec, c, isl, osl, prompts)
+                row = ProfileRow(id=f"{id_prefix}:c{c}-i{isl}-o{osl}", kind="request", **m.row_fields(),
+                                 **summarize_point(pt))
+                rows.append(row)
+                if on_point:
+                    on_point(pt, row)
+    return rows, info
