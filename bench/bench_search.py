@@ -1,0 +1,74 @@
+"""Search benchmark: does TPE find the exhaustive grid's optimum with <= 15% of its evaluations,
+and how long does a whole ``kvtune solve`` take per example?
+
+    python bench/bench_search.py [--seeds 0,1,2] [--examples chat-llama3.1-8b,rag-llama3.1-70b]
+
+For each example and seed: the grid sampler walks the whole discretised space (tp x kv_dtype x
+spec_k x batch cap and chunk in powers of 2) and recommends; TPE gets floor(15% x grid size)
+trials and recommends. Both recommendations are simulator-verified. Pass: same $/h and TPE's
+goodput >= 99% of the grid's. Then one timed default solve per example (wall seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from optimizer.recommend import solve  # noqa: E402
+from optimizer.search import SolveContext, grid_space  # noqa: E402
+from optimizer.workload import load_workload  # noqa: E402
+
+ALL = ["chat-llama3.1-8b", "rag-llama3.1-70b", "speculative-llama3.1-8b", "longdoc-128k", "trace-azure"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--examples", default="chat-llama3.1-8b,rag-llama3.1-70b,trace-azure")
+    ap.add_argument("--share", type=float, default=0.15)
+    ap.add_argument("--no-timing", action="store_true")
+    a = ap.parse_args()
+    seeds = [int(s) for s in a.seeds.split(",")]
+    ok = True
+    print("example               seed  grid_n  tpe_n  grid $/h  tpe $/h  grid req/s  tpe req/s  pass")
+    for name in a.examples.split(","):
+        spec = load_workload(ROOT / "examples" / f"{name}.yaml")
+        n_grid = math.prod(len(v) for v in grid_space(SolveContext.build(spec)).values())
+        n_tpe = int(a.share * n_grid)
+        for seed in seeds:
+            g = solve(spec, trials=n_grid, seed=seed, sampler="grid")
+            t = solve(spec, trials=n_tpe, seed=seed, sampler="tpe")
+            if g["status"] != "ok" or t["status"] != "ok":
+                print(f"{name:22s} {seed:4d}  {g['status']} / {t['status']}")
+                ok = False
+                continue
+            same = abs(t["cost"]["usd_per_hour"] - g["cost"]["usd_per_hour"]) < 1e-9
+            good = t["predicted"]["goodput_req_s"] >= 0.99 * g["predicted"]["goodput_req_s"]
+            cheaper = t["cost"]["usd_per_hour"] < g["cost"]["usd_per_hour"] - 1e-9
+            passed = (same and good) or cheaper
+            ok &= passed
+            print(f"{name:22s} {seed:4d}  {n_grid:6d}  {n_tpe:5d}  {g['cost']['usd_per_hour']:8.2f}  "
+                  f"{t['cost']['usd_per_hour']:7.2f}  {g['predicted']['goodput_req_s']:10.2f}  "
+                  f"{t['predicted']['goodput_req_s']:9.2f}  {'yes' if passed else 'NO'}"
+                  f"{' (tpe cheaper)' if cheaper else ''}")
+    if not a.no_timing:
+        print("\nwhole solve, default trials, wall seconds")
+        for name in ALL:
+            spec = load_workload(ROOT / "examples" / f"{name}.yaml")
+            t0 = time.perf_counter()
+            r = solve(spec)
+            dt = time.perf_counter() - t0
+            rec = r.get("recommendation", {})
+            print(f"  {name:24s} {dt:6.1f} s  {r['status']}  {rec.get('replicas')} x TP{rec.get('tp')} "
+                  f"{rec.get('kv_dtype')} k={rec.get('spec_k')}  ${r.get('cost', {}).get('usd_per_hour', float('nan')):.2f}/h")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
