@@ -207,7 +207,8 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
                    f_scale: float = 0.1) -> FitResult:
     """Fit ``params`` (default: those of ``FIT_PARAMS`` the rows can see) starting from ``base``.
 
-    ``loss``/``f_scale`` go to ``scipy.optimize.least_squares``: the default robust ``soft_l1``
+    ``loss``/``f_scale`` go to ``scipy.optimize.least_squares`` (after a plain least-squares
+    stage that brings the start close): the default robust ``soft_l1``
     with scale 0.1 treats log residuals beyond ~10% as outliers (linear, not quadratic, cost), so a
     few points the model cannot describe (queueing the engine does and kvtune does not model) do
     not drag every parameter; ``loss="linear"`` is plain least squares.
@@ -267,8 +268,14 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
 
     from scipy.optimize import least_squares
 
+    # Plain least squares first: from a far start (the ideal model misses by 50%+) a robust loss
+    # sees every point as an outlier and its gradient vanishes; then the robust loss from there.
     sol = least_squares(resid, x0, bounds=(lo, hi), method="trf", x_scale="jac", diff_step=1e-3,
-                        max_nfev=max_nfev, loss=loss, f_scale=f_scale)
+                        max_nfev=max_nfev)
+    if loss != "linear":
+        x1 = np.clip(sol.x, lo + 1e-6 * (hi - lo), hi - 1e-6 * (hi - lo))
+        sol = least_squares(resid, x1, bounds=(lo, hi), method="trf", x_scale="jac", diff_step=1e-3,
+                            max_nfev=max_nfev, loss=loss, f_scale=f_scale)
     eff = eff_of(sol.x)
     dof = len(targets) - len(visible)
     s2 = float(np.sum(sol.fun ** 2) / dof) if dof > 0 else float("nan")  # sol.cost is the robust cost

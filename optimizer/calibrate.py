@@ -165,7 +165,7 @@ _SHIPPED = (
 
 
 def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None] = print,
-                max_nfev: int = 30, cv: bool = True) -> dict[str, dict]:
+                max_nfev: int = 20, cv: bool = True) -> dict[str, dict]:
     """Fit and write the shipped H100 calibrations (used by bench/fit_shipped_calibrations.py)."""
     from optimizer.cli._common import write_atomic
 

@@ -158,11 +158,15 @@ def test_cpu_llamacpp_calibrate_then_predict_held_out():
     """End to end on a table measured on this machine: fit on some rows, predict the others."""
     rows = [r for r in read_table(CPU_TABLE) if r.model == "smollm2-135m"]
     gpu = load_gpu_file(ROOT / "profiles" / "hardware-cpu-example.yaml")
-    rows = [r for r in rows if r.tp == 1]
+    # kvtune models bf16/fp8 only: the q4_1 weights / fp16 KV are read as bf16, and the fitted
+    # bandwidth efficiency absorbs the difference (this test is about the loop, not the dtype)
+    from dataclasses import replace
+
+    rows = [replace(r, weight_dtype="bf16", kv_dtype="bf16") for r in rows if r.tp == 1]
     train, test = rows[0::2], rows[1::2]
     res = fit_efficiency(train, gpu, IDEAL, predict=RowPredictor(gpu, chunk_tokens=2048))
     pts = evaluate(test, res.efficiency, RowPredictor(gpu, chunk_tokens=2048))
     err = mape([p.after for p in pts], [p.measured for p in pts])
     before = mape([p.after for p in evaluate(test, IDEAL, RowPredictor(gpu, chunk_tokens=2048))], [p.measured for p in pts])
     print(f"CPU llama.cpp held-out MAPE: {err:.1f}% after calibration, {before:.1f}% ideal")
-    assert err < before
+    assert err < 30.0 and err < before / 3  # measured: 16.9% held out vs 119% ideal
