@@ -21,6 +21,11 @@ be ``>= 100 / (1 - a)`` and, with the default 10% warm-up excluded, ``n >= 100 /
 1,112 requests at a = 0.9, 2,223 at 0.95, 11,112 at 0.99; never fewer than 1,000 (so the run
 spans many service times and queues reach their load) and at most 20,000 (a = 1 and beyond 0.995:
 the tail is then a handful of requests and the answer is noisier; pass ``n_requests`` to choose).
+
+The run must also outlast the in-flight set several times: if the KV pool and batch cap admit B
+sequences at once, fewer than a few x B requests are all admitted on arrival and never queue, so
+an overload would go unseen. ``goodput`` therefore uses at least ``RUNS_PER_SLOT`` (5) x B
+requests, B = min(batch cap, pool tokens / (mean input + mean output)).
 """
 
 from __future__ import annotations
@@ -41,15 +46,19 @@ __all__ = ["GoodputResult", "goodput", "default_n_requests", "capacity_bound_req
 _TAIL_REQUESTS = 100      # measured requests wanted in the allowed-miss tail
 _MIN_REQUESTS = 1000
 _MAX_REQUESTS = 20000
+RUNS_PER_SLOT = 5         # requests per concurrency slot the pool and cap allow
 
 
-def default_n_requests(attainment: float, warmup_frac: float = default_warmup_frac("trace")) -> int:
-    """Requests per simulation so that the allowed-miss tail holds >= 100 measured requests."""
+def default_n_requests(attainment: float, warmup_frac: float = default_warmup_frac("trace"),
+                       max_concurrency: int = 0) -> int:
+    """Requests per simulation so that the allowed-miss tail holds >= 100 measured requests and
+    the run outlasts ``max_concurrency`` in-flight sequences ``RUNS_PER_SLOT`` times."""
     if not 0 < attainment <= 1:
         raise InputError(f"attainment must be in (0, 1], got {attainment!r}")
     if attainment >= 1:
         return _MAX_REQUESTS
     n = math.ceil(_TAIL_REQUESTS / ((1 - attainment) * (1 - warmup_frac)) - 1e-9)
+    n = max(n, RUNS_PER_SLOT * max(int(max_concurrency), 0))
     return int(min(max(n, _MIN_REQUESTS), _MAX_REQUESTS))
 
 
@@ -123,7 +132,13 @@ def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests
     if not 0 < rel_tol < 1:
         raise InputError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
     wf = default_warmup_frac("trace") if warmup_frac is None else warmup_frac
-    n = default_n_requests(attainment, wf) if n_requests is None else int(n_requests)
+    probe = make_requests(1.0, n_requests or _MIN_REQUESTS, seed)
+    mean_in, mean_out = float(probe.input_tokens.mean()), float(probe.output_tokens.mean())
+    if n_requests is None:
+        slots = min(config.batch_cap, int(step.memory.kv_pool_tokens // max(mean_in + mean_out, 1.0)))
+        n = default_n_requests(attainment, wf, slots)
+    else:
+        n = int(n_requests)
     if n < 1:
         raise InputError(f"n_requests must be >= 1, got {n_requests!r}")
     history: list[tuple[float, float]] = []
@@ -134,9 +149,7 @@ def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests
         history.append((rate, res.slo_attainment))
         return res, req
 
-    probe = make_requests(1.0, n, seed)
-    ub = capacity_bound_req_s(step, float(probe.input_tokens.mean()), float(probe.output_tokens.mean()),
-                              config.batch_cap)
+    ub = capacity_bound_req_s(step, mean_in, mean_out, config.batch_cap)
     lo_rate = ub * 1e-3
     res_lo, req_lo = run(lo_rate)
     if res_lo.slo_attainment < attainment:

@@ -23,7 +23,6 @@ from .search import SolveContext, completed_evals, config_key, evaluate, grid_sp
 __all__ = ["solve", "verify", "recommend", "pareto_front", "sim_requests"]
 
 MAX_SIM_REQUESTS = 6000  # cap on requests per simulated rate (simulation time)
-RUNS_PER_SLOT = 5        # requests per concurrency slot: the run must outlast the in-flight set several times
 REL_TOL = 0.02         # goodput bisection tolerance
 VERIFY_TOP = 4         # distinct screened front-runners verified with the simulator
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
@@ -40,11 +39,12 @@ def _pct(summary: dict, key: str) -> dict:
 
 
 def sim_requests(attainment: float, operating_batch: int) -> int:
-    """Requests per simulated rate: goodput's default (>= 100 in the allowed-miss tail) and at least
-    ``RUNS_PER_SLOT`` times the concurrency the screen expects. Fewer requests than the KV pool
-    holds sequences would all be admitted at once and never queue: a goodput that is not one."""
+    """Requests per simulated rate: goodput's default (>= 100 in the allowed-miss tail, and several
+    times the concurrency the screen expects: fewer requests than the KV pool holds sequences
+    would all be admitted at once and never queue), capped for simulation time."""
     from costmodel.goodput import default_n_requests
-    return int(min(max(default_n_requests(attainment), RUNS_PER_SLOT * max(operating_batch, 1)), MAX_SIM_REQUESTS))
+    return int(min(default_n_requests(attainment, max_concurrency=operating_batch),
+                   MAX_SIM_REQUESTS))
 
 
 def verify(ctx: SolveContext, params: dict, operating_batch: int) -> dict:
