@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
 import queue
 import socket
 import threading
@@ -25,7 +24,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 

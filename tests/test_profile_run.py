@@ -16,6 +16,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -25,8 +26,6 @@ from optimizer.cli import main
 from optimizer.importers import Metadata
 from optimizer.profile_run import (PointResult, RequestResult, RunSpec, make_prompt, probe_server, run_profile,
                                    summarize_point)
-
-import numpy as np
 
 TTFT_S, ITL_S = 0.03, 0.004
 
