@@ -11,6 +11,11 @@ rises. ``goodput`` brackets the crossing and bisects it:
 3. bisection, geometric while the bracket spans more than a factor 2, then arithmetic, until
    ``hi - lo <= rel_tol x lo``. The answer is ``lo``, the highest rate seen to meet the target.
 
+With a ``guess_req_s`` (an estimate of the answer, e.g. the optimizer's analytic screen) the
+bracket starts narrow instead: ``GUESS_LO`` x guess is tried first (meets: it is the lower end and
+no zero-load probe is needed; misses: steps 1-3 run below it), then ``GUESS_HI`` x guess, grown by
+x1.25 until it misses. A good guess saves the zero-load probe and the geometric phase.
+
 Every rate uses the same seed: ``make_requests(rate, n, seed)`` should draw the same requests with
 arrival times scaled by 1/rate (common random numbers; ``costmodel.workload`` does), so the
 attainment curve is monotone up to scheduling noise and the bisection compares like with like.
@@ -47,6 +52,17 @@ _TAIL_REQUESTS = 100      # measured requests wanted in the allowed-miss tail
 _MIN_REQUESTS = 1000
 _MAX_REQUESTS = 20000
 RUNS_PER_SLOT = 5         # requests per concurrency slot the pool and cap allow
+GUESS_LO, GUESS_HI = 0.85, 1.05  # first bracket around a guess (kvtune's screen lands within it mostly)
+GUESS_STEP_DOWN = 0.75    # below a guess that misses, try rates this much lower
+GUESS_STEPS_DOWN = 6      # ... this many times before falling back to the zero-load probe
+
+
+def _logit(a: float, n_measured: int) -> float:
+    """logit of an attainment, clipped half a request from 0 and 1. Attainment against load is
+    sigmoid-like, so the crossing is interpolated linearly in logit(attainment)."""
+    eps = 0.5 / n_measured
+    a = min(max(a, eps), 1 - eps)
+    return math.log(a / (1 - a))
 
 
 def default_n_requests(attainment: float, warmup_frac: float = default_warmup_frac("trace"),
@@ -120,12 +136,13 @@ def _zero_load_reason(res: SimResult, req: Requests, attainment: float) -> str:
 
 def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests], config: SimConfig,
             attainment: float, n_requests: int | None = None, seed: int = 0, rel_tol: float = 0.02,
-            warmup_frac: float | None = None, max_iterations: int = 40) -> GoodputResult:
+            warmup_frac: float | None = None, max_iterations: int = 40,
+            guess_req_s: float | None = None) -> GoodputResult:
     """Highest Poisson rate (req/s, one replica) at which SLO attainment stays >= ``attainment``.
 
     ``make_requests(rate_req_s, n, seed)`` draws the requests (the same seed at every rate). See
     the module docstring for the bracketing, the tolerance and ``n_requests`` (default
-    ``default_n_requests(attainment)``).
+    ``default_n_requests(attainment)``) and ``guess_req_s`` (a starting bracket).
     """
     if not 0 < attainment <= 1:
         raise InputError(f"attainment must be in (0, 1], got {attainment!r}")
@@ -150,29 +167,76 @@ def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests
         return res, req
 
     ub = capacity_bound_req_s(step, mean_in, mean_out, config.batch_cap)
-    lo_rate = ub * 1e-3
-    res_lo, req_lo = run(lo_rate)
-    if res_lo.slo_attainment < attainment:
-        return GoodputResult(0.0, res_lo.slo_attainment, attainment, res_lo.summary(), len(history),
-                             (0.0, lo_rate), rel_tol, n, ub, _zero_load_reason(res_lo, req_lo, attainment),
-                             tuple(history))
-    hi_rate = ub * 1.25
-    res_hi, _ = run(hi_rate)
+    guess = guess_req_s if guess_req_s is not None and math.isfinite(guess_req_s) and guess_req_s > 0 else None
+    res_lo = res_hi = None
+    if guess is not None:
+        # walk down from the guess until a rate meets the target (the zero-load probe only if
+        # the walk gets that far), then up from the meeting rate until one misses
+        rate = GUESS_LO * guess
+        while len(history) < GUESS_STEPS_DOWN and rate > ub * 1e-3:
+            res, _ = run(rate)
+            if res.slo_attainment >= attainment:
+                lo_rate, res_lo = rate, res
+                break
+            hi_rate, res_hi = rate, res
+            rate *= GUESS_STEP_DOWN
+        if res_lo is not None and res_hi is None:
+            hi_rate = max(GUESS_HI * guess, lo_rate * 1.1)
+    if res_lo is None:
+        lo_rate = ub * 1e-3
+        res_lo, req_lo = run(lo_rate)
+        if res_lo.slo_attainment < attainment:
+            return GoodputResult(0.0, res_lo.slo_attainment, attainment, res_lo.summary(), len(history),
+                                 (0.0, lo_rate), rel_tol, n, ub, _zero_load_reason(res_lo, req_lo, attainment),
+                                 tuple(history))
+        if res_hi is None:
+            hi_rate = ub * 1.25
+    grow = 1.25 if guess is not None else 2.0
+    if res_hi is None:
+        res_hi, _ = run(hi_rate)
     while res_hi.slo_attainment >= attainment and len(history) < max_iterations:
         lo_rate, res_lo = hi_rate, res_hi
-        hi_rate *= 2.0
+        hi_rate *= grow
         res_hi, _ = run(hi_rate)
     if res_hi.slo_attainment >= attainment:
         return GoodputResult(hi_rate, res_hi.slo_attainment, attainment, res_hi.summary(), len(history),
                              (hi_rate, math.inf), rel_tol, n, ub,
                              f"no miss found up to {hi_rate:.3g} req/s after {max_iterations} simulations",
                              tuple(history))
+    # narrow the bracket: while it spans more than a factor 2, geometric bisection; then aim at the
+    # crossing interpolated on logit(attainment) and probe a pair straddling it, 0.9 rel_tol apart,
+    # which closes the bracket in two runs when the aim is good (bisection when a pair misses twice)
+    n_meas = max(1, round(n * (1 - wf)))
+    y_t = _logit(attainment, n_meas)
+    f_lo, f_hi = _logit(res_lo.slo_attainment, n_meas) - y_t, _logit(res_hi.slo_attainment, n_meas) - y_t
+    misses = 0
     while hi_rate - lo_rate > rel_tol * lo_rate and len(history) < max_iterations:
-        mid = math.sqrt(lo_rate * hi_rate) if hi_rate > 2 * lo_rate else 0.5 * (lo_rate + hi_rate)
-        res, _ = run(mid)
-        if res.slo_attainment >= attainment:
-            lo_rate, res_lo = mid, res
+        was = (lo_rate, hi_rate)
+        if hi_rate > 2 * lo_rate:
+            probes = [math.sqrt(lo_rate * hi_rate)]
+        elif misses >= 2 or not f_lo > 0 > f_hi:
+            probes, misses = [0.5 * (lo_rate + hi_rate)], 0
         else:
-            hi_rate = mid
+            x = lo_rate + f_lo / (f_lo - f_hi) * (hi_rate - lo_rate)
+            d = 0.45 * rel_tol * x
+            w = hi_rate - lo_rate
+            probes = sorted({min(max(x - d, lo_rate + 0.02 * w), hi_rate - 0.02 * w),
+                             min(max(x + d, lo_rate + 0.02 * w), hi_rate - 0.02 * w)})
+            misses += 1
+        for mid in probes:
+            if not lo_rate < mid < hi_rate or hi_rate - lo_rate <= rel_tol * lo_rate:
+                continue
+            res, _ = run(mid)
+            f = _logit(res.slo_attainment, n_meas) - y_t
+            if res.slo_attainment >= attainment:
+                lo_rate, res_lo, f_lo = mid, res, max(f, 1e-9)
+            else:
+                hi_rate, f_hi = mid, min(f, -1e-9)
+                break
+        # Illinois: an end that did not move pulls the next aim less (regula falsi stalls otherwise)
+        if lo_rate == was[0]:
+            f_lo *= 0.5
+        if hi_rate == was[1]:
+            f_hi *= 0.5
     return GoodputResult(lo_rate, res_lo.slo_attainment, attainment, res_lo.summary(), len(history),
                          (lo_rate, hi_rate), rel_tol, n, ub, "", tuple(history))
