@@ -7,6 +7,14 @@ follow from it, and the pick is then simulated once more at its real per-replica
 (target rate / replicas) for the latency percentiles. Verifications are cached in the study's
 user attributes (``verify:<config>``), so the answer can be rebuilt from the storage alone and
 every process sharing a storage reaches the same one.
+
+Which configs are verified: the distinct screened-feasible configs at the cheapest screened cost,
+up to ``verify_top`` of them in screened order (the screen ranks cost levels well but cannot tell
+apart configs within one to a few percent, so several are simulated and the most simulated goodput
+wins); then, while none has verified feasible or a cheaper screened level remains, the next levels.
+Every verification of a config uses the same request sample (``SolveContext.workload_seed``), so
+it gives the same number whichever search proposed it, and the bisection tolerance ``REL_TOL``
+is fine enough to compare two configs at 1%.
 """
 
 from __future__ import annotations
@@ -15,16 +23,23 @@ import math
 
 import numpy as np
 
+import contextlib
+
+import optuna
+
 from costmodel import __version__
 
 from .launch import launch_settings
 from .search import SolveContext, completed_evals, config_key, evaluate, grid_space, open_study, run_search
+from .search import _size as size_deployment
 
 __all__ = ["solve", "verify", "recommend", "pareto_front", "sim_requests"]
 
 MAX_SIM_REQUESTS = 6000  # cap on requests per simulated rate (simulation time)
-REL_TOL = 0.02         # goodput bisection tolerance
-VERIFY_TOP = 4         # distinct screened front-runners verified with the simulator
+REL_TOL = 0.005        # goodput bisection tolerance: two configs compared at 1% need a finer step
+VERIFY_TOP = 6         # distinct configs verified at the cheapest screened cost (and per level after)
+MAX_VERIFY = 18        # verifications in all, cheapest levels first
+SCREEN_SLACK = 1.15    # the screen may underestimate simulated goodput by this much (seen: up to ~13%)
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
 
 
@@ -47,23 +62,26 @@ def sim_requests(attainment: float, operating_batch: int) -> int:
                    MAX_SIM_REQUESTS))
 
 
-def verify(ctx: SolveContext, params: dict, operating_batch: int) -> dict:
-    """Simulated per-replica goodput, sizing and latencies at the target load for one config."""
+def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: float | None = None) -> dict:
+    """Simulated per-replica goodput, sizing and latencies at the target load for one config.
+    ``guess_req_s`` (the screened goodput) starts the goodput bracket; it does not bias the answer
+    beyond the bisection tolerance."""
     from costmodel.goodput import goodput
     from costmodel.simulate import simulate
 
     sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
-    spec, seed = ctx.spec, ctx.seed
+    spec, seed = ctx.spec, ctx.workload_seed
     cfg = _sim_config(params)
     n = sim_requests(spec.slo.attainment, operating_batch)
 
     def make(rate, n, s):
         return spec.requests(n, s, rate_req_s=rate)
 
-    g = goodput(sm, make, cfg, spec.slo.attainment, n_requests=n, seed=seed, rel_tol=REL_TOL)
+    g = goodput(sm, make, cfg, spec.slo.attainment, n_requests=n, seed=seed, rel_tol=REL_TOL,
+                guess_req_s=guess_req_s)
     per_replica = float(g.goodput_req_s)
     h = spec.hardware
-    out = {"params": dict(params), "per_replica_goodput_req_s": per_replica}
+    out = {"params": dict(params), "per_replica_goodput_req_s": per_replica, "simulations": g.iterations}
     if per_replica <= 0:
         return out | {"feasible": False, "reason": g.reason or "simulated SLO attainment misses the target even at a trickle"}
     if spec.objective == "max_goodput":
@@ -79,7 +97,8 @@ def verify(ctx: SolveContext, params: dict, operating_batch: int) -> dict:
             "goodput_req_s": per_replica * replicas, "load_per_replica_req_s": load,
             "slo_attainment": float(res.slo_attainment), "ttft_ms": _pct(summ, "ttft_ms"),
             "tpot_ms": _pct(summ, "tpot_ms"), "output_tok_s": float(res.output_tok_s) * replicas,
-            "preemptions": int(getattr(res, "preemptions", 0)), "sim_requests": n}
+            "preemptions": int(getattr(res, "preemptions", 0)), "sim_requests": n,
+            "simulations": g.iterations + 1}
     out["feasible"] = nodes <= h.max_nodes and out["slo_attainment"] >= spec.slo.attainment - 1e-9
     if nodes > h.max_nodes:
         out["reason"] = f"needs {nodes} nodes > max_nodes {h.max_nodes} at {per_replica:.2f} req/s per replica (simulated)"
@@ -93,16 +112,78 @@ def _verified(ctx: SolveContext, study, ev: dict) -> dict:
     key = "verify:" + config_key(ev["params"])
     got = study.user_attrs.get(key) if study is not None else None
     if got is None:
-        got = verify(ctx, ev["params"], int(ev.get("batch") or 1))
+        got = verify(ctx, ev["params"], int(ev.get("batch") or 1), ev.get("per_replica_goodput_req_s") or None)
         if study is not None:
             study.set_user_attr(key, got)
     return got
 
 
+def _meets_at(ctx: SolveContext, study, ev: dict, rate_req_s: float) -> dict:
+    """One simulation of ``ev``'s config at ``rate_req_s`` per replica (the same requests its
+    goodput bisection would use there): does it meet the attainment target?"""
+    from costmodel.simulate import simulate
+
+    params = ev["params"]
+    key = f"challenge:{config_key(params)}@{rate_req_s:.9g}"
+    got = study.user_attrs.get(key) if study is not None else None
+    if got is None:
+        sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
+        n = sim_requests(ctx.spec.slo.attainment, int(ev.get("batch") or 1))
+        seed = ctx.workload_seed
+        res = simulate(sm, ctx.spec.requests(n, seed, rate_req_s=rate_req_s), _sim_config(params), "trace", seed=seed)
+        got = {"rate_req_s": rate_req_s, "slo_attainment": float(res.slo_attainment),
+               "meets": bool(res.slo_attainment >= ctx.spec.slo.attainment)}
+        if study is not None:
+            study.set_user_attr(key, got)
+    return got
+
+
+def _bar_req_s(ctx: SolveContext, tp: int, best: dict, rival: dict | None) -> float | None:
+    """Per-replica goodput a TP-``tp`` config needs to be worth a full verification: enough to
+    serve the target on fewer GPUs than ``best`` (the cheapest verified), or, on as many, more
+    goodput than ``rival`` (the best verified of its own KV dtype), by more than the bisection
+    tolerance (closer is a tie, and the first verified keeps it). None: it cannot fit in fewer
+    or as many GPUs at all."""
+    rate = ctx.rate_req_s
+    bars = []
+    r_cheap = (best["gpus"] - 1) // tp
+    if r_cheap >= 1:
+        bars.append(rate / r_cheap)
+    if best["gpus"] % tp == 0:
+        bars.append(rate / (best["gpus"] // tp))
+        if rival is not None and rival["usd_per_hour"] <= best["usd_per_hour"] + 1e-9:
+            bars[-1] = max(bars[-1], rival["goodput_req_s"] * (1 + REL_TOL) / (best["gpus"] // tp))
+    return min(bars) if bars else None
+
+
+def _challenge_or_verify(ctx: SolveContext, study, ev: dict, ok: list[dict]) -> dict:
+    """Verify ``ev`` fully, unless a single simulation shows it cannot beat the verified configs:
+    it misses the target at the per-replica rate it would need (``_bar_req_s``). Same requests at
+    every rate, so that one run answers exactly what its bisection would have found first."""
+    if not ok or ctx.spec.objective != "min_cost":
+        return _verified(ctx, study, ev)
+    best = min(ok, key=lambda v: _rank(ctx, v))
+    same = [v for v in ok if v["params"]["kv_dtype"] == ev["params"]["kv_dtype"]]
+    rival = min(same, key=lambda v: _rank(ctx, v)) if same else None
+    bar = _bar_req_s(ctx, ev["params"]["tp"], best, rival)
+    if bar is not None:
+        c = _meets_at(ctx, study, ev, bar)
+        if c["meets"]:
+            return _verified(ctx, study, ev)
+        why = f"attainment {c['slo_attainment']:.3f} at {bar:.3g} req/s per replica: cannot beat {config_key(best['params'])}"
+    else:
+        why = f"TP {ev['params']['tp']} cannot fit in the {best['gpus']} GPUs of {config_key(best['params'])}"
+    return {"params": dict(ev["params"]), "feasible": False, "dominated": True, "per_replica_goodput_req_s": None,
+            "upper_req_s": bar, "simulations": 1 if bar is not None else 0, "reason": why}
+
+
 def _rank(ctx: SolveContext, v: dict) -> tuple:
+    """Verified configs, best first; the config key last so the order never depends on which
+    search proposed them or in what order."""
     if ctx.spec.objective == "max_goodput":
-        return (-v["per_replica_goodput_req_s"] / v["params"]["tp"], v["usd_per_hour"])
-    return (v["usd_per_hour"], -v["goodput_req_s"], v["params"]["kv_dtype"] != "bf16", v["params"]["tp"])
+        return (-v["per_replica_goodput_req_s"] / v["params"]["tp"], v["usd_per_hour"], config_key(v["params"]))
+    return (v["usd_per_hour"], -v["goodput_req_s"], v["params"]["kv_dtype"] != "bf16", v["params"]["tp"],
+            config_key(v["params"]))
 
 
 def _distinct(evals: list[dict]) -> list[dict]:
@@ -113,6 +194,39 @@ def _distinct(evals: list[dict]) -> list[dict]:
             seen.add(k)
             out.append(e)
     return out
+
+
+def _screened_order(evals: list[dict]) -> list[dict]:
+    """Distinct screened-feasible configs, best screened objective first (ties: config key)."""
+    return _distinct(sorted((e for e in evals if e["feasible"]), key=lambda e: (e["value"], config_key(e["params"]))))
+
+
+def _could_cost(ctx: SolveContext, ev: dict) -> float:
+    """The least $/h a screened config could verify at, allowing the screen to be ``SCREEN_SLACK``
+    pessimistic about its goodput."""
+    if ctx.spec.objective != "min_cost":
+        return ev["usd_per_hour"]
+    return size_deployment(ctx, ev["params"]["tp"], ev["per_replica_goodput_req_s"] * SCREEN_SLACK, None)["usd_per_hour"]
+
+
+def _verify_front(ctx: SolveContext, study, feas: list[dict], verify_top: int) -> list[dict]:
+    """Verify the cheapest screened cost level (up to ``verify_top`` configs), then further levels
+    while none has verified feasible or a level could still verify cheaper than the best so far."""
+    if ctx.spec.objective == "max_goodput":
+        return [_verified(ctx, study, e) for e in feas[:verify_top]]
+    levels: dict[float, list[dict]] = {}
+    for e in feas:
+        levels.setdefault(e["usd_per_hour"], []).append(e)
+    verified: list[dict] = []
+    for usd in sorted(levels):
+        ok = [v for v in verified if v["feasible"]]
+        if ok and usd >= min(v["usd_per_hour"] for v in ok) - 1e-9:
+            break
+        for e in levels[usd][:verify_top]:
+            if len(verified) >= MAX_VERIFY:
+                return verified
+            verified.append(_challenge_or_verify(ctx, study, e, [v for v in verified if v["feasible"]]))
+    return verified
 
 
 def pareto_front(items: list[dict]) -> list[dict]:
@@ -129,57 +243,58 @@ def pareto_front(items: list[dict]) -> list[dict]:
 def recommend(ctx: SolveContext, study, sampler: str, verify_top: int = VERIFY_TOP) -> dict:
     """The result object (``status`` ok or infeasible), built from the study's stored trials."""
     evals = completed_evals(study)
-    feas = _distinct(sorted((e for e in evals if e["feasible"]), key=lambda e: (e["value"], e["trial"])))
-    verified, notes = [], []
-    i = 0
-    while i < len(feas) and (len(verified) < verify_top or not any(v["feasible"] for v in verified)):
-        verified.append(_verified(ctx, study, feas[i]))
-        i += 1
-        if i >= 3 * verify_top:
-            break
+    feas = _screened_order(evals)
+    verified, notes = _verify_front(ctx, study, feas, verify_top), []
     ok = [v for v in verified if v["feasible"]]
-    base = _base(ctx, study, evals, sampler)
     if not ok:
-        return base | _infeasible(ctx, evals, verified)
+        return _base(ctx, study, evals, sampler, verified) | _infeasible(ctx, evals, verified)
     ok.sort(key=lambda v: _rank(ctx, v))
     pick = ok[0]
     if "fp8" in ctx.spec.search.kv_dtype and "bf16" in ctx.spec.search.kv_dtype:
-        pick, note = _prefer_bf16(ctx, study, pick, feas, ok)
+        pick, note = _prefer_bf16(ctx, study, pick, feas, ok, verified)
         notes.append(note)
-    elif ctx.spec.search.kv_dtype == ("bf16",) or list(ctx.spec.search.kv_dtype) == ["bf16"]:
+    elif list(ctx.spec.search.kv_dtype) == ["bf16"]:
         notes.append("FP8 KV excluded by search.kv_dtype: [bf16]")
     ev = next((e for e in evals if config_key(e["params"]) == config_key(pick["params"])), None) \
         or evaluate(ctx, pick["params"])
-    return base | _ok(ctx, pick, ev, evals, verified, notes)
+    return _base(ctx, study, evals, sampler, verified) | _ok(ctx, pick, ev, evals, verified, notes)
 
 
-def _prefer_bf16(ctx, study, pick, feas, ok):
-    """FP8 KV costs a point or two of quality on hard evals: keep bf16 unless fp8 saves money."""
+def _prefer_bf16(ctx, study, pick, feas, ok, verified):
+    """FP8 KV costs a point or two of quality on hard evals: keep bf16 unless fp8 saves money.
+    bf16 candidates: those already verified, the pick's bf16 twin and the best screened bf16
+    config, the last two simulated only if the screen says they could match the pick's cost."""
     if pick["params"]["kv_dtype"] != "fp8":
         return pick, "bf16 KV: FP8 KV buys no saving here"
-    twin = dict(pick["params"], kv_dtype="bf16")
     cands = [v for v in ok if v["params"]["kv_dtype"] == "bf16"]
-    tev = evaluate(ctx, twin)
-    if tev["feasible"]:
-        cands.append(_verified(ctx, study, tev))
-    best_bf = next((e for e in feas if e["params"]["kv_dtype"] == "bf16"), None)
-    if best_bf is not None:
-        cands.append(_verified(ctx, study, best_bf))
-    cands = sorted((v for v in cands if v["feasible"]), key=lambda v: _rank(ctx, v))
+    extra = [evaluate(ctx, dict(pick["params"], kv_dtype="bf16"))]
+    extra += [e for e in feas if e["params"]["kv_dtype"] == "bf16"][:1]
+    have = {config_key(v["params"]) for v in verified}
+    for e in extra:
+        if e["feasible"] and config_key(e["params"]) not in have and _could_cost(ctx, e) <= pick["usd_per_hour"] + 1e-9:
+            v = _challenge_or_verify(ctx, study, e, [v for v in verified if v["feasible"]])
+            verified.append(v)
+            have.add(config_key(e["params"]))
+            if v["feasible"]:
+                cands.append(v)
+    cands.sort(key=lambda v: _rank(ctx, v))
     if cands and cands[0]["usd_per_hour"] <= pick["usd_per_hour"] + 1e-9 and ctx.spec.objective == "min_cost":
         return cands[0], (f"kept bf16 KV: FP8 KV buys no saving (same ${pick['usd_per_hour']:.2f}/h); "
                           f"FP8 KV can cost a point or two of quality on hard evals")
     if cands:
         return pick, (f"FP8 KV saves ${cands[0]['usd_per_hour'] - pick['usd_per_hour']:.2f}/h over the best bf16 "
                       f"config ({config_key(cands[0]['params'])}); check quality on your hardest evals")
-    return pick, "FP8 KV: no bf16 config verified feasible; check quality on your hardest evals"
+    return pick, ("FP8 KV: no bf16 config verified as cheap (the screen rules out the rest); "
+                  "check quality on your hardest evals")
 
 
-def _base(ctx: SolveContext, study, evals, sampler) -> dict:
-    return {"kvtune_version": __version__, "seed": ctx.seed, "sampler": sampler, "source": ctx.eff.source,
+def _base(ctx: SolveContext, study, evals, sampler, verified) -> dict:
+    return {"kvtune_version": __version__, "seed": ctx.seed, "workload_seed": ctx.workload_seed,
+            "sampler": sampler, "source": ctx.eff.source,
             "objective": ctx.spec.objective, "study_name": study.study_name,
             "target_rate_req_s": ctx.rate_req_s,
-            "trials": {"completed": len(evals), "feasible": sum(1 for e in evals if e["feasible"])}}
+            "trials": {"completed": len(evals), "feasible": sum(1 for e in evals if e["feasible"])},
+            "verification": {"configs": len(verified), "simulations": sum(v.get("simulations", 0) for v in verified)}}
 
 
 def _ok(ctx, pick, ev, evals, verified, notes) -> dict:
@@ -220,7 +335,8 @@ def _ok(ctx, pick, ev, evals, verified, notes) -> dict:
         "headroom": pick["goodput_req_s"] / ctx.rate_req_s - 1,
         "pareto": pareto_front(items),
         "verified": [{"config": v["params"], "feasible": v["feasible"], "usd_per_hour": v.get("usd_per_hour"),
-                      "goodput_req_s": v.get("goodput_req_s"), "reason": v.get("reason", "")} for v in verified],
+                      "goodput_req_s": v.get("goodput_req_s"), "dominated": bool(v.get("dominated")),
+                      "simulations": v.get("simulations", 0), "reason": v.get("reason", "")} for v in verified],
         "launch": launch_settings(model_id, p, pick["replicas"], spec.gpu_mem_util, sdict,
                                   name=f"kvtune-{ctx.model.name}"),
         "notes": notes,
@@ -230,7 +346,7 @@ def _ok(ctx, pick, ev, evals, verified, notes) -> dict:
 def _infeasible(ctx, evals, verified) -> dict:
     """The best miss: the smallest constraint violation, and why."""
     if verified:
-        v = max(verified, key=lambda v: v.get("per_replica_goodput_req_s", 0.0))
+        v = max(verified, key=lambda v: v.get("per_replica_goodput_req_s") or 0.0)
         reason = v.get("reason", "simulated SLO attainment misses the target")
         return {"status": "infeasible", "reason": reason, "closest": {"config": v["params"], "miss": reason,
                                                                       "usd_per_hour": v.get("usd_per_hour")}}
@@ -249,12 +365,25 @@ def _infeasible(ctx, evals, verified) -> dict:
 def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str = "tpe",
           storage: str | None = None, study_name: str | None = None, verify_top: int = VERIFY_TOP,
           on_trial=None) -> dict:
-    """Search, verify and recommend: the whole ``kvtune solve`` for a loaded ``WorkloadSpec``."""
-    ctx = SolveContext.build(spec, seed)
-    study = open_study(ctx, sampler, storage, study_name)
-    if trials is None:
-        trials = spec.search.trials
-        if sampler == "grid":
-            trials = math.prod(len(v) for v in grid_space(ctx).values())
-    run_search(ctx, study, trials, sampler, on_trial)
-    return recommend(ctx, study, sampler, verify_top)
+    """Search, verify and recommend: the whole ``kvtune solve`` for a loaded ``WorkloadSpec``.
+    ``seed`` drives the sampler; the simulated request sample follows ``spec.search.seed``."""
+    with _quiet_optuna():
+        ctx = SolveContext.build(spec, seed)
+        study = open_study(ctx, sampler, storage, study_name)
+        if trials is None:
+            trials = spec.search.trials
+            if sampler == "grid":
+                trials = math.prod(len(v) for v in grid_space(ctx).values())
+        run_search(ctx, study, trials, sampler, on_trial)
+        return recommend(ctx, study, sampler, verify_top)
+
+
+@contextlib.contextmanager
+def _quiet_optuna():
+    """Optuna logs every trial at INFO; a solve reports progress itself. Restored afterwards."""
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(before)

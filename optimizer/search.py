@@ -47,15 +47,23 @@ __all__ = ["SolveContext", "evaluate", "make_storage", "open_study", "run_search
 SAMPLERS = ("tpe", "grid", "nsga2")
 STALE_S = 600.0        # a RUNNING trial this old is a leftover (one evaluation takes milliseconds)
 N_SCREEN_REQUESTS = 2000  # requests sampled to describe the workload's lengths and SLOs
-optuna.logging.set_verbosity(optuna.logging.ERROR)
+GOODPUT_BONUS = 0.01   # share of $/h a config with 100% screened headroom gains in the objective
+PARSIMONY = 2e-5       # share of $/h the largest batch cap and chunk budget lose in the objective
 
 
 @dataclass
 class SolveContext:
-    """Everything a trial needs, built once per solve from the workload spec."""
+    """Everything a trial needs, built once per solve from the workload spec.
+
+    Two seeds: ``seed`` drives the sampler; ``workload_seed`` (``search.seed`` of the spec) draws
+    the request sample the screen describes and the simulator verifies with. Keeping the sample
+    fixed while the sampler seed varies gives every search the same landscape and every
+    verification of a config the same answer (common random numbers), so two searches can be
+    compared on what they found rather than on which requests they happened to draw."""
 
     spec: object                       # optimizer.workload.WorkloadSpec
     seed: int
+    workload_seed: int = 0
     model: object = None
     gpu: object = None
     eff: object = None
@@ -66,7 +74,7 @@ class SolveContext:
     @classmethod
     def build(cls, spec, seed: int | None = None) -> "SolveContext":
         seed = spec.search.seed if seed is None else seed
-        ctx = cls(spec=spec, seed=seed)
+        ctx = cls(spec=spec, seed=seed, workload_seed=spec.search.seed)
         ctx.model = spec.model if hasattr(spec.model, "n_layers") else get_model(spec.model)
         ctx.gpu = get_gpu(spec.hardware.gpu)
         ctx.eff = efficiency_for("calibrated", ctx.gpu.name, spec.calibration, spec.engine)
@@ -76,7 +84,7 @@ class SolveContext:
                 raise InputError(f"{spec.path}: workload.rate_req_s: objective min_cost needs a finite target rate")
             rate = math.nan  # max_goodput without a target: no headroom to report
         ctx.rate_req_s = float(rate)
-        req = spec.requests(N_SCREEN_REQUESTS, seed)
+        req = spec.requests(N_SCREEN_REQUESTS, ctx.workload_seed)
         ctx.stats = WorkloadStats.from_requests(req, spec.slo.attainment)
         return ctx
 
@@ -128,11 +136,26 @@ def _size(ctx: SolveContext, tp: int, goodput_req_s: float, nodes_pick: int | No
             "goodput_req_s": total, "headroom": headroom if math.isfinite(headroom) else 0.0}
 
 
+def _aggressiveness(ctx: SolveContext, params: dict) -> float:
+    """Where batch cap and chunk budget sit in their search ranges, 0 (smallest) to 1 (largest),
+    on a log scale. Past the point where they bind, larger values buy no screened goodput but
+    admit more at once (bigger KV swings, longer mixed steps) in ways the screen does not see."""
+    s = ctx.spec.search
+    pos = []
+    for key, (lo, hi) in (("batch_cap", s.batch_cap), ("chunk_tokens", s.chunk_tokens)):
+        pos.append(math.log(params[key] / lo) / math.log(hi / lo) if hi > lo else 0.0)
+    return sum(pos) / len(pos)
+
+
 def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> dict:
     """Screen one configuration and size the deployment: a JSON-able record (``user_attrs['eval']``).
 
     ``constraint`` = [memory shortfall GB, SLO-share shortfall, nodes over budget]: all <= 0 is
-    feasible. ``value`` is the screened objective (lower is better)."""
+    feasible. ``value`` is the screened objective (lower is better): min_cost ranks by $/h, then
+    (a bounded bonus, under ``GOODPUT_BONUS`` of the $/h, never enough to reorder two costs) by
+    screened headroom, then (``PARSIMONY``, smaller still) by the smaller batch cap and chunk, so
+    the sampler climbs towards more goodput at the cheapest cost and, among configs the screen
+    cannot tell apart, towards the least aggressive settings."""
     sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
     h = ctx.spec.hardware
     worst = ctx.max_gpus * h.usd_per_gpu_hour
@@ -152,7 +175,8 @@ def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> 
     if ctx.spec.objective == "max_goodput":
         value = -s.goodput_req_s / (params["tp"] * h.usd_per_gpu_hour)
     else:
-        value = size["usd_per_hour"] * (1 - 0.01 * min(max(size["headroom"], 0.0), 1.0)) if feasible else 2 * worst
+        value = size["usd_per_hour"] * (1 - GOODPUT_BONUS * min(max(size["headroom"], 0.0), 1.0)
+                                        + PARSIMONY * _aggressiveness(ctx, params)) if feasible else 2 * worst
     reason = s.reason
     if s.feasible and over > 0:
         reason = (f"needs {size['nodes']} nodes ({size['gpus']} GPUs) for {ctx.rate_req_s:g} req/s at "
@@ -227,10 +251,18 @@ def make_storage(url: str | None):
         return JournalStorage(JournalFileBackend(path))
     if "://" not in url:
         raise InputError(f"--storage {url!r}: use journal:PATH or an RDB URL such as sqlite:///kvtune.db")
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None)
-    except Exception as exc:  # a bad URL or missing driver is the user's to fix
-        raise InputError(f"--storage {url!r}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}") from None
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except Exception as exc:  # a bad URL or missing driver is the user's to fix
+            # two processes creating one new database race on its schema ("table ... already
+            # exists", a duplicate version row): the loser finds it made on the next try
+            racy = "already exists" in str(exc) or "UNIQUE constraint" in str(exc) or "locked" in str(exc)
+            if racy and attempt < 2:
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            raise InputError(f"--storage {url!r}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}") from None
 
 
 def workload_digest(ctx: SolveContext, sampler: str) -> str:
@@ -238,7 +270,8 @@ def workload_digest(ctx: SolveContext, sampler: str) -> str:
     blob = json.dumps({"spec": repr(spec.hardware) + repr(spec.slo) + repr(spec.search) + repr(spec.speculative)
                        + repr(spec.objective) + str(spec.model) + str(spec.engine) + str(spec.gpu_mem_util),
                        "stats": [ctx.stats.mean_input_tokens, ctx.stats.mean_output_tokens, ctx.rate_req_s],
-                       "sampler": sampler, "seed": ctx.seed, "source": ctx.eff.source}, sort_keys=True)
+                       "sampler": sampler, "seed": ctx.seed, "workload_seed": ctx.workload_seed,
+                       "source": ctx.eff.source}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

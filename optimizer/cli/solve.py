@@ -46,11 +46,11 @@ class _Progress:
 @click.command("solve")
 @click.argument("workload", type=click.Path(dir_okay=False))
 @click.option("--trials", default=None, help="Trials to run (default: search.trials; grid: the whole grid).")
-@click.option("--seed", default=None, help="Sampler and simulation seed (default: search.seed).")
+@click.option("--seed", default=None, help="Sampler seed (default: search.seed; the simulated requests always follow search.seed).")
 @click.option("--sampler", default="tpe", show_default=True, help="tpe | grid (exhaustive, for checking) | nsga2 (cost/goodput Pareto).")
 @click.option("--storage", default=None, help="Optuna storage: sqlite:///kvtune.db, journal:./kvtune.log or an RDB URL (default: in memory).")
 @click.option("--study-name", default=None, help="Study to create or resume in --storage (default: derived from the workload).")
-@click.option("--verify-top", default="4", show_default=True, help="Screened front-runners to verify with the simulator.")
+@click.option("--verify-top", default=None, help="Configs to verify with the simulator per screened cost level (default 6).")
 @click.option("--json", "json_path", default=None, help="Write the result object to this file (atomically).")
 @click.option("--report", "report_dir", default=None, help="Write report.md and plots to this folder.")
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
@@ -64,6 +64,7 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     n_trials = _int_opt(trials, "--trials", 1)
     seed_v = _int_opt(seed, "--seed", 0)
     top = _int_opt(verify_top, "--verify-top", 1)
+    extra = {} if top is None else {"verify_top": top}
     if json_path:
         from pathlib import Path
         parent = Path(json_path).parent
@@ -72,7 +73,7 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     spec = load_workload(workload)
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=storage,
-                   study_name=study_name, verify_top=top, on_trial=progress)
+                   study_name=study_name, on_trial=progress, **extra)
     if report_dir:
         from optimizer.report import write_report
         result["report"] = write_report(result, spec, report_dir)
