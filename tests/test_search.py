@@ -204,3 +204,76 @@ def test_sigkill_resumes_without_losing_finished_trials(tmp_path):
     assert len(after) == len(before) + 15
     assert all(after[n] == p for n, p in before.items())
     assert not st.get_trials(states=(TrialState.RUNNING,))
+
+
+def test_screen_whole_prompts_in_one_big_chunk_cost_goodput():
+    """A 4k-token prompt in one chunk makes one long compute-bound step; in 1k chunks it rides
+    under memory-bound decode steps. The fluid average alone would call the two equal."""
+    sm = StepModel(M8, H100, 1, "bf16", "bf16", EFF)
+    w = stats(4000, 200, tpot_s=1.0)
+    g = {c: screen(sm, w, 32, c).goodput_req_s for c in (1024, 2048, 4096, 16384)}
+    assert g[1024] >= g[2048] >= g[4096] >= g[16384]
+    assert g[16384] < 0.8 * g[1024]
+
+
+# ---- seeds, logging, verification --------------------------------------------------------------
+def test_sampler_seed_leaves_the_workload_sample_alone():
+    spec = small_spec()
+    a, b = SolveContext.build(spec, 3), SolveContext.build(spec, 4)
+    assert a.seed != b.seed and a.workload_seed == b.workload_seed == spec.search.seed
+    p = {"tp": 1, "batch_cap": 64, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 2048}
+    ea, eb = evaluate(a, p), evaluate(b, p)
+    assert ea["per_replica_goodput_req_s"] == eb["per_replica_goodput_req_s"] and ea["value"] == eb["value"]
+    from optimizer.recommend import verify
+    va, vb = verify(a, p, ea["batch"], ea["per_replica_goodput_req_s"]), verify(b, p, eb["batch"], eb["per_replica_goodput_req_s"])
+    assert va["per_replica_goodput_req_s"] == vb["per_replica_goodput_req_s"] > 0
+
+
+def test_importing_leaves_optuna_logging_alone_and_solve_restores_it():
+    code = ("import optuna; optuna.logging.set_verbosity(optuna.logging.INFO); "
+            "import optimizer.search, optimizer.recommend; "
+            "assert optuna.logging.get_verbosity() == optuna.logging.INFO")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert subprocess.run([sys.executable, "-c", code], cwd=root).returncode == 0
+    from optimizer.recommend import solve
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        assert solve(small_spec(), trials=12)["status"] == "ok"
+        assert optuna.logging.get_verbosity() == optuna.logging.WARNING
+    finally:
+        optuna.logging.set_verbosity(before)
+
+
+def test_goodput_guess_saves_simulations_not_accuracy():
+    from costmodel.goodput import goodput
+    from costmodel.simulate import SimConfig
+    spec = small_spec()
+    sm = StepModel(M8, H100, 1, "bf16", "bf16", EFF)
+
+    def make(rate, n, s):
+        return spec.requests(n, s, rate_req_s=rate)
+
+    kw = dict(n_requests=1000, seed=0, rel_tol=0.005)
+    cfg = SimConfig(batch_cap=64, chunk_tokens=2048)
+    plain = goodput(sm, make, cfg, 0.9, **kw)
+    for guess in (plain.goodput_req_s * 0.7, plain.goodput_req_s, plain.goodput_req_s * 1.4):
+        g = goodput(sm, make, cfg, 0.9, guess_req_s=guess, **kw)
+        lo, hi = g.bracket
+        assert hi - lo <= 0.005 * lo and g.attainment >= 0.9
+        assert g.goodput_req_s == pytest.approx(plain.goodput_req_s, rel=0.02)
+        assert g.iterations < plain.iterations
+
+
+def test_challenge_bar_hand_case():
+    """Best: 4 x TP1 at 100 req/s. A TP1 rival must serve 100 req/s on 3 GPUs (33.3 each) or
+    beat a bf16 rival's 120 req/s on 4 (30.15 each with the tolerance): the easier bar counts.
+    A TP2 config needs 100 req/s on one replica (cheaper) or 60.3 on two; TP8 cannot fit."""
+    from optimizer.recommend import REL_TOL, _bar_req_s
+    ctx = SolveContext.build(small_spec(workload={"rate_req_s": 100, "classes": [
+        {"name": "c", "share": 1.0, "input_tokens": 1000, "output_tokens": 200}]}))
+    best = {"gpus": 4, "usd_per_hour": 8.0, "goodput_req_s": 110.0}
+    rival = {"gpus": 4, "usd_per_hour": 8.0, "goodput_req_s": 120.0}
+    assert _bar_req_s(ctx, 1, best, rival) == pytest.approx(120 * (1 + REL_TOL) / 4)
+    assert _bar_req_s(ctx, 2, best, rival) == pytest.approx(120 * (1 + REL_TOL) / 2)
+    assert _bar_req_s(ctx, 8, best, rival) is None
