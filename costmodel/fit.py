@@ -204,7 +204,7 @@ def _probe_value(name: str, base: float) -> float:
 def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
                    params: Sequence[str] | None = None, predict: Callable | None = None,
                    max_nfev: int = 60, name: str = "fitted", loss: str = "soft_l1",
-                   f_scale: float = 0.1) -> FitResult:
+                   f_scale: float = 0.1, metrics: Sequence[str] | None = None) -> FitResult:
     """Fit ``params`` (default: those of ``FIT_PARAMS`` the rows can see) starting from ``base``.
 
     ``loss``/``f_scale`` go to ``scipy.optimize.least_squares`` (after a plain least-squares
@@ -213,12 +213,19 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     few points the model cannot describe (queueing the engine does and kvtune does not model) do
     not drag every parameter; ``loss="linear"`` is plain least squares.
 
+    ``metrics`` limits which figures enter the objective (default all of ``METRICS``); the others
+    are still predicted and reported before and after.
+
     Raises ``InputError`` if a named parameter is unknown or invisible in the rows, or if there
     are fewer than (parameters + 1) measured figures.
     """
     rows = list(rows)
     predict = predict or RowPredictor(gpu)
-    targets = _targets(rows)
+    all_targets = _targets(rows)
+    for m in metrics or ():
+        if m not in METRICS:
+            raise InputError(f"calibrate: unknown metric '{m}' (known: {', '.join(METRICS)})")
+    targets = [t for t in all_targets if metrics is None or t[1] in metrics]
     if not targets:
         raise InputError("calibrate: the rows hold no measured figure kvtune can predict (step_ms, ttft/tpot means, output_tok_s)")
     explicit = params is not None
@@ -290,9 +297,11 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     for n, x, l, h in zip(visible, sol.x, lo, hi):
         if x <= l + 1e-6 * (h - l) or x >= h - 1e-6 * (h - l):
             notes.append(f"{n} ended on its bound {x * _SCALE[n]:.4g}: the data push it further than physics allows")
-    y1 = _flatten(predict(rows, eff), targets)
-    pts = tuple(PointFit(rows[i].id, k, v, float(b), float(a), rows[i].engine, rows[i].model, rows[i].tp)
-                for (i, k, v), b, a in zip(targets, y0, y1))
+    pred0, pred1 = predict(rows, base), predict(rows, eff)
+    pts = tuple(PointFit(rows[i].id, k, v, float(pred0[i][k]), float(pred1[i][k]), rows[i].engine, rows[i].model,
+                         rows[i].tp) for i, k, v in all_targets)
+    if metrics is not None:
+        notes.append(f"objective: {', '.join(metrics)} only; other figures are reported, not fitted")
     return FitResult(eff, tuple(visible), unc, pts, tuple(notes), bool(sol.success), str(sol.message),
                      int(sol.nfev), float(np.sqrt(np.mean(sol.fun ** 2))))
 
@@ -308,7 +317,7 @@ class FoldResult:
 
 def cross_validate(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency, key: Callable[[ProfileRow], object],
                    params: Sequence[str] | None = None, predict: Callable | None = None,
-                   max_nfev: int = 30, label: str = "fold") -> list[FoldResult]:
+                   max_nfev: int = 30, label: str = "fold", metrics: Sequence[str] | None = None) -> list[FoldResult]:
     """Leave-one-group-out: for each value of ``key(row)``, fit on the other rows and predict it."""
     rows = list(rows)
     predict = predict or RowPredictor(gpu)
@@ -317,10 +326,10 @@ def cross_validate(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency, key: 
         train = [r for r in rows if key(r) != g]
         test = [r for r in rows if key(r) == g]
         try:
-            res = fit_efficiency(train, gpu, base, params, predict, max_nfev=max_nfev)
+            res = fit_efficiency(train, gpu, base, params, predict, max_nfev=max_nfev, metrics=metrics)
         except InputError:
             # the remaining rows cannot see some parameter: fit only what they can
-            res = fit_efficiency(train, gpu, base, None, predict, max_nfev=max_nfev)
+            res = fit_efficiency(train, gpu, base, None, predict, max_nfev=max_nfev, metrics=metrics)
         pts = evaluate(test, res.efficiency, predict)
         by = {m: mape([p.after for p in pts if p.metric == m], [p.measured for p in pts if p.metric == m])
               for m in METRICS if any(p.metric == m for p in pts)}
