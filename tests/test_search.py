@@ -262,7 +262,8 @@ def test_goodput_guess_saves_simulations_not_accuracy():
         lo, hi = g.bracket
         assert hi - lo <= 0.005 * lo and g.attainment >= 0.9
         assert g.goodput_req_s == pytest.approx(plain.goodput_req_s, rel=0.02)
-        assert g.iterations < plain.iterations
+        # a good guess saves simulations; a guess 30-40% off never costs more than no guess
+        assert g.iterations < plain.iterations if guess == plain.goodput_req_s else g.iterations <= plain.iterations
 
 
 def test_challenge_bar_hand_case():
