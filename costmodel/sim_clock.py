@@ -17,7 +17,8 @@ and the number of steps until a time ``tau`` is the root of that quadratic. ``De
 the kinks from the step model's coefficients, measures each piece's ``a`` and ``b`` by calling
 ``StepModel.step_time_s`` itself (so the pieces cannot drift from the cost model), and checks the
 piece at its midpoint; a step model that is not piecewise linear falls back to stepping one
-iteration at a time (``pieces`` returns None).
+iteration at a time (``pieces`` returns None), as does one that says so itself with
+``closed_form_ok = False`` (measured tables interpolate step times: not piecewise linear).
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ class DecodeClock:
         """((hi, a, b), ...) with T(c) = a + b c for c below hi (pieces in increasing c), or None."""
         if n in self._cache:
             return self._cache[n]
+        if not getattr(self.step, "closed_form_ok", True):
+            self._cache[n] = None  # no probing: it would count as step evaluations of the model
+            return None
         f = self.step.step_time_s
         edges = [0.0] + self._kinks(n) + [_INF]
         out = []

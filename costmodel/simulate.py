@@ -23,7 +23,10 @@ computed). If the engine is empty and the head request still does not fit, the c
 
 Speed by design: when no prefill work is possible the running set is fixed until the next event
 (a completion, an arrival that could be admitted, or block pressure), and the steps up to it are
-summed in closed form by ``DecodeClock`` instead of one Python iteration per step. Completions are
+summed in closed form by ``DecodeClock`` instead of one Python iteration per step. A step model
+whose times are not the StepModel's piecewise-linear function of context (one that sets
+``closed_form_ok = False``, e.g. ``costmodel.measured.MeasuredStepModel``) is stepped one
+iteration at a time instead, every step timed by its own ``step_time_s``. Completions are
 found with a heap keyed by the global step count at which each sequence finishes. Block pressure is
 checked against an upper bound (sum of ceilings <= sum + count) and resolved exactly with numpy
 only when the bound says the pool may run out.
@@ -210,6 +213,8 @@ def simulate_fleet(step: StepModel, make_requests: Callable[[float, int, int], R
 def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: str,
               concurrency: int | None, seed: int, warmup_frac: float | None, naive: bool) -> SimResult:
     wall0 = time.perf_counter()
+    if not getattr(step, "closed_form_ok", True):
+        naive = True  # measured step times: no closed form, time every decode step exactly
     if arrival not in ARRIVAL_MODES:
         raise InputError(f"arrival must be one of {', '.join(ARRIVAL_MODES)}, got {arrival!r}")
     if arrival == "closed":

@@ -70,9 +70,6 @@ def test_same_interface_as_step_model():
     assert b.time_s == pytest.approx(dec_ms(8, 256) * 1e-3) and b.bytes_per_gpu == BASE.breakdown(8, 8 * 256).bytes_per_gpu
 
 
-@pytest.mark.xfail(reason="simulate's DecodeClock probes contexts 1 and 1e6 (base model there) and sums decode runs "
-                          "in closed form; it must honour MeasuredStepModel.closed_form_ok = False (asked of its owner)",
-                   strict=False)
 def test_simulator_runs_on_it():
     sim = pytest.importorskip("costmodel.simulate")
     from costmodel.requests import Requests
@@ -81,6 +78,21 @@ def test_simulator_runs_on_it():
     res = sim.simulate(m, Requests.uniform(16, 1024, 16), sim.SimConfig(batch_cap=8), arrival="closed", concurrency=8)
     # every decode step of 8 sequences at ~1-1.1k context comes from the table (6.4-7.5 ms)
     assert 6.0 < float(np.nanmean(res.tpot_s)) * 1e3 < 30.0
+
+
+def test_simulator_times_every_decode_step_from_the_table():
+    """All 8 requests prefill in one step, then 15 decode steps of 8 sequences at context
+    1024..1038: TPOT is the mean of those measured (interpolated) step times, not the base model's."""
+    from costmodel.requests import Requests
+    from costmodel.simulate import SimConfig, simulate
+
+    m = MeasuredStepModel(BASE, rows())
+    res = simulate(m, Requests.uniform(8, 1024, 16), SimConfig(batch_cap=8, chunk_tokens=8192), arrival="inf")
+    want = np.mean([m.decode_step(8, 1024 + j).time_s for j in range(15)])
+    base = np.mean([BASE.decode_step(8, 1024 + j).time_s for j in range(15)])
+    np.testing.assert_allclose(res.tpot_s, want, rtol=1e-9)
+    assert abs(want / base - 1) > 0.2  # the table and the ideal model disagree: the test can tell them apart
+    assert m.fallbacks == 1  # only the prefill of 8 x 1024 tokens (chunk 8192 > the table's 4096)
 
 
 def test_no_matching_rows():
