@@ -170,12 +170,5 @@ class MeasuredStepModel:
         return self.breakdown(batch, batch * float(context))
 
     def prefill_time_s(self, prompt_tokens: int, cached_tokens: int = 0, chunk_tokens: int | None = None) -> float:
-        todo = max(prompt_tokens - cached_tokens, 0)
-        chunk = chunk_tokens or todo
-        t, done = 0.0, cached_tokens
-        while todo > 0:
-            n = min(chunk, todo)
-            t += self.step_time_s(0, 0.0, n, StepModel.chunk_pairs(n, done), done)
-            done += n
-            todo -= n
-        return t
+        # StepModel's chunk loop, over this model's (measured where possible) step times
+        return StepModel.prefill_time_s(self, prompt_tokens, cached_tokens, chunk_tokens)
