@@ -290,11 +290,18 @@ def _prefer_bf16(ctx, study, pick, feas, ok, verified):
 
 def _base(ctx: SolveContext, study, evals, sampler, verified) -> dict:
     return {"kvtune_version": __version__, "seed": ctx.seed, "workload_seed": ctx.workload_seed,
-            "sampler": sampler, "source": ctx.eff.source,
+            "sampler": sampler, **_source(ctx),
             "objective": ctx.spec.objective, "study_name": study.study_name,
             "target_rate_req_s": ctx.rate_req_s,
             "trials": {"completed": len(evals), "feasible": sum(1 for e in evals if e["feasible"])},
             "verification": {"configs": len(verified), "simulations": sum(v.get("simulations", 0) for v in verified)}}
+
+
+def _source(ctx: SolveContext) -> dict:
+    """``source`` (one line), ``calibration`` and, with a measured table, ``profile``."""
+    if ctx.engine is None:
+        return {"source": ctx.eff.source}
+    return ctx.engine.record()
 
 
 def _ok(ctx, pick, ev, evals, verified, notes) -> dict:
@@ -364,11 +371,13 @@ def _infeasible(ctx, evals, verified) -> dict:
 
 def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str = "tpe",
           storage: str | None = None, study_name: str | None = None, verify_top: int = VERIFY_TOP,
-          on_trial=None) -> dict:
+          on_trial=None, calibration: str | None = None, engine: str | None = None,
+          profile: str | None = None) -> dict:
     """Search, verify and recommend: the whole ``kvtune solve`` for a loaded ``WorkloadSpec``.
-    ``seed`` drives the sampler; the simulated request sample follows ``spec.search.seed``."""
+    ``seed`` drives the sampler; the simulated request sample follows ``spec.search.seed``.
+    ``calibration``/``engine``/``profile`` override the spec's (see ``SolveContext.build``)."""
     with _quiet_optuna():
-        ctx = SolveContext.build(spec, seed)
+        ctx = SolveContext.build(spec, seed, calibration, engine, profile)
         study = open_study(ctx, sampler, storage, study_name)
         if trials is None:
             trials = spec.search.trials

@@ -35,10 +35,10 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from costmodel import SpecConfig, StepModel, get_gpu, get_model
-from costmodel.calibration import efficiency_for
+from costmodel import SpecConfig, StepModel, get_model
 from costmodel.errors import DoesNotFit, InputError
 
+from .engine_model import EngineModel, resolve_gpu
 from .screen import WorkloadStats, screen
 
 __all__ = ["SolveContext", "evaluate", "make_storage", "open_study", "run_search", "grid_space",
@@ -69,15 +69,23 @@ class SolveContext:
     eff: object = None
     stats: WorkloadStats = None
     rate_req_s: float = 0.0
+    engine: EngineModel = None         # builds the step models; records calibration and profile use
     _steps: dict = field(default_factory=dict)
 
     @classmethod
-    def build(cls, spec, seed: int | None = None) -> "SolveContext":
+    def build(cls, spec, seed: int | None = None, calibration: str | None = None, engine: str | None = None,
+              profile: str | None = None) -> "SolveContext":
+        """``calibration``/``engine``/``profile`` override the workload's (``--calibration`` etc.):
+        a calibration file, shipped name or "ideal"; an engine alone picks its shipped calibration."""
         seed = spec.search.seed if seed is None else seed
         ctx = cls(spec=spec, seed=seed, workload_seed=spec.search.seed)
         ctx.model = spec.model if hasattr(spec.model, "n_layers") else get_model(spec.model)
-        ctx.gpu = get_gpu(spec.hardware.gpu)
-        ctx.eff = efficiency_for("calibrated", ctx.gpu.name, spec.calibration, spec.engine)
+        ctx.gpu = resolve_gpu(spec.hardware.gpu, getattr(spec.hardware, "gpu_file", None))
+        cal = calibration if calibration is not None else (None if engine is not None else spec.calibration)
+        ctx.engine = EngineModel.build(ctx.gpu, "calibrated", cal, engine or spec.engine,
+                                       profile or getattr(spec, "profile", None))
+        ctx.engine.check_profile_covers(ctx.model, ctx.weight_dtype)
+        ctx.eff = ctx.engine.efficiency
         rate = spec.workload.mean_rate_req_s
         if rate is None or not math.isfinite(rate):
             if spec.objective == "min_cost":
@@ -102,8 +110,13 @@ class SolveContext:
         key = (tp, kv_dtype, spec_k)
         if key not in self._steps:
             try:
-                self._steps[key] = StepModel(self.model, self.gpu, tp, self.weight_dtype, kv_dtype, self.eff,
-                                             self.spec_config(spec_k), self.spec.gpu_mem_util)
+                if self.engine is None:
+                    self._steps[key] = StepModel(self.model, self.gpu, tp, self.weight_dtype, kv_dtype, self.eff,
+                                                 self.spec_config(spec_k), self.spec.gpu_mem_util)
+                else:  # measured step times where the profile table covers this config
+                    self._steps[key] = self.engine.step(self.model, tp, self.weight_dtype, kv_dtype,
+                                                        self.spec_config(spec_k), self.spec.gpu_mem_util,
+                                                        require_profile=False)
             except (DoesNotFit, InputError) as exc:
                 self._steps[key] = exc
         return self._steps[key]
@@ -271,7 +284,10 @@ def workload_digest(ctx: SolveContext, sampler: str) -> str:
                        + repr(spec.objective) + str(spec.model) + str(spec.engine) + str(spec.gpu_mem_util),
                        "stats": [ctx.stats.mean_input_tokens, ctx.stats.mean_output_tokens, ctx.rate_req_s],
                        "sampler": sampler, "seed": ctx.seed, "workload_seed": ctx.workload_seed,
-                       "source": ctx.eff.source}, sort_keys=True)
+                       "source": ctx.eff.source,
+                       **({"profile": ctx.engine.profile.sha256} if ctx.engine and ctx.engine.profile else {}),
+                       **({"gpu": repr(ctx.gpu)} if getattr(spec.hardware, "gpu_file", None) else {})},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -5,8 +5,10 @@
     weights: bf16                              # bf16 | fp8
     engine: vllm                               # optional: vllm | sglang | trtllm
     calibration: h100-sxm                      # optional: calibration file or shipped name
+    profile: tables/my-engine.csv              # optional: measured step times (a profile table)
     gpu_mem_util: 0.9                          # optional
     hardware: {gpu: h100-sxm, gpus_per_node: 8, usd_per_gpu_hour: 3.0, max_nodes: 4}
+                                               # gpu: a catalog name or a hardware YAML file
     workload:
       rate_req_s: 12                           # Poisson arrivals (.inf: all at t = 0)
       classes:
@@ -25,7 +27,8 @@ Lengths are a whole number or ``{dist: fixed, value}``, ``{dist: uniform, min, m
 deviation of the underlying normal) or ``{dist: normal, mean, std}``, each with optional
 ``min``/``max`` clipping. A class's input is never shorter than its ``prefix_tokens``: for a
 lognormal or normal input without ``min`` the prefix is the floor; otherwise the shortest input
-must hold the prefix. Paths (model config, calibration, trace) are relative to the YAML file.
+must hold the prefix. Paths (model config, calibration, profile, hardware file, trace) are
+relative to the YAML file.
 ``time_scale`` multiplies a trace's timestamps (0.5 replays it twice as fast).
 
 Every error is one line naming the file, the key and the value.
@@ -44,6 +47,7 @@ from costmodel import get_gpu, get_model
 from costmodel._data import profiles_path
 from costmodel.calibration import ENGINES, efficiency_for
 from costmodel.errors import InputError, KvtuneError
+from costmodel.hardware import load_gpu_file
 from costmodel.requests import Requests
 from costmodel.step import SpecConfig
 from costmodel.workload import DISTS, SLO, LengthDist, RequestClass, Workload
@@ -62,10 +66,13 @@ WEIGHT_DTYPES = ("bf16", "fp8")
 
 @dataclass(frozen=True, kw_only=True)
 class HardwareSpec:
-    gpu: str                      # canonical catalog name (costmodel.get_gpu)
+    gpu: str                      # canonical catalog name (costmodel.get_gpu), or the hardware file's entry name
     gpus_per_node: int = 8
     usd_per_gpu_hour: float
     max_nodes: int = 1
+    # a user hardware file (costmodel.hardware.load_gpu_file) instead of the catalog; out of repr so
+    # catalog specs keep their repr (solve's study digest), which adds the file itself when set
+    gpu_file: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for f in ("gpus_per_node", "max_nodes"):
@@ -133,6 +140,7 @@ class WorkloadSpec:
     weights: str = "bf16"
     engine: str | None = None
     calibration: str | None = None          # as given; a path is resolved against the YAML's folder
+    profile: str | None = None              # measured profile table, resolved against the YAML's folder
     gpu_mem_util: float = 0.9
     hardware: HardwareSpec
     workload: Workload
@@ -166,9 +174,10 @@ class WorkloadSpec:
         s = self.search
         return {
             "path": self.path, "model": self.model, "weights": self.weights, "engine": self.engine,
-            "calibration": self.calibration, "gpu_mem_util": self.gpu_mem_util,
+            "calibration": self.calibration, "profile": self.profile, "gpu_mem_util": self.gpu_mem_util,
             "hardware": {"gpu": self.hardware.gpu, "gpus_per_node": self.hardware.gpus_per_node,
-                         "usd_per_gpu_hour": self.hardware.usd_per_gpu_hour, "max_nodes": self.hardware.max_nodes},
+                         "usd_per_gpu_hour": self.hardware.usd_per_gpu_hour, "max_nodes": self.hardware.max_nodes,
+                         **({"gpu_file": self.hardware.gpu_file} if self.hardware.gpu_file else {})},
             "workload": traffic,
             "slo": {"ttft_ms": self.slo.ttft_ms, "tpot_ms": self.slo.tpot_ms, "attainment": self.slo.attainment},
             "speculative": None if self.speculative is None else {
@@ -271,7 +280,7 @@ class _Reader:
 
 # ---- sections ----------------------------------------------------------------------------------
 
-_TOP = ("model", "weights", "engine", "calibration", "gpu_mem_util", "hardware", "workload", "slo",
+_TOP = ("model", "weights", "engine", "calibration", "profile", "gpu_mem_util", "hardware", "workload", "slo",
         "speculative", "objective", "search")
 _LEN_EXTRA = ("min", "max")
 
@@ -391,9 +400,18 @@ def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
     h = r.mapping(v, "hardware", ("gpu", "gpus_per_node", "usd_per_gpu_hour", "max_nodes"),
                   required=("gpu", "usd_per_gpu_hour"))
     name = r.str_(h["gpu"], "hardware.gpu")
+    gpu_file = None
     try:
-        gpu = get_gpu(name)
+        if name.endswith((".yaml", ".yml")):
+            p = r.local_path(name)
+            if not p.is_file():
+                raise r.bad("hardware.gpu", name, f"no such hardware file ({p})")
+            gpu, gpu_file = load_gpu_file(p), str(p)
+        else:
+            gpu = get_gpu(name)
     except InputError as exc:
+        if str(exc).startswith(f"{r.path}:"):
+            raise
         raise r.wrap("hardware.gpu", name, exc) from None
     if weights == "fp8" and gpu.fp8_flops_per_s <= 0:
         raise r.bad("hardware.gpu", name, f"{gpu.name} has no FP8 tensor cores, but weights is fp8")
@@ -402,6 +420,7 @@ def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
         gpus_per_node=r.int_(h.get("gpus_per_node", 8), "hardware.gpus_per_node", 1),
         usd_per_gpu_hour=r.num(h["usd_per_gpu_hour"], "hardware.usd_per_gpu_hour", 0, lo_open=True),
         max_nodes=r.int_(h.get("max_nodes", 1), "hardware.max_nodes", 1),
+        gpu_file=gpu_file,
     )
 
 
@@ -477,6 +496,14 @@ def _calibration(r: _Reader, v, gpu: str, engine: str | None) -> str:
     return cal
 
 
+def _profile(r: _Reader, v) -> str:
+    given = r.str_(v, "profile")
+    p = r.local_path(given)
+    if not p.is_file():
+        raise r.bad("profile", given, f"no such profile table ({p})")
+    return str(p)
+
+
 # ---- entry points ------------------------------------------------------------------------------
 
 def load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
@@ -492,13 +519,14 @@ def load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
     hardware = _hardware(r, data["hardware"], weights)
     calibration = _calibration(r, data["calibration"], hardware.gpu, engine) \
         if data.get("calibration") is not None else None
+    profile = _profile(r, data["profile"]) if data.get("profile") is not None else None
     objective = r.choice(data.get("objective", "min_cost"), "objective", OBJECTIVES)
     slo = _slo(r, data["slo"])
     speculative = _speculative(r, data["speculative"]) if data.get("speculative") is not None else None
     search = _search(r, data.get("search"), hardware, speculative)
     workload = _workload(r, data["workload"], slo, objective)
     return WorkloadSpec(path=str(path), model=model, weights=weights, engine=engine, calibration=calibration,
-                        gpu_mem_util=gpu_mem_util, hardware=hardware, workload=workload, slo=slo,
+                        profile=profile, gpu_mem_util=gpu_mem_util, hardware=hardware, workload=workload, slo=slo,
                         speculative=speculative, objective=objective, search=search)
 
 

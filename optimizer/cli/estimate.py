@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
-from costmodel import SpecConfig, estimate, get_gpu, get_model
-from costmodel.calibration import efficiency_for
+from costmodel import SpecConfig, estimate, get_model
 
 from ._common import dumps, echo_table, parse_int_list
 
@@ -19,25 +20,35 @@ from ._common import dumps, echo_table, parse_int_list
 @click.option("--weight-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True)
 @click.option("--kv-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True)
 @click.option("--mode", type=click.Choice(["ideal", "calibrated"]), default="calibrated", show_default=True)
-@click.option("--calibration", default=None, help="Calibration file or shipped name (calibrated mode).")
+@click.option("--calibration", default=None, help="Calibration file, shipped name or 'ideal' (calibrated mode).")
 @click.option("--engine", type=click.Choice(["vllm", "sglang", "trtllm"]), default=None,
               help="Pick the shipped calibration fitted for this engine.")
+@click.option("--profile", default=None,
+              help="Measured profile table: its decode step times inside its range, the calibration outside.")
 @click.option("--gpu-mem-util", type=float, default=0.9, show_default=True)
 @click.option("--spec-k", type=int, default=0, show_default=True, help="Speculative draft length (0 = off).")
 @click.option("--spec-alpha", type=float, default=0.8, show_default=True, help="Per-token draft acceptance.")
 @click.option("--spec-draft-cost", type=float, default=0.05, show_default=True,
               help="One draft pass as a fraction of a target pass.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, calibration, engine,
+def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, calibration, engine, profile,
                  gpu_mem_util, spec_k, spec_alpha, spec_draft_cost, as_json):
     """What a decode step costs, how many sequences fit and the tokens per second."""
+    from optimizer.engine_model import EngineModel, resolve_gpu
+
     batches = parse_int_list(batch, "batch")
-    m, g = get_model(model), get_gpu(gpu)
-    eff = efficiency_for(mode, g.name, calibration, engine)
+    m, g = get_model(model), resolve_gpu(gpu)
+    em = EngineModel.build(g, mode, calibration, engine, profile)
+    eff = em.efficiency
+    mode = "ideal" if eff.name == "ideal" else mode
     spec = SpecConfig(spec_k, spec_alpha, spec_draft_cost) if spec_k else None
     est = estimate(m, g, tp, context, batches, weight_dtype, kv_dtype, eff, gpu_mem_util, spec, mode)
+    if profile:
+        est = _measured_rows(est, em.step(m, tp, weight_dtype, kv_dtype, spec, gpu_mem_util))
+    rec = em.record()
+    est = replace(est, source=rec["source"])
     if as_json:
-        click.echo(dumps(est.to_dict()))
+        click.echo(dumps({**est.to_dict(), **rec}))
         return
     click.echo(f"{m.name} on {tp} x {g.name}  weights {weight_dtype}  KV {kv_dtype}  context {context} tokens  [{est.source}]")
     click.echo(f"  weights {est.weight_bytes / 1e9:.1f} GB ({est.weight_bytes_per_gpu / 1e9:.1f} GB/GPU)   "
@@ -48,6 +59,17 @@ def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, c
     rows = [[r.batch, f"{r.decode_step_ms:.2f}", f"{r.tokens_per_step:.2f}", f"{r.tok_s_per_user:,.1f}",
              f"{r.tok_s_total:,.0f}", r.bound, "yes" if r.fits else "NO"] for r in est.rows]
     echo_table(["batch", "step_ms", "tok/step", "tok_s_per_user", "tok_s_total", "bound", "fits_pool"], rows)
+
+
+def _measured_rows(est, sm):
+    """The sweep's step times from the measured model (the pool, ceiling and single-user figures
+    stay the calibrated model's: they are bandwidth arithmetic, not step times)."""
+    rows = []
+    for r in est.rows:
+        s = sm.decode_step(r.batch, est.context)
+        per_user = s.tokens_per_seq / s.time_s
+        rows.append(replace(r, decode_step_ms=s.time_s * 1e3, tok_s_per_user=per_user, tok_s_total=per_user * r.batch))
+    return replace(est, rows=rows)
 
 
 COMMANDS = [estimate_cmd]

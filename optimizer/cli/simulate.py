@@ -7,8 +7,7 @@ import time
 
 import click
 
-from costmodel import StepModel, get_gpu, get_model
-from costmodel.calibration import efficiency_for
+from costmodel import get_model
 from costmodel.errors import InputError
 from costmodel.goodput import goodput
 from costmodel.simulate import SimConfig, simulate_fleet
@@ -89,8 +88,14 @@ def _config_options(f):
         click.option("--replicas", type=_Int(1), default=1, show_default=True, help="Replicas behind a random load balancer."),
         click.option("--seed", type=_Int(0), default=0, show_default=True),
         click.option("--mode", type=_Choice(("calibrated", "ideal")), default="calibrated", show_default=True),
-        click.option("--calibration", default=None, help="Calibration file or shipped name (default: the workload's)."),
-        click.option("--engine", type=_Choice(("vllm", "sglang", "trtllm")), default=None),
+        click.option("--calibration", default=None,
+                     help="Calibration file, shipped name or 'ideal' (default: the workload's, else the shipped one)."),
+        click.option("--engine", type=_Choice(("vllm", "sglang", "trtllm")), default=None,
+                     help="Use the shipped calibration fitted for this engine (overrides the workload's engine and "
+                          "calibration unless --calibration is given)."),
+        click.option("--profile", default=None,
+                     help="Measured profile table: its step times inside its range, the calibration outside "
+                          "(default: the workload's profile:)."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
     ]
     for o in reversed(opts):
@@ -98,13 +103,22 @@ def _config_options(f):
     return f
 
 
-def _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine):
+def engine_choice(spec, calibration, engine, profile) -> tuple:
+    """Flags over the workload: --calibration, then --engine (its shipped calibration), then the
+    workload's calibration: and engine:; --profile over the workload's profile:."""
+    cal = calibration if calibration is not None else (None if engine is not None else spec.calibration)
+    return cal, engine or spec.engine, profile or getattr(spec, "profile", None)
+
+
+def _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile):
+    from optimizer.engine_model import EngineModel, resolve_gpu
     from optimizer.workload import load_workload
 
     spec = load_workload(workload)
     model = get_model(spec.model)
-    gpu = get_gpu(spec.hardware.gpu)
-    eff = efficiency_for(mode, gpu.name, calibration or spec.calibration, engine or spec.engine)
+    gpu = resolve_gpu(spec.hardware.gpu, spec.hardware.gpu_file)
+    cal, eng, prof = engine_choice(spec, calibration, engine, profile)
+    em = EngineModel.build(gpu, mode, cal, eng, prof)
     sc = None
     if spec_k:
         if spec_alpha is None and spec.speculative is None:
@@ -112,8 +126,8 @@ def _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine
         s = spec.speculative
         sc = SpecConfig(spec_k, spec_alpha if spec_alpha is not None else s.acceptance,
                         s.draft_cost if s else 0.05, s.method if s else "eagle3")
-    step = StepModel(model, gpu, tp, spec.weights, kv_dtype, eff, sc, spec.gpu_mem_util)
-    return spec, step
+    step = em.step(model, tp, spec.weights, kv_dtype, sc, spec.gpu_mem_util)
+    return spec, step, em
 
 
 def _config_dict(spec, step, tp, batch_cap, kv_dtype, spec_k, chunk_tokens, block_tokens, prefix, replicas, mode):
@@ -121,7 +135,8 @@ def _config_dict(spec, step, tp, batch_cap, kv_dtype, spec_k, chunk_tokens, bloc
             "batch_cap": batch_cap, "chunk_tokens": chunk_tokens, "block_tokens": block_tokens,
             "prefix_caching": prefix, "spec_k": spec_k,
             "spec_acceptance": step.spec.acceptance if step.spec else None, "replicas": replicas,
-            "gpus": tp * replicas, "kv_pool_tokens": step.memory.kv_pool_tokens, "mode": mode}
+            "gpus": tp * replicas, "kv_pool_tokens": step.memory.kv_pool_tokens,
+            "mode": "ideal" if step.eff.name == "ideal" else mode}
 
 
 def _tails(s: dict) -> str:
@@ -136,11 +151,11 @@ def _tails(s: dict) -> str:
 @click.option("--concurrency", type=_Int(1), default=None, help="Closed loop: clients each with one request in flight.")
 @click.option("--requests", "n_requests", type=_Int(1), default=2000, show_default=True)
 def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tokens, block_tokens, no_prefix_caching,
-                 replicas, seed, mode, calibration, engine, as_json, rate, concurrency, n_requests):
+                 replicas, seed, mode, calibration, engine, profile, as_json, rate, concurrency, n_requests):
     """Simulate one serving config on a workload: latency tails, SLO attainment, throughput."""
     if rate is not None and concurrency is not None:
         raise InputError("give --rate or --concurrency, not both")
-    spec, step = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine)
+    spec, step, em = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile)
     cfg = SimConfig(batch_cap, chunk_tokens, block_tokens, not no_prefix_caching)
     if concurrency is not None:
         arrival, rate_used = "closed", None
@@ -162,7 +177,7 @@ def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_to
            "config": _config_dict(spec, step, tp, batch_cap, kv_dtype, spec_k, chunk_tokens, block_tokens,
                                   not no_prefix_caching, replicas, mode),
            "slo": {"ttft_ms": spec.slo.ttft_ms, "tpot_ms": spec.slo.tpot_ms, "attainment": spec.slo.attainment},
-           "source": step.eff.source}
+           **em.record()}
     if as_json:
         click.echo(dumps(out))
         return
@@ -182,9 +197,9 @@ def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_to
 @click.option("--requests", "n_requests", type=_Int(1), default=None, help="Requests per simulation (default: 100 in the tail).")
 @click.option("--rel-tol", type=_Float(0.0, 0.5), default=0.02, show_default=True)
 def goodput_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tokens, block_tokens, no_prefix_caching,
-                replicas, seed, mode, calibration, engine, as_json, attainment, n_requests, rel_tol):
+                replicas, seed, mode, calibration, engine, profile, as_json, attainment, n_requests, rel_tol):
     """The highest Poisson rate this config serves with SLO attainment at target."""
-    spec, step = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine)
+    spec, step, em = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile)
     cfg = SimConfig(batch_cap, chunk_tokens, block_tokens, not no_prefix_caching)
     target = attainment if attainment is not None else spec.slo.attainment
 
@@ -204,7 +219,7 @@ def goodput_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tok
            "config": _config_dict(spec, step, tp, batch_cap, kv_dtype, spec_k, chunk_tokens, block_tokens,
                                   not no_prefix_caching, replicas, mode),
            "slo": {"ttft_ms": spec.slo.ttft_ms, "tpot_ms": spec.slo.tpot_ms, "attainment": target},
-           "source": step.eff.source}
+           **em.record()}
     if as_json:
         click.echo(dumps(out))
         return

@@ -51,10 +51,19 @@ class _Progress:
 @click.option("--storage", default=None, help="Optuna storage: sqlite:///kvtune.db, journal:./kvtune.log or an RDB URL (default: in memory).")
 @click.option("--study-name", default=None, help="Study to create or resume in --storage (default: derived from the workload).")
 @click.option("--verify-top", default=None, help="Configs to verify with the simulator per screened cost level (default 6).")
+@click.option("--calibration", default=None,
+              help="Calibration file, shipped name or 'ideal' (default: the workload's calibration:, else the shipped one).")
+@click.option("--engine", default=None,
+              help="vllm | sglang | trtllm: the shipped calibration fitted for this engine (overrides the workload's "
+                   "engine: and calibration: unless --calibration is given).")
+@click.option("--profile", default=None,
+              help="Measured profile table: its step times for the configs it covers, the calibration elsewhere "
+                   "(default: the workload's profile:).")
 @click.option("--json", "json_path", default=None, help="Write the result object to this file (atomically).")
 @click.option("--report", "report_dir", default=None, help="Write report.md and plots to this folder.")
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
-def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, json_path, report_dir, quiet):
+def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, calibration, engine, profile,
+              json_path, report_dir, quiet):
     """Search serving configs for WORKLOAD.yaml and recommend the cheapest that meets its SLOs."""
     from optimizer.workload import load_workload
     from optimizer.recommend import solve
@@ -73,7 +82,8 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     spec = load_workload(workload)
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=storage,
-                   study_name=study_name, on_trial=progress, **extra)
+                   study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
+                   profile=profile, **extra)
     if report_dir:
         from optimizer.report import write_report
         result["report"] = write_report(result, spec, report_dir)
@@ -91,7 +101,14 @@ def summary_text(r: dict, storage: str | None) -> str:
     head = f"kvtune {r['kvtune_version']}  {r['objective']}  target {r['target_rate_req_s']:g} req/s  " \
            f"sampler {r['sampler']} seed {r['seed']}  trials {t['completed']} ({t['feasible']} feasible)"
     lines.append(head)
-    lines.append(f"  efficiency: {r['source']}")
+    cal = r.get("calibration") or {}
+    named = f"calibration {cal['name']}: " if cal.get("name") and cal["name"] not in r["source"] else ""
+    lines.append(f"  efficiency: {named}{r['source']}")
+    if r.get("profile"):
+        p = r["profile"]
+        lines.append(f"  profile: {p['path']}: {p['rows_used']} rows used, {p['fallbacks']} of {p['step_evaluations']} "
+                     f"step evaluations fell back to the calibration"
+                     + (f"; no rows for {', '.join(p['unmatched'])}" if p["unmatched"] else ""))
     if r["status"] != "ok":
         lines.append(f"INFEASIBLE: {r['reason']}")
         c = r.get("closest") or {}

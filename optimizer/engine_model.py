@@ -1,0 +1,194 @@
+"""The step model every command runs on, and the record of where its numbers come from.
+
+One place decides the efficiency (``--mode ideal``, ``--calibration FILE|NAME|ideal``, or the
+shipped calibration for the GPU and ``--engine``) and, with ``--profile TABLE``, wraps the step
+model in ``costmodel.measured.MeasuredStepModel``: measured step times inside the table's range,
+the calibrated model outside. Each command's JSON then carries::
+
+    source       one line: the efficiency's source, or "measured table T (sha256 ..) inside its
+                 range (N step evaluations), calibrated: C (...) outside (M step evaluations)"
+    calibration  {name, path, sha256} of the calibration file, or {"name": "ideal"}
+    profile      (with a table) {path, sha256, rows_used, fallbacks, step_evaluations, unmatched}
+
+``fallbacks`` counts step evaluations the table could not answer (the calibrated model did);
+``unmatched`` lists configurations (TP, dtypes, draft length) for which the table has no rows at
+all, so the calibrated model answered every step (only ``kvtune solve`` allows that: it searches
+configurations the table may not cover; a single-config command refuses with
+``ProfileDataMissing``). Counts accumulate while the models run: read ``record()`` afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from costmodel import StepModel, get_gpu
+from costmodel._data import profiles_path
+from costmodel.calibration import ENGINES, efficiency_for, find_calibration
+from costmodel.efficiency import IDEAL, Efficiency
+from costmodel.errors import InputError, ProfileDataMissing
+from costmodel.hardware import GPU, load_gpu_file
+from costmodel.measured import MeasuredStepModel
+from costmodel.models import ModelArch
+from costmodel.profile_table import ProfileRow, read_table
+from costmodel.step import SpecConfig
+
+__all__ = ["EngineModel", "MeasuredProfile", "engine_model", "resolve_gpu", "resolve_calibration", "load_profile"]
+
+MODES = ("calibrated", "ideal")
+
+
+def _sha256(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _shown(p: Path, root: Path | None = None) -> str:
+    """A path as the user reads it: relative to ``root`` (default: the working folder) if inside."""
+    try:
+        return str(p.resolve().relative_to((root or Path.cwd()).resolve()))
+    except ValueError:
+        return str(p)
+
+
+def resolve_gpu(gpu: str, gpu_file: str | None = None) -> GPU:
+    """A catalog GPU, or a hardware YAML file (``profiles/hardware-cpu-example.yaml``'s format)."""
+    if gpu_file:
+        return load_gpu_file(gpu_file)
+    if gpu.endswith((".yaml", ".yml")):
+        return load_gpu_file(gpu)
+    return get_gpu(gpu)
+
+
+def _calibration_path(gpu: str, calibration: str | None, engine: str | None) -> Path:
+    """The file ``costmodel.calibration.efficiency_for`` loads for these arguments (same lookup)."""
+    if not calibration:
+        return find_calibration(gpu, engine)
+    p = Path(calibration)
+    if not p.exists() and not p.suffix:
+        named = profiles_path("calibrations", f"{calibration}.yaml")
+        if named.exists():
+            return named
+        if str(calibration).startswith("profiles/"):
+            return profiles_path(*Path(str(calibration)).parts[1:]).with_suffix(".yaml")
+    return p
+
+
+def resolve_calibration(mode: str, gpu: str, calibration: str | None = None,
+                        engine: str | None = None) -> tuple[Efficiency, dict]:
+    """The efficiency and its record: ``{"name": "ideal"}`` or ``{name, path, sha256}``.
+    ``calibration="ideal"`` is the same as ``mode="ideal"``."""
+    if mode not in MODES:
+        raise InputError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if engine is not None and engine not in ENGINES:
+        raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if mode == "ideal" or calibration == "ideal":
+        return IDEAL, {"name": "ideal"}
+    eff = efficiency_for("calibrated", gpu, calibration, engine)
+    p = _calibration_path(gpu, calibration, engine)
+    sha = _sha256(p)
+    if sha[:12] not in eff.source:  # the lookup above drifted from efficiency_for's: a bug
+        raise AssertionError(f"calibration record {p} does not match the loaded {eff.source}")
+    return eff, {"name": eff.name, "path": _shown(p, profiles_path().parent), "sha256": sha}
+
+
+@dataclass(frozen=True, eq=False)
+class MeasuredProfile:
+    """A profile table read once: its rows, where it is and its sha256."""
+
+    path: str                       # as shown in outputs
+    sha256: str
+    rows: tuple[ProfileRow, ...]
+
+
+def load_profile(path: str | Path) -> MeasuredProfile:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"--profile {path}: no such profile table")
+    return MeasuredProfile(_shown(p), _sha256(p), tuple(read_table(p)))
+
+
+def _config_label(tp: int, weight_dtype: str, kv_dtype: str, spec_k: int) -> str:
+    return f"tp{tp}-w{weight_dtype}-kv{kv_dtype}-k{spec_k}"
+
+
+class EngineModel:
+    """Builds step models with one efficiency (and optionally one measured table) and records
+    what they used. ``step()`` may be called for many configurations (``kvtune solve``)."""
+
+    def __init__(self, gpu: GPU, efficiency: Efficiency, calibration: dict, engine: str | None = None,
+                 profile: MeasuredProfile | None = None):
+        self.gpu, self.efficiency, self.calibration = gpu, efficiency, calibration
+        self.engine, self.profile = engine, profile
+        self._measured: list[MeasuredStepModel] = []
+        self._unmatched: list[str] = []
+        if profile is not None:
+            # rows that name another GPU or (when an engine is named) another engine do not apply
+            self._rows = tuple(r for r in profile.rows
+                               if (not r.gpu or r.gpu == gpu.name) and (not engine or not r.engine or r.engine == engine))
+        else:
+            self._rows = ()
+
+    @classmethod
+    def build(cls, gpu: GPU, mode: str = "calibrated", calibration: str | None = None, engine: str | None = None,
+              profile: str | Path | MeasuredProfile | None = None) -> "EngineModel":
+        eff, rec = resolve_calibration(mode, gpu.name, calibration, engine)
+        prof = load_profile(profile) if isinstance(profile, (str, Path)) else profile
+        return cls(gpu, eff, rec, engine, prof)
+
+    def _where(self) -> str:
+        return f" on gpu {self.gpu.name}" + (f" engine {self.engine}" if self.engine else "")
+
+    def check_profile_covers(self, model: ModelArch, weight_dtype: str) -> None:
+        """Refuse a table with no step rows at all for this model and weight format."""
+        if self.profile is None:
+            return
+        if not any(r.kind == "step" and r.model == model.name and r.weight_dtype == weight_dtype for r in self._rows):
+            raise ProfileDataMissing(f"measured table {self.profile.path}: no step rows for model {model.name} "
+                                     f"weights {weight_dtype}{self._where()} (at any TP or KV dtype)")
+
+    def step(self, model: ModelArch, tp: int = 1, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+             spec: SpecConfig | None = None, gpu_mem_util: float = 0.9, require_profile: bool = True):
+        """A ``StepModel`` (or ``MeasuredStepModel`` where the table has rows for this config).
+        ``require_profile=False``: a config the table does not cover gets the calibrated model,
+        and the record lists it under ``unmatched``."""
+        base = StepModel(model, self.gpu, tp, weight_dtype, kv_dtype, self.efficiency, spec, gpu_mem_util)
+        if self.profile is None:
+            return base
+        try:
+            m = MeasuredStepModel(base, self._rows, self.profile.path, self.profile.sha256)
+        except ProfileDataMissing as exc:
+            if require_profile:
+                raise ProfileDataMissing(f"{exc}{self._where()}") from None
+            self._unmatched.append(_config_label(tp, weight_dtype, kv_dtype, base.spec.k if base.spec else 0))
+            return base
+        self._measured.append(m)
+        return m
+
+    def record(self) -> dict:
+        """``source``, ``calibration`` and (with a table) ``profile``: read after the models ran."""
+        out = {"source": self.efficiency.source, "calibration": dict(self.calibration)}
+        if self.profile is None:
+            return out
+        calls = sum(m.calls for m in self._measured)
+        fell = sum(m.fallbacks for m in self._measured)
+        p = self.profile
+        src = (f"measured table {p.path} (sha256 {p.sha256[:12]}) inside its range ({calls - fell} step evaluations), "
+               f"{self.efficiency.source} outside ({fell} step evaluations)")
+        if self._unmatched:
+            src += f"; {self.efficiency.name} only for {', '.join(sorted(set(self._unmatched)))} (no table rows)"
+        out["source"] = src
+        out["profile"] = {"path": p.path, "sha256": p.sha256, "rows_used": sum(m.rows_used for m in self._measured),
+                          "fallbacks": fell, "step_evaluations": calls,
+                          "unmatched": sorted(set(self._unmatched))}
+        return out
+
+
+def engine_model(model: ModelArch, gpu: GPU, tp: int = 1, weight_dtype: str = "bf16", kv_dtype: str = "bf16", *,
+                 mode: str = "calibrated", calibration: str | None = None, engine: str | None = None,
+                 profile: str | Path | MeasuredProfile | None = None, spec: SpecConfig | None = None,
+                 gpu_mem_util: float = 0.9):
+    """The step model for one configuration and the ``EngineModel`` that made it (its
+    ``record()`` is the ``source``/``calibration``/``profile`` part of a command's JSON)."""
+    em = EngineModel.build(gpu, mode, calibration, engine, profile)
+    return em.step(model, tp, weight_dtype, kv_dtype, spec, gpu_mem_util), em
