@@ -154,14 +154,15 @@ class LengthDist:
             partial = lambda x: mean * _Phi(z(x) - s) if x < math.inf else mean  # noqa: E731
             inside = partial(b) - partial(a)
             upper = b * (1 - _Phi(z(b))) if b < math.inf else 0.0
-            return a * _Phi(z(a)) + inside + upper
+            # the clipped mean lies in [a, b]; clamp away floating-point spill past the bounds
+            return min(max(a * _Phi(z(a)) + inside + upper, a), b)
         mean, s = p  # normal
         if s == 0:
             return float(min(max(mean, a), b))
         al, be = (a - mean) / s, (b - mean) / s
         upper = b * (1 - _Phi(be)) if b < math.inf else 0.0
         phi_be = _phi(be) if be < math.inf else 0.0
-        return a * _Phi(al) + upper + mean * (_Phi(be) - _Phi(al)) + s * (_phi(al) - phi_be)
+        return min(max(a * _Phi(al) + upper + mean * (_Phi(be) - _Phi(al)) + s * (_phi(al) - phi_be), a), b)
 
     # ---- sampling ----------------------------------------------------------------------------
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
