@@ -209,6 +209,22 @@ def _could_cost(ctx: SolveContext, ev: dict) -> float:
     return size_deployment(ctx, ev["params"]["tp"], ev["per_replica_goodput_req_s"] * SCREEN_SLACK, None)["usd_per_hour"]
 
 
+def _diversified(level: list[dict]) -> list[dict]:
+    """A cost level's configs, round-robin over their structure (TP, KV dtype, speculation), each
+    structure's best screened first: configs the screen ties on cost can verify very differently
+    (it is optimistic where prefill or the TPOT tail binds), and a sampler that dwelt on one TP
+    must not fill every verification slot with it."""
+    groups: dict[tuple, list[dict]] = {}
+    for e in level:
+        p = e["params"]
+        groups.setdefault((p["tp"], p["kv_dtype"], p["spec_k"]), []).append(e)
+    queues = list(groups.values())
+    out = []
+    for i in range(max(len(q) for q in queues)):
+        out += [q[i] for q in queues if i < len(q)]
+    return out
+
+
 def _verify_front(ctx: SolveContext, study, feas: list[dict], verify_top: int) -> list[dict]:
     """Verify the cheapest screened cost level (up to ``verify_top`` configs), then further levels
     while none has verified feasible or a level could still verify cheaper than the best so far."""
@@ -222,7 +238,7 @@ def _verify_front(ctx: SolveContext, study, feas: list[dict], verify_top: int) -
         ok = [v for v in verified if v["feasible"]]
         if ok and usd >= min(v["usd_per_hour"] for v in ok) - 1e-9:
             break
-        for e in levels[usd][:verify_top]:
+        for e in _diversified(levels[usd])[:verify_top]:
             if len(verified) >= MAX_VERIFY:
                 return verified
             verified.append(_challenge_or_verify(ctx, study, e, [v for v in verified if v["feasible"]]))
