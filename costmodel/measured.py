@@ -17,6 +17,7 @@ are for fitting (``costmodel.fit``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Sequence
 
@@ -59,7 +60,10 @@ class _Surface:
                 self._kind = "points"
 
     def __call__(self, a: float, b: float) -> float:
-        la, lb = np.log(a), np.log(b)
+        a0, a1, b0, b1 = self.range
+        if not (a0 * (1 - 1e-9) <= a <= a1 * (1 + 1e-9) and b0 * (1 - 1e-9) <= b <= b1 * (1 + 1e-9)):
+            return math.nan  # outside the measured box: no interpolator call (the simulator asks per step)
+        la, lb = math.log(a), math.log(b)
         tol = 1e-9
         if self._kind in ("point", "points"):
             hit = np.all(np.abs(self.points - [la, lb]) < tol, axis=1)
@@ -72,7 +76,7 @@ class _Surface:
             if abs(la - self.points[0, 0]) > tol or not self._x[0] - tol <= lb <= self._x[-1] + tol:
                 return float("nan")
             return float(np.interp(lb, self._x, self._y))
-        return float(self._interp(la, lb))
+        return float(self._interp([[la, lb]])[0])
 
 
 class MeasuredStepModel:
