@@ -110,6 +110,7 @@ class StepModel:
         else:
             self._n_ar, self._ar_lat, self._ar_s_per_token = 0, 0.0, 0.0
         self._overhead = e.step_overhead_s
+        self._sliding = model.n_sliding_layers > 0
         self._q_per_seq = self.spec.k + 1 if self.spec else 1
         self._draft_frac = self.spec.k * self.spec.draft_cost if self.spec else 0.0
         self.tokens_per_step = self.spec.tokens_per_step if self.spec else 1.0
@@ -128,41 +129,48 @@ class StepModel:
             return ctx_sum
         return n_seqs * self.model.kv_read_tokens(ctx_sum / n_seqs)
 
-    def breakdown(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float = 0.0,
-                  prefill_pairs: float = 0.0, prefill_kv_read: float = 0.0) -> StepBreakdown:
-        """Cost of one step with ``n_decode`` decode sequences whose contexts sum to
-        ``decode_ctx_sum`` tokens, plus ``prefill_tokens`` prompt tokens attending over
-        ``prefill_pairs`` (query, key) pairs and reading ``prefill_kv_read`` cached tokens."""
+    def _terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
+               prefill_pairs: float, prefill_kv_read: float) -> tuple:
+        """(time, mem, compute, comm, draft, bytes, flops) of one step; the simulator's hot path."""
         q = self._q_per_seq
         dec_tokens = n_decode * q
         n_tokens = dec_tokens + prefill_tokens
         if n_tokens <= 0:
-            return StepBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, self.tokens_per_step)
-        kv_tokens = self._kv_read_tokens(n_decode, decode_ctx_sum) + prefill_kv_read + n_tokens
-        bytes_gpu = self.weight_read_bytes(n_tokens) + kv_tokens * self._kv_gpu
-        dec_pairs = q * decode_ctx_sum + n_decode * q * (q + 1) / 2
+            return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        dec_kv = self._kv_read_tokens(n_decode, decode_ctx_sum) if self._sliding else decode_ctx_sum
+        weights = self.weight_read_bytes(n_tokens) if self._w_expert_gpu else self._w_dense_gpu
+        bytes_gpu = weights + (dec_kv + prefill_kv_read + n_tokens) * self._kv_gpu
         dec_gemm = dec_tokens * self._gemm_flops_tok
-        dec_attn = dec_pairs * self._attn_flops_pair
+        dec_attn = (q * decode_ctx_sum + n_decode * q * (q + 1) / 2) * self._attn_flops_pair
         pre_gemm = prefill_tokens * self._gemm_flops_tok
         pre_attn = prefill_pairs * self._attn_flops_pair
         mem_s = bytes_gpu / self._bw
         comp_s = (dec_gemm / self._dec_gemm_rate + dec_attn / self._dec_attn_rate
                   + pre_gemm / self._pre_gemm_rate + pre_attn / self._pre_attn_rate)
-        comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens)
+        comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens) if self._n_ar else 0.0
         draft_s = 0.0
         if self._draft_frac and n_decode:
             # the draft runs k passes over the decode batch, each a fraction of a plain target step
             plain_comp = (n_decode * self._gemm_flops_tok / self._dec_gemm_rate
                           + decode_ctx_sum * self._attn_flops_pair / self._dec_attn_rate)
-            plain_mem = (self.weight_read_bytes(n_decode) + self._kv_read_tokens(n_decode, decode_ctx_sum) * self._kv_gpu) / self._bw
+            plain_mem = (self.weight_read_bytes(n_decode) + dec_kv * self._kv_gpu) / self._bw
             draft_s = self._draft_frac * max(plain_mem, plain_comp)
-        time_s = max(mem_s, comp_s) + comm_s + self._overhead + draft_s
-        return StepBreakdown(time_s, mem_s, comp_s, comm_s, self._overhead, draft_s, bytes_gpu,
-                             dec_gemm + dec_attn + pre_gemm + pre_attn, self.tokens_per_step)
+        time_s = (mem_s if mem_s >= comp_s else comp_s) + comm_s + self._overhead + draft_s
+        return time_s, mem_s, comp_s, comm_s, draft_s, bytes_gpu, dec_gemm + dec_attn + pre_gemm + pre_attn
+
+    def breakdown(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float = 0.0,
+                  prefill_pairs: float = 0.0, prefill_kv_read: float = 0.0) -> StepBreakdown:
+        """Cost of one step with ``n_decode`` decode sequences whose contexts sum to
+        ``decode_ctx_sum`` tokens, plus ``prefill_tokens`` prompt tokens attending over
+        ``prefill_pairs`` (query, key) pairs and reading ``prefill_kv_read`` cached tokens."""
+        t, mem_s, comp_s, comm_s, draft_s, bytes_gpu, flops = self._terms(
+            n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)
+        overhead = self._overhead if t > 0 else 0.0
+        return StepBreakdown(t, mem_s, comp_s, comm_s, overhead, draft_s, bytes_gpu, flops, self.tokens_per_step)
 
     def step_time_s(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float = 0.0,
                     prefill_pairs: float = 0.0, prefill_kv_read: float = 0.0) -> float:
-        return self.breakdown(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read).time_s
+        return self._terms(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)[0]
 
     # ---- convenience -----------------------------------------------------------------------
     def decode_step(self, batch: int, context: float) -> StepBreakdown:

@@ -39,6 +39,7 @@ MAX_SIM_REQUESTS = 6000  # cap on requests per simulated rate (simulation time)
 REL_TOL = 0.005        # goodput bisection tolerance: two configs compared at 1% need a finer step
 VERIFY_TOP = 6         # distinct configs verified at the cheapest screened cost (and per level after)
 MAX_VERIFY = 18        # verifications in all, cheapest levels first
+POLISH_STEPS = 8       # neighbours of the pick challenged with the simulator (batch cap, chunk x/÷ 2 and 1.4)
 SCREEN_SLACK = 1.15    # the screen may underestimate simulated goodput by this much (seen: up to ~13%)
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
 
@@ -256,11 +257,60 @@ def pareto_front(items: list[dict]) -> list[dict]:
     return front
 
 
+def _neighbours(ctx: SolveContext, p: dict) -> list[dict]:
+    """The pick's batch cap and chunk budget moved by x2, /2, x1.4 and /1.4 inside the search
+    bounds (TP, KV dtype and speculation stay: the front already compared those)."""
+    s = ctx.spec.search
+    out = []
+    for key, (lo, hi) in (("batch_cap", s.batch_cap), ("chunk_tokens", s.chunk_tokens)):
+        for f in (2.0, 0.5, 1.4, 1 / 1.4):
+            v = int(min(max(round(p[key] * f), lo), hi))
+            if v != p[key]:
+                out.append(dict(p, **{key: v}))
+    return out
+
+
+def _polish(ctx: SolveContext, study, verified: list[dict]) -> None:
+    """Local search with the simulator around the verified best (min_cost): configs the screen
+    ties on cost differ by a few percent of goodput, which the screen cannot rank. Each neighbour
+    is challenged with one simulation at the rate it would need to win (``_challenge_or_verify``)
+    and fully verified only if it passes; at most ``POLISH_STEPS`` neighbours. Same for every
+    sampler, so the grid's answer is polished the same way."""
+    if ctx.spec.objective != "min_cost":
+        return
+    seen = {config_key(v["params"]) for v in verified}
+    steps = 0
+    improved = True
+    while improved and steps < POLISH_STEPS:
+        improved = False
+        ok = [v for v in verified if v["feasible"]]
+        if not ok:
+            return
+        best = min(ok, key=lambda v: _rank(ctx, v))
+        for p in _neighbours(ctx, best["params"]):
+            if steps >= POLISH_STEPS:
+                break
+            if config_key(p) in seen:
+                continue
+            seen.add(config_key(p))
+            ev = evaluate(ctx, p)
+            if not ev["feasible"]:
+                continue
+            steps += 1
+            v = _challenge_or_verify(ctx, study, ev, ok)
+            v["polish"] = True
+            verified.append(v)
+            if v["feasible"] and _rank(ctx, v) < _rank(ctx, best):
+                improved = True
+                break
+
+
 def recommend(ctx: SolveContext, study, sampler: str, verify_top: int = VERIFY_TOP) -> dict:
     """The result object (``status`` ok or infeasible), built from the study's stored trials."""
     evals = completed_evals(study)
     feas = _screened_order(evals)
     verified, notes = _verify_front(ctx, study, feas, verify_top), []
+    _polish(ctx, study, verified)
     ok = [v for v in verified if v["feasible"]]
     if not ok:
         return _base(ctx, study, evals, sampler, verified) | _infeasible(ctx, evals, verified)
