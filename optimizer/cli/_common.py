@@ -14,17 +14,19 @@ import click
 from costmodel.errors import InputError
 
 
+def parse_int(value: str, flag: str, minimum: int) -> int:
+    """One integer option checked here (not by click), so a bad value is one ``Error:`` line."""
+    try:
+        v = int(str(value).strip())
+    except ValueError:
+        raise InputError(f"{flag}: {str(value).strip()!r} is not an integer") from None
+    if v < minimum:
+        raise InputError(f"{flag}: {v} must be >= {minimum}")
+    return v
+
+
 def parse_int_list(value: str, what: str, minimum: int = 1) -> list[int]:
-    out = []
-    for part in str(value).split(","):
-        part = part.strip()
-        try:
-            v = int(part)
-        except ValueError:
-            raise InputError(f"--{what}: '{part}' is not an integer") from None
-        if v < minimum:
-            raise InputError(f"--{what}: {v} must be >= {minimum}")
-        out.append(v)
+    out = [parse_int(part, f"--{what}", minimum) for part in str(value).split(",")]
     if not out:
         raise InputError(f"--{what}: empty list")
     return out

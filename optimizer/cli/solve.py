@@ -8,22 +8,13 @@ import click
 
 from costmodel.errors import Infeasible, InputError
 
-from ._common import dumps, write_atomic
+from ._common import dumps, parse_int, write_atomic
 
 SAMPLER_NAMES = ("tpe", "grid", "nsga2")
 
 
 def _int_opt(value: str | None, flag: str, minimum: int) -> int | None:
-    """Integers checked here (not by click) so a bad value is one ``Error:`` line, exit 2."""
-    if value is None:
-        return None
-    try:
-        v = int(value)
-    except ValueError:
-        raise InputError(f"{flag}: {value!r} is not an integer") from None
-    if v < minimum:
-        raise InputError(f"{flag}: {v} must be >= {minimum}")
-    return v
+    return None if value is None else parse_int(value, flag, minimum)
 
 
 class _Progress:
