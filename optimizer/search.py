@@ -45,6 +45,7 @@ __all__ = ["SolveContext", "evaluate", "make_storage", "open_study", "run_search
            "SAMPLERS", "STALE_S", "config_key"]
 
 SAMPLERS = ("tpe", "grid", "nsga2")
+JOURNAL_LOCK_GRACE_S = 5  # seconds after which a journal lock left by a killed process is broken
 STALE_S = 600.0        # a RUNNING trial this old is a leftover (one evaluation takes milliseconds)
 N_SCREEN_REQUESTS = 2000  # requests sampled to describe the workload's lengths and SLOs
 GOODPUT_BONUS = 0.01   # share of $/h a config with 100% screened headroom gains in the objective
@@ -257,11 +258,15 @@ def make_storage(url: str | None):
     if not url:
         return None
     if url.startswith("journal:"):
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
+        from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
         path = url[len("journal:"):]
         if not path:
             raise InputError("--storage journal:PATH needs a file path")
-        return JournalStorage(JournalFileBackend(path))
+        # A process killed while holding the journal's lock leaves it behind; optuna breaks a lock
+        # older than its grace period (30 s by default). Every hold here lasts milliseconds, so
+        # break one after JOURNAL_LOCK_GRACE_S and let a resumed run start promptly.
+        lock = JournalFileSymlinkLock(path, grace_period=JOURNAL_LOCK_GRACE_S)
+        return JournalStorage(JournalFileBackend(path, lock_obj=lock))
     if "://" not in url:
         raise InputError(f"--storage {url!r}: use journal:PATH or an RDB URL such as sqlite:///kvtune.db")
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None

@@ -181,7 +181,8 @@ def test_two_processes_share_exactly_the_requested_trials(tmp_path, kind):
 
 def test_sigkill_resumes_without_losing_finished_trials(tmp_path):
     url = f"journal:{tmp_path / 'k.log'}"
-    p = _worker(tmp_path, url, 400)
+    # far more trials than it can finish before the kill, however slow or fast the machine
+    p = _worker(tmp_path, url, 100_000)
     deadline = time.time() + 60
     done = []
     while time.time() < deadline:
@@ -195,7 +196,7 @@ def test_sigkill_resumes_without_losing_finished_trials(tmp_path):
     p.send_signal(signal.SIGKILL)
     p.wait()
     before = {t.number: t.params for t in _load(url).get_trials(states=(TrialState.COMPLETE,))}
-    assert 20 <= len(before) < 400
+    assert 20 <= len(before) < 100_000
     q = _worker(tmp_path, url, len(before) + 15)
     _, err = q.communicate(timeout=120)
     assert q.returncode == 0, err.decode()[-2000:]
