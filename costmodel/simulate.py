@@ -173,7 +173,8 @@ def simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: st
 
     ``arrival``: "trace" (Poisson or replayed: ``requests.arrival_s``), "inf" (all at t=0: the
     offline benchmark) or "closed" (``concurrency`` clients, each sending its next request, in
-    order, when its previous one completes). ``seed`` drives speculative acceptance only.
+    order, when its previous one completes; client ``i`` sends its first request at
+    ``requests.arrival_s[i]``: all zeros is a cold-start burst, spread times a staggered start). ``seed`` drives speculative acceptance only.
     ``warmup_frac``: share of requests excluded from the statistics (default: see module doc).
     """
     return _simulate(step, requests, config, arrival, concurrency, seed, warmup_frac, naive=False)
@@ -242,6 +243,16 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
         arr = requests.arrival_s[order].astype(float).tolist()
     else:
         arr = [0.0] * n
+    n_trace = n if arrival == "trace" else 0   # requests that arrive at their own arrival_s
+    if arrival == "closed":
+        # the clients' first send times: all at 0 (a cold-start burst) unless arrival_s staggers them
+        k0 = min(int(concurrency), n)
+        starts = requests.arrival_s[:k0].astype(float)
+        if k0 and starts.max() > 0:
+            if (np.diff(starts) < 0).any() or starts.min() < 0:
+                raise InputError("closed loop: the clients' start times (first arrival_s) must be >= 0 and non-decreasing")
+            arr[:k0] = starts.tolist()
+            n_trace = k0
     if step.spec is not None:
         nsteps_a = _spec_verify_steps(step, out_a, seed)
         gain_a = np.where(nsteps_a > 0, (out_a - 1) / np.maximum(nsteps_a, 1), 0.0)
@@ -261,7 +272,6 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     rejected_mask = -(-(inp_a + out_a + 1) // bt) > total_blocks - watermark_blocks
     rejected = rejected_mask.tolist()
     any_rejected = bool(rejected_mask.any())
-    trace = arrival == "trace"
 
     step_time = step.step_time_s
     clock = DecodeClock(step)
@@ -313,10 +323,10 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     elif arrival == "inf":
         nxt = n
         waiting.extend(range(n))
-    else:
-        k0 = min(int(concurrency), n)
+    elif n_trace == 0:
         waiting.extend(range(k0))
         nxt = k0
+    nxt_c = k0 if arrival == "closed" else n   # the next request a closed-loop client sends
 
     def reject_skip() -> None:
         # drop rejected requests from the head of the waiting queue (they are never served)
@@ -328,11 +338,11 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
 
     def on_done(i: int) -> None:
         # closed loop: the client that sent i sends the next request now
-        nonlocal nxt
-        if arrival == "closed" and nxt < n:
-            arr_t[nxt] = t
-            waiting.append(nxt)
-            nxt += 1
+        nonlocal nxt_c
+        if nxt_c < n:
+            arr_t[nxt_c] = t
+            waiting.append(nxt_c)
+            nxt_c += 1
 
     def dec_blocks(j: int) -> int:
         """Exact blocks the decoding sequences hold for the step ``j`` steps from now."""
@@ -420,7 +430,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     while n_left > 0:
         events += 1
         # ---- arrivals up to now ------------------------------------------------------------------
-        while trace and nxt < n and arr[nxt] <= t:
+        while nxt < n_trace and arr[nxt] <= t:
             waiting.append(nxt)
             nxt += 1
         if any_rejected and waiting and rejected[waiting[0]]:
@@ -544,7 +554,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
             pcs = None if naive else pieces_of(n_dec)
             if pcs is None or (preempted_now and waiting):
                 m = 1  # after a preemption the next step may admit again: no run ahead
-            elif trace and not waiting and nxt < n:
+            elif not waiting and nxt < n_trace:
                 # the next arrival joins after the step during which it arrives
                 tau = arr[nxt] - t
                 if len(pcs) == 1:

@@ -279,6 +279,29 @@ def test_closed_loop_keeps_concurrency_and_is_saturating():
     assert np.median(c16.tpot_s) > np.median(res.tpot_s)
 
 
+def test_closed_loop_staggered_clients_prefill_one_at_a_time():
+    """Clients that start spread over a request's lifetime keep apart: each prompt is prefilled in
+    a step of its own beside the others' decodes, so TTFT is about one prefill, not the lock-step
+    burst's eight, and those prefills land inside the others' TPOT."""
+    s = _step()
+    c, n, isl, osl = 8, 160, 1024, 128
+    burst = simulate(s, Requests.uniform(n, isl, osl), SimConfig(64, chunk_tokens=8192), arrival="closed", concurrency=c)
+    life_s = s.prefill_time_s(isl) + (osl - 1) * s.decode_step(c, isl + osl / 2).time_s
+    starts = np.zeros(n)
+    starts[:c] = np.arange(c) * life_s / c
+    stag = simulate(s, Requests.uniform(n, isl, osl, arrival_s=starts), SimConfig(64, chunk_tokens=8192),
+                    arrival="closed", concurrency=c)
+    assert np.allclose(stag.arrival_s[:c], starts[:c])  # each client's first request at its start time
+    keep = slice(2 * c, n - c)
+    one = s.step_time_s(c - 1, (c - 1) * (isl + osl / 2), isl, s.chunk_pairs(isl, 0), 0)
+    assert np.mean(stag.ttft_s[keep]) < 2 * one
+    assert np.mean(burst.ttft_s[keep]) > 4 * one  # lock-step: all eight prompts in one step
+    assert np.mean(stag.tpot_s[keep]) > np.mean(burst.tpot_s[keep])
+    with pytest.raises(InputError, match="start times"):
+        simulate(s, Requests.uniform(n, isl, osl, arrival_s=np.r_[1.0, 0.5, np.zeros(n - 2)]), SimConfig(64),
+                 arrival="closed", concurrency=c)
+
+
 def test_same_seed_same_numbers_and_summary_keys():
     s = _step(spec=SpecConfig(3, 0.7))
     req = _poisson(300, 20.0, ttft=1.0, tpot=0.02)
