@@ -6,8 +6,8 @@ A calibration lives in ``profiles/calibrations/NAME.yaml`` (or anywhere, by path
     gpu: h100-sxm
     engine: vllm
     params: {bw_efficiency: .., decode_flops_efficiency: .., prefill_flops_efficiency: ..,
-             step_overhead_s: .., allreduce_latency_s: .., link_efficiency: ..,
-             activation_reserve_bytes: ..}
+             step_overhead_s: .., prefill_overhead_s: .., allreduce_latency_s: ..,
+             link_efficiency: .., activation_reserve_bytes: ..}
     uncertainty: {same keys: one standard deviation}
     fit: {points: .., mape_ttft: .., mape_tpot: .., ...}
     inputs: [{path: .., sha256: .., rows: .., source: ..}]
@@ -27,6 +27,8 @@ from .errors import InputError, ProfileDataMissing
 __all__ = ["load_calibration", "find_calibration", "efficiency_for", "ENGINES"]
 
 ENGINES = ("vllm", "sglang", "trtllm")
+# parameters added after the first calibration files: absent means the value below
+OPTIONAL_PARAMS = {"prefill_overhead_s": 0.0}
 
 
 def _sha256(path: Path) -> str:
@@ -46,6 +48,9 @@ def load_calibration(path: str | Path) -> Efficiency:
         raise InputError(f"calibration {p}: params: unknown key '{sorted(unknown)[0]}'")
     values = {}
     for key in PARAM_BOUNDS:
+        if key not in params and key in OPTIONAL_PARAMS:
+            values[key] = OPTIONAL_PARAMS[key]
+            continue
         if key not in params:
             raise InputError(f"calibration {p}: params: missing key '{key}'")
         v = params[key]

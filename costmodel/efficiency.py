@@ -19,6 +19,7 @@ PARAM_BOUNDS = {
     "decode_flops_efficiency": (0.02, 1.0),  # achieved / dense peak for small-M decode GEMMs
     "prefill_flops_efficiency": (0.05, 1.0), # achieved / dense peak for prefill GEMMs + attention
     "step_overhead_s": (0.0, 0.2),           # fixed per engine step: launches, scheduling, sampling
+    "prefill_overhead_s": (0.0, 0.1),        # extra per step that carries prompt tokens (no CUDA graph, prefill metadata)
     "allreduce_latency_s": (0.0, 1e-3),      # per TP all-reduce, latency part
     "link_efficiency": (0.05, 1.2),          # achieved / datasheet one-way link bandwidth (NVLS can exceed 1)
     "activation_reserve_bytes": (0.0, 40e9), # per GPU, held back from the KV pool (activations, graphs)
@@ -31,6 +32,7 @@ class Efficiency:
     decode_flops_efficiency: float = 1.0
     prefill_flops_efficiency: float = 1.0
     step_overhead_s: float = 0.0
+    prefill_overhead_s: float = 0.0
     allreduce_latency_s: float = 0.0
     link_efficiency: float = 1.0
     activation_reserve_bytes: float = 0.0

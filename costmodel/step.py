@@ -8,6 +8,8 @@ For one TP group (a replica), per GPU:
     t_comp  = GEMM flops / (peak x flops_efficiency) + attention flops / (bf16 peak x flops_efficiency)
     t_comm  = 2 x layers x (all-reduce latency + 2(TP-1)/TP x tokens x hidden x 2 bytes / link bandwidth)
     t_step  = max(t_mem, t_comp) + t_comm + step overhead (+ draft time with speculation)
+              (+ prefill overhead when the step carries prompt tokens: engines replay a captured
+              CUDA graph for pure-decode batches and launch every kernel of a mixed one)
 
 Decode tokens use the decode FLOP efficiency (small-M GEMMs); prefill tokens use the prefill one.
 Speculative decoding (draft length k, per-token acceptance a) turns every decode sequence into
@@ -110,6 +112,7 @@ class StepModel:
         else:
             self._n_ar, self._ar_lat, self._ar_s_per_token = 0, 0.0, 0.0
         self._overhead = e.step_overhead_s
+        self._pf_overhead = e.prefill_overhead_s
         self._sliding = model.n_sliding_layers > 0
         self._q_per_seq = self.spec.k + 1 if self.spec else 1
         self._draft_frac = self.spec.k * self.spec.draft_cost if self.spec else 0.0
@@ -156,6 +159,8 @@ class StepModel:
             plain_mem = (self.weight_read_bytes(n_decode) + dec_kv * self._kv_gpu) / self._bw
             draft_s = self._draft_frac * max(plain_mem, plain_comp)
         time_s = (mem_s if mem_s >= comp_s else comp_s) + comm_s + self._overhead + draft_s
+        if prefill_tokens > 0:
+            time_s += self._pf_overhead
         return time_s, mem_s, comp_s, comm_s, draft_s, bytes_gpu, dec_gemm + dec_attn + pre_gemm + pre_attn
 
     def breakdown(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float = 0.0,
@@ -165,7 +170,7 @@ class StepModel:
         ``prefill_pairs`` (query, key) pairs and reading ``prefill_kv_read`` cached tokens."""
         t, mem_s, comp_s, comm_s, draft_s, bytes_gpu, flops = self._terms(
             n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)
-        overhead = self._overhead if t > 0 else 0.0
+        overhead = (self._overhead + (self._pf_overhead if prefill_tokens > 0 else 0.0)) if t > 0 else 0.0
         return StepBreakdown(t, mem_s, comp_s, comm_s, overhead, draft_s, bytes_gpu, flops, self.tokens_per_step)
 
     def step_time_s(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float = 0.0,

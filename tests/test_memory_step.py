@@ -87,6 +87,17 @@ def test_allreduce_and_overhead_only_when_calibrated():
     assert StepModel(get_model("llama-3.1-8b"), H100, 1, efficiency=eff).decode_step(8, 1000).comm_s == 0
 
 
+def test_prefill_overhead_only_on_steps_carrying_prompt_tokens():
+    eff = efficiency_for("calibrated", "h100-sxm").with_params(prefill_overhead_s=4e-3)
+    base = eff.with_params(prefill_overhead_s=0.0)
+    with_, without = StepModel(L70, H100, 4, efficiency=eff), StepModel(L70, H100, 4, efficiency=base)
+    assert with_.decode_step(32, 2048).time_s == without.decode_step(32, 2048).time_s
+    mixed = (31, 31 * 2048.0, 512, StepModel.chunk_pairs(512, 0), 0)
+    assert with_.step_time_s(*mixed) == pytest.approx(without.step_time_s(*mixed) + 4e-3, rel=1e-12)
+    assert with_.breakdown(*mixed).overhead_s == pytest.approx(eff.step_overhead_s + 4e-3)
+    assert with_.prefill_time_s(4096, chunk_tokens=1024) == pytest.approx(without.prefill_time_s(4096, chunk_tokens=1024) + 4 * 4e-3)
+
+
 def test_spec_tokens_formula():
     assert spec_tokens_per_step(5, 0.8) == pytest.approx(3.69, abs=0.005)
     assert spec_tokens_per_step(0, 0.8) == 1
