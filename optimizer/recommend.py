@@ -39,7 +39,7 @@ MAX_SIM_REQUESTS = 6000  # cap on requests per simulated rate (simulation time)
 REL_TOL = 0.005        # goodput bisection tolerance: two configs compared at 1% need a finer step
 VERIFY_TOP = 6         # distinct configs verified at the cheapest screened cost (and per level after)
 MAX_VERIFY = 18        # verifications in all, cheapest levels first
-POLISH_STEPS = 10      # neighbours of the pick challenged with the simulator (batch cap, chunk x/÷ 1.4, 2, 4)
+POLISH_STEPS = 10      # neighbours of the pick challenged with the simulator (batch cap, chunk x/÷ 2, 4)
 SCREEN_SLACK = 1.15    # the screen may underestimate simulated goodput by this much (seen: up to ~13%)
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
 
@@ -258,15 +258,17 @@ def pareto_front(items: list[dict]) -> list[dict]:
 
 
 def _neighbours(ctx: SolveContext, p: dict) -> list[dict]:
-    """The pick's batch cap and chunk budget moved by x2, /2, x1.4, /1.4, x4 and /4 inside the search
-    bounds (TP, KV dtype and speculation stay: the front already compared those)."""
-    s = ctx.spec.search
+    """The pick's batch cap and chunk budget moved one and two places along the search lattice
+    (x2, /2, x4, /4 between the bounds; TP, KV dtype and speculation stay: the front already
+    compared those)."""
+    space = grid_space(ctx)
     out = []
-    for key, (lo, hi) in (("batch_cap", s.batch_cap), ("chunk_tokens", s.chunk_tokens)):
-        for f in (2.0, 0.5, 1.4, 1 / 1.4, 4.0, 0.25):
-            v = int(min(max(round(p[key] * f), lo), hi))
-            if v != p[key]:
-                out.append(dict(p, **{key: v}))
+    for key in ("batch_cap", "chunk_tokens"):
+        vals = space[key]
+        i = vals.index(p[key]) if p[key] in vals else min(range(len(vals)), key=lambda j: abs(vals[j] - p[key]))
+        for d in (1, -1, 2, -2):
+            if 0 <= i + d < len(vals) and vals[i + d] != p[key]:
+                out.append(dict(p, **{key: vals[i + d]}))
     return out
 
 

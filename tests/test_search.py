@@ -109,6 +109,17 @@ def test_grid_space_is_powers_of_two_and_skips_spec_without_speculative():
     assert "spec_k" not in g and g["tp"] == [1, 2]
 
 
+def test_lattice_keeps_the_bounds_and_tpe_stays_on_it():
+    ctx = SolveContext.build(small_spec(search={"tp": [1], "batch_cap": [6, 200], "kv_dtype": ["bf16"],
+                                                "chunk_tokens": [1000, 4096], "trials": 12, "seed": 0}))
+    g = grid_space(ctx)
+    assert g["batch_cap"] == [6, 8, 16, 32, 64, 128, 200] and g["chunk_tokens"] == [1000, 1024, 2048, 4096]
+    st = open_study(ctx, "tpe", None, None)
+    run_search(ctx, st, 12, "tpe")
+    for ev in completed_evals(st):
+        assert ev["params"]["batch_cap"] in g["batch_cap"] and ev["params"]["chunk_tokens"] in g["chunk_tokens"]
+
+
 def test_grid_walks_the_whole_grid_once():
     ctx = SolveContext.build(small_spec())
     st = open_study(ctx, "grid", None, None)
