@@ -47,6 +47,7 @@ __all__ = ["SolveContext", "evaluate", "make_storage", "open_study", "run_search
 SAMPLERS = ("tpe", "grid", "nsga2")
 JOURNAL_LOCK_GRACE_S = 5  # seconds after which a journal lock left by a killed process is broken
 STALE_S = 600.0        # a RUNNING trial this old is a leftover (one evaluation takes milliseconds)
+UNCLAIMED_S = 10.0     # a RUNNING trial that never wrote its host/pid this long after it started is dead
 N_SCREEN_REQUESTS = 2000  # requests sampled to describe the workload's lengths and SLOs
 GOODPUT_BONUS = 0.01   # share of $/h a config with 100% screened headroom gains in the objective
 PARSIMONY = 2e-5       # share of $/h the largest batch cap and chunk budget lose in the objective
@@ -330,6 +331,9 @@ def _is_stale(t) -> bool:
     if host == socket.gethostname() and pid is not None and pid != os.getpid() and not _pid_alive(pid):
         return True
     start = t.datetime_start.timestamp() if t.datetime_start else time.time()
+    if pid is None:
+        # its process died between creating the trial and writing its pid (the objective's first act)
+        return time.time() - start > UNCLAIMED_S
     return time.time() - start > STALE_S
 
 
@@ -397,16 +401,19 @@ def run_search(ctx: SolveContext, study: optuna.Study, n_trials: int, sampler: s
         if done >= n_trials:
             study.stop()
 
-    while (left := n_trials - _counted(study)) > 0:
-        before = ran
-        study.optimize(objective, n_trials=left, catch=(_Surplus,), callbacks=[callback])
-        if ran == before:   # only surplus trials (another process holds the rest) or the grid is done
-            break
-    # other processes may still be finishing trials that count: wait for them, so every process
-    # recommends from the same set of trials
-    while any(not _is_stale(t) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
-        time.sleep(0.05)
-    return ran
+    while True:
+        while (left := n_trials - _counted(study)) > 0:
+            before = ran
+            study.optimize(objective, n_trials=left, catch=(_Surplus,), callbacks=[callback])
+            if ran == before:   # only surplus trials (another process holds the rest) or the grid is done
+                break
+        # other processes may still be finishing trials that count: wait for them, so every process
+        # recommends from the same set of trials
+        while any(not _is_stale(t) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))):
+            time.sleep(0.05)
+        # a trial counted as live may have turned out dead (stale) meanwhile: run its share too
+        if fail_stale_trials(study) == 0 or _counted(study) >= n_trials:
+            return ran
 
 
 def completed_evals(study: optuna.Study) -> list[dict]:
