@@ -136,6 +136,15 @@ def _at_batch(step: StepModel, w: WorkloadStats, b: int, chunk_tokens: int):
     ctx = w.mean_input_tokens + w.mean_output_tokens / 2
     p = b * tps * w.mean_prefill_tokens / w.mean_output_tokens
     bd = step.breakdown(b, b * ctx, p, p * w.prefill_pairs_per_token, p * w.prefix_read_per_token)
+    pf_s = getattr(step, "_pf_overhead", 0.0)
+    if pf_s and p > 0:
+        # the fluid step spreads prompts over every step, but only the steps that carry a chunk pay
+        # the prefill overhead: b x tokens_per_step / O requests arrive per step, each in its chunks
+        free = max(chunk_tokens - b * q, 1)
+        chunks = float(np.interp(w.todo_tokens, w.len_grid, np.ceil(w.len_grid / free)).mean())
+        carrying = min(1.0, b * tps / w.mean_output_tokens * chunks)
+        bd = dataclasses.replace(bd, time_s=bd.time_s - pf_s * (1.0 - carrying),
+                                 overhead_s=bd.overhead_s - pf_s * (1.0 - carrying))
     lumpy_s = _lumpy_step_s(step, w, b, chunk_tokens, step.step_time_s(b, b * ctx))
     if lumpy_s > bd.time_s:
         bd = dataclasses.replace(bd, time_s=lumpy_s)
