@@ -427,9 +427,15 @@ def _infeasible(ctx, evals, verified) -> dict:
                                                                       "usd_per_hour": v.get("usd_per_hour")}}
     if not evals:
         return {"status": "infeasible", "reason": "no trials ran", "closest": None}
+    slo = ctx.spec.slo
+
     def badness(e):
+        # weights that do not fit, then a KV pool that cannot hold one sequence, then the SLO miss:
+        # the share of requests missing, then how far the worse of TTFT and TPOT is over its target
         c = e["constraint"]
-        return (c[0] > 0, c[1], c[2], c[0])
+        over = max((e.get("ttft_ms") or math.inf) / (slo.ttft_ms or math.inf),
+                   (e.get("tpot_ms") or math.inf) / (slo.tpot_ms or math.inf))
+        return (c[0] > 0, (e.get("batch") or 0) < 1, c[1], c[2], over if math.isfinite(over) else math.inf, c[0])
     e = min(evals, key=badness)
     return {"status": "infeasible", "reason": e["reason"],
             "closest": {"config": e["params"], "miss": e["reason"], "slo_share": e.get("slo_share"),

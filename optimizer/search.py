@@ -225,6 +225,24 @@ def grid_space(ctx: SolveContext) -> dict:
     return space
 
 
+def seed_trials(ctx: SolveContext, n_trials: int) -> list[dict]:
+    """The first trials of a fresh TPE/NSGA-II study: every structure (TP x KV dtype x speculation
+    length) once, batch cap and chunk budget mid-lattice; with many speculation lengths only the
+    shortest, middle and longest (or the middle) so they take at most half the budget, and never
+    more than the budget. A sampler's random start can otherwise miss a whole TP (six draws from
+    eight configs once gave TP 2 six times), and what it never screens it never verifies."""
+    space = grid_space(ctx)
+    spec = space.get("spec_k", [0])
+    mid = {k: space[k][len(space[k]) // 2] for k in ("batch_cap", "chunk_tokens")}
+    out = []
+    for ks in (spec, sorted({spec[0], spec[len(spec) // 2], spec[-1]}), [spec[len(spec) // 2]]):
+        out = [dict(tp=tp, kv_dtype=kv, **mid, **({"spec_k": k} if "spec_k" in space else {}))
+               for tp in space["tp"] for kv in space["kv_dtype"] for k in ks]
+        if len(out) <= n_trials // 2:
+            return out
+    return out[:n_trials]
+
+
 def _suggest(trial: optuna.Trial, ctx: SolveContext, nsga2: bool) -> tuple[dict, int | None]:
     s = ctx.spec.search
     p = {"tp": trial.suggest_categorical("tp", list(s.tp)),
@@ -372,6 +390,9 @@ def run_search(ctx: SolveContext, study: optuna.Study, n_trials: int, sampler: s
     fail_stale_trials(study)
     nsga2 = sampler == "nsga2"
     ran = 0
+    if sampler != "grid" and not study.get_trials(deepcopy=False):
+        for params in seed_trials(ctx, n_trials):
+            study.enqueue_trial(params)
 
     def objective(trial: optuna.Trial):
         nonlocal ran
