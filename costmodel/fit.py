@@ -34,15 +34,15 @@ __all__ = ["FIT_PARAMS", "PointFit", "FitResult", "RowPredictor", "measured_metr
 # Fitted by default; activation_reserve_bytes only shows when the KV pool limits a run, so it is
 # fitted only when asked for.
 FIT_PARAMS = ("bw_efficiency", "decode_flops_efficiency", "prefill_flops_efficiency",
-              "step_overhead_s", "allreduce_latency_s", "link_efficiency")
+              "step_overhead_s", "prefill_overhead_s", "allreduce_latency_s", "link_efficiency")
 
 # Solver units: value = x * scale.
 _SCALE = {"bw_efficiency": 1.0, "decode_flops_efficiency": 1.0, "prefill_flops_efficiency": 1.0,
-          "step_overhead_s": 1e-3, "allreduce_latency_s": 1e-6, "link_efficiency": 1.0,
+          "step_overhead_s": 1e-3, "prefill_overhead_s": 1e-3, "allreduce_latency_s": 1e-6, "link_efficiency": 1.0,
           "activation_reserve_bytes": 1e9}
 # Probe used to decide whether the rows can see a parameter at all: efficiencies are divided by 4,
 # additive parameters get this much added.
-_PROBE_ADD = {"step_overhead_s": 2e-3, "allreduce_latency_s": 50e-6, "activation_reserve_bytes": 20e9}
+_PROBE_ADD = {"step_overhead_s": 2e-3, "prefill_overhead_s": 2e-3, "allreduce_latency_s": 50e-6, "activation_reserve_bytes": 20e9}
 _VISIBLE_REL = 2e-3  # a parameter is visible if the probe moves some prediction by more than 0.2%
 
 METRICS = ("step_ms", "ttft_ms", "tpot_ms", "output_tok_s")
@@ -72,14 +72,15 @@ class RowPredictor:
 
     ``predict(rows, eff)`` returns one ``{metric: value}`` per row. Step models are shared per
     (model, TP, dtypes). Request rows run the simulator: closed loop at the row's concurrency with
-    ``max(requests_per_client x C, min_requests)`` requests (the first C, the cold start burst, and
-    the last C, the drain, are left out of the means), or an all-at-once batch of ``num_requests``
+    ``max(requests_per_client x C, min_requests)`` requests, the clients starting together or
+    staggered (``client_starts_s``; the first C requests and the last C, the drain, are left out
+    of the means), or an all-at-once batch of ``num_requests``
     (output tok/s = tokens / makespan). ``chunk_tokens`` is the engine's prefill token budget.
     """
 
     def __init__(self, gpu: GPU, chunk_tokens: int = 8192, requests_per_client: int = 4,
-                 min_requests: int = 64, seed: int = 0, gpu_mem_util: float = 0.9):
-        self.gpu, self.chunk_tokens, self.seed = gpu, chunk_tokens, seed
+                 min_requests: int = 64, seed: int = 0, gpu_mem_util: float = 0.9, stagger: bool = False):
+        self.gpu, self.chunk_tokens, self.seed, self.stagger = gpu, chunk_tokens, seed, stagger
         self.requests_per_client, self.min_requests = requests_per_client, min_requests
         self.gpu_mem_util = gpu_mem_util
 
@@ -96,6 +97,22 @@ class RowPredictor:
                 models[key] = self.step_model(r, eff)
             out.append(self.predict_row(models[key], r))
         return out
+
+    def client_starts_s(self, sm, n: int, c: int, isl: int, osl: int) -> np.ndarray:
+        """Send times of the clients' first requests: spread evenly over one request's estimated
+        lifetime (a prefill alone plus ``osl - 1`` decode steps at batch ``c``), when ``stagger``.
+
+        A benchmark's clients start together, but an engine steps as soon as one request waits,
+        so the burst splits into groups that finish, and resubmit, at different times: a long
+        run is phase-spread, each prompt prefilled in a step of its own beside the others'
+        decodes. Lock-stepped clients would instead prefill together and keep that prefill
+        out of every TPOT."""
+        starts = np.zeros(n)
+        if self.stagger and c > 1:
+            life_s = (sm.prefill_time_s(isl, chunk_tokens=self.chunk_tokens)
+                      + max(osl - 1, 0) * sm.decode_step(c, isl + osl / 2).time_s)
+            starts[:c] = np.arange(c) * life_s / c
+        return starts
 
     def predict_row(self, sm, row: ProfileRow) -> dict[str, float]:
         if row.kind == "step":
@@ -125,7 +142,8 @@ class RowPredictor:
                              f"give concurrency (closed loop) or rate_req_s inf")
         c = row.concurrency
         n = max(self.requests_per_client * c, self.min_requests)
-        res = simulate(sm, Requests.uniform(n, isl, osl), SimConfig(batch_cap=c, chunk_tokens=self.chunk_tokens),
+        res = simulate(sm, Requests.uniform(n, isl, osl, arrival_s=self.client_starts_s(sm, n, c, isl, osl)),
+                       SimConfig(batch_cap=c, chunk_tokens=self.chunk_tokens),
                        arrival="closed", concurrency=c, seed=self.seed)
         ttft, tpot = np.asarray(res.ttft_s), np.asarray(res.tpot_s)
         keep = slice(c, n - c) if n > 2 * c else slice(0, n)

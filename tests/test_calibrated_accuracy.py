@@ -9,11 +9,14 @@ Which points are held to 15% (a rule, not a pick):
 - SGLang P46 (batch-1 decode);
 - every silicon TPOT point at concurrency <= 32 for each engine (below the engines' batch limits).
 
-Not held to 15%: silicon TTFT. It is printed (concurrency <= 16, output 128) but kvtune misses it
-by 40-90%: in these closed-loop runs TTFT grows with the output length at fixed concurrency and
-jumps to seconds at concurrency 64-128 while TPOT stays low, i.e. queueing from engine settings
-(max batch, scheduler policy) the source does not record and kvtune's scheduler does not
-reproduce. The shipped fits therefore leave TTFT out of the objective (optimizer.calibrate).
+Not held to 15%: silicon TTFT. It is printed (concurrency <= 16, output 128) and kvtune is 35-99%
+low on every one: with the clients staggered (as the fits simulate them, which is what makes the
+prefill interference in TPOT fit) a prompt waits about one step, but the measured TTFT grows with
+the output length at fixed concurrency (TRT-LLM), with concurrency (SGLang: 0.5 s at 16, 2.5 s at
+128) and carries ~80 ms more than one prefill even at concurrency 8 (vLLM): queueing and front-end
+time from engine and client settings the source does not record. The shipped fits therefore leave
+TTFT out of the objective (optimizer.calibrate); lock-stepped clients miss it as badly, the other
+way round for short prompts.
 
 Points in KNOWN_MISSES are outside 15% for a stated reason; the test asserts they still miss, so
 the list cannot silently go stale. Run with ``-s`` to see every error.
@@ -37,35 +40,34 @@ TABLES = ROOT / "profiles" / "tables"
 LIMIT = 0.15
 
 # id (or id:metric) -> why kvtune's calibrated model cannot honestly match it
-_WHY_TRTLLM = "Llama-3.1-8B on 4-8 GPUs: 3-8 ms steps dominated by launch/all-reduce overheads that one overhead and one all-reduce latency cannot fit at both c8 and c32"
+_WHY_TRT_C8 = ("Llama-3.1-8B on 4-8 GPUs, concurrency 8, 2k-4k prompts, 128 out: +17..19%; the same prefill rate "
+               "and prefill overhead that fit concurrency 32 charge these prompts too much")
+_WHY_TRT_C32 = ("Llama-3.1-8B on 4-8 GPUs, concurrency 32, 1k-2k prompts: -16..-28%; TPOT grows with prompts per "
+                "output token faster than one prefill overhead per step (7.6 ms) explains")
 _WHY_VLLM = "long-prompt point where prefill interference in TPOT is over-predicted"
-_WHY_SGLANG = "TP1 Qwen3-32B 2048/128 c16: SGLang's prefill/decode interleaving differs from the vLLM-style mixed steps kvtune simulates"
+_WHY_SGLANG = ("Qwen3-32B 2048/128 c16 on 1-2 GPUs: SGLang's prefill/decode interleaving differs from the "
+               "vLLM-style mixed steps kvtune simulates")
+_WHY_TRT09 = "TensorRT-LLM 0.9 (compiled engine, FP8) while the fit is driven by 1.0 (PyTorch backend, BF16) runs: "
+_T = "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_"
 KNOWN_MISSES: dict[str, str] = {
-    "P19:output_tok_s": "TRT-LLM 0.9 static batch 896 of 128/128 FP8: +62%, the batch-896 prefill is far faster in the engine than the prefill efficiency fitted to TRT-LLM 1.0 BF16 runs",
-    "P22:output_tok_s": "Llama-2-70B FP8 TP2 batch 64 2048/2048: +28%, FP8 decode on TRT-LLM 0.9 is slower than the BF16-fitted efficiencies say",
-    "P23:step_ms": "TRT-LLM 0.9 batch-1 FP8 prefill latency: -25..-43%, includes launch/engine overheads of an older release that the 1.0 fit does not carry",
-    "P24:step_ms": "TRT-LLM 0.9 batch-1 FP8 prefill latency: -25..-43%, includes launch/engine overheads of an older release that the 1.0 fit does not carry",
-    "P25:step_ms": "TRT-LLM 0.9 batch-1 FP8 prefill latency: -25..-43%, includes launch/engine overheads of an older release that the 1.0 fit does not carry",
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_2048x128_c8_tp4_epnone_91:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_2048x256_c8_tp4_epnone_92:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_2048x512_c8_tp4_epnone_93:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_4096x128_c8_tp4_epnone_94:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_1024x128_c16_tp4_epnone_97:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_1024x128_c32_tp4_epnone_106:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_1024x256_c32_tp4_epnone_107:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_2048x256_c8_tp8_epnone_137:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_2048x512_c8_tp8_epnone_138:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_4096x128_c8_tp8_epnone_139:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_4096x256_c8_tp8_epnone_140:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_4096x512_c8_tp8_epnone_141:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_1024x128_c16_tp8_epnone_142:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_1024x128_c32_tp8_epnone_151:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_1024x256_c32_tp8_epnone_152:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_1024x512_c32_tp8_epnone_153:tpot_ms": _WHY_TRTLLM,
-    "meta_llama_llama_3_1_8b_instruct_meta_llama_llama_3_1_8b_instruct_h100_sxm_trtllm_agg_2048x128_c32_tp8_epnone_154:tpot_ms": _WHY_TRTLLM,
+    "P19:output_tok_s": _WHY_TRT09 + "static batch 896 of 128/128, +32%: its batch-896 prefill is faster than the fitted prefill rate",
+    "P21:output_tok_s": _WHY_TRT09 + "70B TP2 static batch 1024 of 128/128, -27%: compute-bound decode at batch 1024, where the "
+                        "decode FLOP efficiency (0.25 +- 0.14) is barely pinned by batch <= 128 runs",
+    "P22:output_tok_s": _WHY_TRT09 + "70B TP2 batch 64 of 2048/2048, +27%: FP8 decode slower than the BF16-fitted efficiencies say",
+    "P23:step_ms": _WHY_TRT09 + "batch-1 128-token prefill, 6.3 ms, +75%: the fitted prefill overhead of 1.0's eager mixed "
+                   "steps (7.6 ms) exceeds the whole step in 0.9's compiled engine",
+    _T + "2048x128_c8_tp4_epnone_91:tpot_ms": _WHY_TRT_C8,
+    _T + "4096x128_c8_tp4_epnone_94:tpot_ms": _WHY_TRT_C8,
+    _T + "4096x128_c8_tp8_epnone_139:tpot_ms": _WHY_TRT_C8,
+    _T + "1024x128_c32_tp4_epnone_106:tpot_ms": _WHY_TRT_C32,
+    _T + "1024x128_c32_tp8_epnone_151:tpot_ms": _WHY_TRT_C32,
+    _T + "1024x256_c32_tp8_epnone_152:tpot_ms": _WHY_TRT_C32,
+    _T + "1024x512_c32_tp8_epnone_153:tpot_ms": _WHY_TRT_C32,
+    _T + "2048x128_c32_tp8_epnone_154:tpot_ms": _WHY_TRT_C32,
     "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_vllm_agg_4096x128_c8_tp8_epnone_48:tpot_ms": _WHY_VLLM,
     "qwen3_32b_qwen3_32b_h100_sxm_vllm_agg_4000x1000_c_tp1_0_epnone_4:tpot_ms": _WHY_VLLM,
     "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_sglang_agg_2048x128_c16_tp1_epnone_4:tpot_ms": _WHY_SGLANG,
+    "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_sglang_agg_2048x128_c16_tp2_epnone_28:tpot_ms": _WHY_SGLANG,
 }
 
 
@@ -96,7 +98,7 @@ def _shown(row, metric) -> bool:
 def test_calibrated_within_15_percent():
     rows, where = _rows()
     gpu = get_gpu("h100-sxm")
-    pred = RowPredictor(gpu)
+    pred = RowPredictor(gpu, stagger=True)  # as the shipped fits (optimizer.calibrate.fit_shipped)
     results = []
     for engine in ("trtllm", "vllm", "sglang"):
         eff = load_calibration(find_calibration("h100-sxm", engine))

@@ -220,12 +220,16 @@ def test_sigkill_resumes_without_losing_finished_trials(tmp_path):
 
 def test_screen_whole_prompts_in_one_big_chunk_cost_goodput():
     """A 4k-token prompt in one chunk makes one long compute-bound step; in 1k chunks it rides
-    under memory-bound decode steps. The fluid average alone would call the two equal."""
-    sm = StepModel(M8, H100, 1, "bf16", "bf16", EFF)
+    under memory-bound decode steps. The fluid average alone would call the two equal. Each chunk
+    step also pays the prefill overhead, which takes back part of small chunks' advantage."""
     w = stats(4000, 200, tpot_s=1.0)
-    g = {c: screen(sm, w, 32, c).goodput_req_s for c in (1024, 2048, 4096, 16384)}
-    assert g[1024] >= g[2048] >= g[4096] >= g[16384]
-    assert g[16384] < 0.8 * g[1024]
+    g = {}
+    for pf_s in (0.0, EFF.prefill_overhead_s):
+        sm = StepModel(M8, H100, 1, "bf16", "bf16", EFF.with_params(prefill_overhead_s=pf_s))
+        g[pf_s] = {c: screen(sm, w, 32, c).goodput_req_s for c in (1024, 2048, 4096, 16384)}
+        assert g[pf_s][1024] >= g[pf_s][2048] >= g[pf_s][4096] >= g[pf_s][16384]
+    assert g[0.0][16384] < 0.8 * g[0.0][1024]
+    assert EFF.prefill_overhead_s > 0 and g[EFF.prefill_overhead_s][16384] / g[EFF.prefill_overhead_s][1024] > g[0.0][16384] / g[0.0][1024]
 
 
 # ---- seeds, logging, verification --------------------------------------------------------------

@@ -27,11 +27,14 @@ from ._common import dumps, echo_table, write_atomic
               help="Comma-separated figures the objective uses (step_ms,ttft_ms,tpot_ms,output_tok_s; default all).")
 @click.option("--chunk-tokens", type=int, default=8192, show_default=True,
               help="Engine prefill token budget used when simulating request rows.")
+@click.option("--clients", type=click.Choice(["burst", "staggered"]), default="burst", show_default=True,
+              help="How closed-loop rows' clients started: together (kvtune profile run) or spread over a "
+                   "request's lifetime (long runs of vLLM/SGLang benchmark clients drift apart).")
 @click.option("--max-nfev", type=int, default=60, show_default=True, help="Most model evaluations of the solver.")
 @click.option("-o", "--output", required=True, help="Calibration YAML to write (e.g. profiles/calibrations/NAME.yaml).")
 @click.option("--name", default=None, help="Calibration name (default: the output file's stem).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, max_nfev, output, name, as_json):
+def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, clients, max_nfev, output, name, as_json):
     """Fit bandwidth/FLOP efficiencies, step overhead and all-reduce cost to TABLES."""
     from optimizer.calibrate import (calibrate, calibration_dict, calibration_yaml, load_tables, resolve_base,
                                      resolve_gpu, select_rows)
@@ -51,7 +54,7 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
     name = name or out.stem
     t0 = time.perf_counter()
     metrics = [m.strip() for m in fit_metrics.split(",") if m.strip()] if fit_metrics else None
-    res = calibrate(rows, g, eff0, names, RowPredictor(g, chunk_tokens=chunk_tokens), max_nfev=max_nfev, name=name,
+    res = calibrate(rows, g, eff0, names, RowPredictor(g, chunk_tokens=chunk_tokens, stagger=clients == "staggered"), max_nfev=max_nfev, name=name,
                     metrics=metrics)
     wall = time.perf_counter() - t0
     d = calibration_dict(res, name, g, engine, inputs, base, notes, wall_s=wall)
