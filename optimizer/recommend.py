@@ -272,12 +272,13 @@ def _neighbours(ctx: SolveContext, p: dict) -> list[dict]:
     return out
 
 
-def _polish(ctx: SolveContext, study, verified: list[dict]) -> None:
+def _polish(ctx: SolveContext, study, verified: list[dict], keep=lambda v: True) -> None:
     """Local search with the simulator around the verified best (min_cost): configs the screen
     ties on cost differ by a few percent of goodput, which the screen cannot rank. Each neighbour
     is challenged with one simulation at the rate it would need to win (``_challenge_or_verify``)
     and fully verified only if it passes; at most ``POLISH_STEPS`` neighbours. Same for every
-    sampler, so the grid's answer is polished the same way."""
+    sampler, so the grid's answer is polished the same way. ``keep`` limits which verified configs
+    count as the one to polish (the bf16 pick, once fp8 is known to buy no saving)."""
     if ctx.spec.objective != "min_cost":
         return
     seen = {config_key(v["params"]) for v in verified}
@@ -286,9 +287,10 @@ def _polish(ctx: SolveContext, study, verified: list[dict]) -> None:
     while improved and steps < POLISH_STEPS:
         improved = False
         ok = [v for v in verified if v["feasible"]]
-        if not ok:
+        mine = [v for v in ok if keep(v)]
+        if not mine:
             return
-        best = min(ok, key=lambda v: _rank(ctx, v))
+        best = min(mine, key=lambda v: _rank(ctx, v))
         for p in _neighbours(ctx, best["params"]):
             if steps >= POLISH_STEPS:
                 break
@@ -302,7 +304,7 @@ def _polish(ctx: SolveContext, study, verified: list[dict]) -> None:
             v = _challenge_or_verify(ctx, study, ev, ok)
             v["polish"] = True
             verified.append(v)
-            if v["feasible"] and _rank(ctx, v) < _rank(ctx, best):
+            if v["feasible"] and keep(v) and _rank(ctx, v) < _rank(ctx, best):
                 improved = True
                 break
 
@@ -319,8 +321,16 @@ def recommend(ctx: SolveContext, study, sampler: str, verify_top: int = VERIFY_T
     ok.sort(key=lambda v: _rank(ctx, v))
     pick = ok[0]
     if "fp8" in ctx.spec.search.kv_dtype and "bf16" in ctx.spec.search.kv_dtype:
+        fp8_pick = pick
         pick, note = _prefer_bf16(ctx, study, pick, feas, ok, verified)
         notes.append(note)
+        if pick is not fp8_pick:
+            # the bf16 config kept at the fp8 pick's cost was found as a twin, not searched for:
+            # polish it along the lattice as the fp8 one was
+            usd = pick["usd_per_hour"]
+            _polish(ctx, study, verified, keep=lambda v: v["params"]["kv_dtype"] == "bf16" and v["usd_per_hour"] <= usd + 1e-9)
+            pick = min((v for v in verified if v["feasible"] and v["params"]["kv_dtype"] == "bf16"
+                        and v["usd_per_hour"] <= usd + 1e-9), key=lambda v: _rank(ctx, v))
     elif list(ctx.spec.search.kv_dtype) == ["bf16"]:
         notes.append("FP8 KV excluded by search.kv_dtype: [bf16]")
     ev = next((e for e in evals if config_key(e["params"]) == config_key(pick["params"])), None) \
