@@ -310,32 +310,50 @@ def _polish(ctx: SolveContext, study, verified: list[dict], keep=lambda v: True)
 
 
 def recommend(ctx: SolveContext, study, sampler: str, verify_top: int = VERIFY_TOP) -> dict:
-    """The result object (``status`` ok or infeasible), built from the study's stored trials."""
+    """The result object (``status`` ok or infeasible), built from the study's stored trials.
+
+    Front, then polish, then the KV dtype policy (bf16 unless fp8 saves money). When the front's
+    best is fp8 and a bf16 config verifies at its cost, the answer will be bf16 whatever fp8's
+    polish finds at that cost, so the bf16 config is polished instead (one polish, not two)."""
     evals = completed_evals(study)
     feas = _screened_order(evals)
     verified, notes = _verify_front(ctx, study, feas, verify_top), []
-    _polish(ctx, study, verified)
+    both = "fp8" in ctx.spec.search.kv_dtype and "bf16" in ctx.spec.search.kv_dtype
+    pick = None
     ok = [v for v in verified if v["feasible"]]
-    if not ok:
-        return _base(ctx, study, evals, sampler, verified) | _infeasible(ctx, evals, verified)
-    ok.sort(key=lambda v: _rank(ctx, v))
-    pick = ok[0]
-    if "fp8" in ctx.spec.search.kv_dtype and "bf16" in ctx.spec.search.kv_dtype:
-        fp8_pick = pick
-        pick, note = _prefer_bf16(ctx, study, pick, feas, ok, verified)
-        notes.append(note)
-        if pick is not fp8_pick:
-            # the bf16 config kept at the fp8 pick's cost was found as a twin, not searched for:
-            # polish it along the lattice as the fp8 one was
-            usd = pick["usd_per_hour"]
-            _polish(ctx, study, verified, keep=lambda v: v["params"]["kv_dtype"] == "bf16" and v["usd_per_hour"] <= usd + 1e-9)
-            pick = min((v for v in verified if v["feasible"] and v["params"]["kv_dtype"] == "bf16"
-                        and v["usd_per_hour"] <= usd + 1e-9), key=lambda v: _rank(ctx, v))
-    elif list(ctx.spec.search.kv_dtype) == ["bf16"]:
-        notes.append("FP8 KV excluded by search.kv_dtype: [bf16]")
+    if both and ok:
+        best = min(ok, key=lambda v: _rank(ctx, v))
+        if best["params"]["kv_dtype"] == "fp8":
+            kept, note = _prefer_bf16(ctx, study, best, feas, ok, verified)
+            if kept is not best:
+                pick = _polished_bf16(ctx, study, verified, kept["usd_per_hour"])
+                notes.append(note)
+    if pick is None:
+        _polish(ctx, study, verified)
+        ok = [v for v in verified if v["feasible"]]
+        if not ok:
+            return _base(ctx, study, evals, sampler, verified) | _infeasible(ctx, evals, verified)
+        pick = min(ok, key=lambda v: _rank(ctx, v))
+        if both:
+            best = pick
+            pick, note = _prefer_bf16(ctx, study, pick, feas, ok, verified)
+            notes.append(note)
+            if pick is not best:
+                pick = _polished_bf16(ctx, study, verified, pick["usd_per_hour"])
+        elif list(ctx.spec.search.kv_dtype) == ["bf16"]:
+            notes.append("FP8 KV excluded by search.kv_dtype: [bf16]")
     ev = next((e for e in evals if config_key(e["params"]) == config_key(pick["params"])), None) \
         or evaluate(ctx, pick["params"])
     return _base(ctx, study, evals, sampler, verified) | _ok(ctx, pick, ev, evals, verified, notes)
+
+
+def _polished_bf16(ctx: SolveContext, study, verified: list[dict], usd: float) -> dict:
+    """The bf16 config kept at fp8's cost was found as a twin, not searched for: polish it along
+    the lattice as the fp8 one would be, and return the best bf16 config at that cost."""
+    def bf16_at(v):
+        return v["params"]["kv_dtype"] == "bf16" and v["usd_per_hour"] <= usd + 1e-9
+    _polish(ctx, study, verified, keep=bf16_at)
+    return min((v for v in verified if v["feasible"] and bf16_at(v)), key=lambda v: _rank(ctx, v))
 
 
 def _prefer_bf16(ctx, study, pick, feas, ok, verified):
