@@ -4,8 +4,8 @@ and how long does a whole ``kvtune solve`` take per example?
     python bench/bench_search.py [--seeds 0,1,2] [--examples chat-llama3.1-8b,rag-llama3.1-70b]
 
 For each example and seed: the grid sampler walks the whole discretised space (tp x kv_dtype x
-spec_k x batch cap and chunk in powers of 2) and recommends; TPE gets floor(15% x grid size)
-trials and recommends. Both recommendations are simulator-verified. Pass: same $/h and TPE's
+spec_k x batch cap and chunk on ``optimizer.search.lattice``, the space every sampler searches)
+and recommends; TPE gets floor(15% x grid size) trials and recommends. Both recommendations are simulator-verified. Pass: same $/h and TPE's
 goodput >= 99% of the grid's. Then one timed default solve per example (wall seconds).
 
 With ``--precise`` each pick is also re-measured outside the solve, both the same way: goodput
