@@ -323,8 +323,17 @@ def open_study(ctx: SolveContext, sampler: str, storage_url: str | None, study_n
     name = study_name or f"kvtune-{digest}"
     storage = make_storage(storage_url)
     directions = ["minimize", "maximize"] if sampler == "nsga2" else ["minimize"]
-    study = optuna.create_study(storage=storage, study_name=name, directions=directions,
-                                sampler=make_sampler(sampler, ctx, ctx.seed), load_if_exists=True)
+    try:
+        study = optuna.create_study(storage=storage, study_name=name, directions=directions,
+                                    sampler=make_sampler(sampler, ctx, ctx.seed))
+        created = True
+    except optuna.exceptions.DuplicatedStudyError:  # another process (or an earlier run) made it
+        study = optuna.create_study(storage=storage, study_name=name, directions=directions,
+                                    sampler=make_sampler(sampler, ctx, ctx.seed), load_if_exists=True)
+        created = False
+    # only the process that created the study seeds it, so two processes that start together on
+    # one storage do not both enqueue the structure screen
+    study.kvtune_seeds = created
     have = study.user_attrs.get("digest")
     if have is None:
         study.set_user_attr("digest", digest)
@@ -390,7 +399,7 @@ def run_search(ctx: SolveContext, study: optuna.Study, n_trials: int, sampler: s
     fail_stale_trials(study)
     nsga2 = sampler == "nsga2"
     ran = 0
-    if sampler != "grid" and not study.get_trials(deepcopy=False):
+    if sampler != "grid" and getattr(study, "kvtune_seeds", True) and not study.get_trials(deepcopy=False):
         for params in seed_trials(ctx, n_trials):
             study.enqueue_trial(params)
 
@@ -425,7 +434,13 @@ def run_search(ctx: SolveContext, study: optuna.Study, n_trials: int, sampler: s
     while True:
         while (left := n_trials - _counted(study)) > 0:
             before = ran
-            study.optimize(objective, n_trials=left, catch=(_Surplus,), callbacks=[callback])
+            try:
+                study.optimize(objective, n_trials=left, catch=(_Surplus,), callbacks=[callback])
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # two processes popped the same enqueued trial (SQLite cannot lock the row between
+                # reading WAITING and writing RUNNING); the other one finished it with the same
+                # params and so the same evaluation: keep theirs and go on
+                continue
             if ran == before:   # only surplus trials (another process holds the rest) or the grid is done
                 break
         # other processes may still be finishing trials that count: wait for them, so every process

@@ -152,21 +152,31 @@ def test_nsga2_runs_two_objectives():
 
 # ---- shared storage, resume --------------------------------------------------------------------
 _WORKER = textwrap.dedent("""
-    import sys
+    import os, sys, time
     sys.path.insert(0, {root!r})
     from tests.test_search import small_spec
     from optimizer.search import SolveContext, open_study, run_search
     ctx = SolveContext.build(small_spec())
     st = open_study(ctx, "tpe", sys.argv[1], "shared")
+    # barrier: start searching only once every worker has imported and opened the study,
+    # so a slow start cannot leave one process all the trials
+    barrier, n_workers = sys.argv[3], int(sys.argv[4])
+    if n_workers > 1:
+        open(os.path.join(barrier, f"ready.{{os.getpid()}}"), "w").close()
+        deadline = time.time() + 60
+        while (sum(f.startswith("ready.") for f in os.listdir(barrier)) < n_workers
+               and time.time() < deadline):
+            time.sleep(0.05)
     run_search(ctx, st, int(sys.argv[2]), "tpe")
 """)
 
 
-def _worker(tmp_path, storage, n):
+def _worker(tmp_path, storage, n, n_workers=1):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = tmp_path / "worker.py"
     script.write_text(_WORKER.format(root=root))
-    return subprocess.Popen([sys.executable, str(script), storage, str(n)], cwd=root,
+    return subprocess.Popen([sys.executable, str(script), storage, str(n), str(tmp_path),
+                             str(n_workers)], cwd=root,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -178,7 +188,7 @@ def _load(storage_url):
 @pytest.mark.parametrize("kind", ["journal", "sqlite"])
 def test_two_processes_share_exactly_the_requested_trials(tmp_path, kind):
     url = f"journal:{tmp_path / 'j.log'}" if kind == "journal" else f"sqlite:///{tmp_path / 's.db'}"
-    procs = [_worker(tmp_path, url, 40) for _ in range(2)]
+    procs = [_worker(tmp_path, url, 40, n_workers=2) for _ in range(2)]
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err.decode()[-2000:]
