@@ -7,7 +7,7 @@ A calibration lives in ``profiles/calibrations/NAME.yaml`` (or anywhere, by path
     engine: vllm
     params: {bw_efficiency: .., decode_flops_efficiency: .., prefill_flops_efficiency: ..,
              step_overhead_s: .., prefill_overhead_s: .., allreduce_latency_s: ..,
-             link_efficiency: .., activation_reserve_bytes: ..}
+             link_efficiency: .., activation_reserve_bytes: .., request_overhead_s: ..}
     uncertainty: {same keys: one standard deviation}
     fit: {points: .., mape_ttft: .., mape_tpot: .., ...}
     inputs: [{path: .., sha256: .., rows: .., source: ..}]
@@ -28,7 +28,7 @@ __all__ = ["load_calibration", "find_calibration", "efficiency_for", "ENGINES"]
 
 ENGINES = ("vllm", "sglang", "trtllm")
 # parameters added after the first calibration files: absent means the value below
-OPTIONAL_PARAMS = {"prefill_overhead_s": 0.0}
+OPTIONAL_PARAMS = {"prefill_overhead_s": 0.0, "request_overhead_s": 0.0}
 
 
 def _sha256(path: Path) -> str:

@@ -23,6 +23,8 @@ PARAM_BOUNDS = {
     "allreduce_latency_s": (0.0, 1e-3),      # per TP all-reduce, latency part
     "link_efficiency": (0.05, 1.2),          # achieved / datasheet one-way link bandwidth (NVLS can exceed 1)
     "activation_reserve_bytes": (0.0, 40e9), # per GPU, held back from the KV pool (activations, graphs)
+    "request_overhead_s": (0.0, 0.2),        # per request, on its first token, outside the engine's steps:
+                                             # HTTP, tokenizing, detokenizing and streaming (client-side TTFT)
 }
 
 
@@ -36,6 +38,7 @@ class Efficiency:
     allreduce_latency_s: float = 0.0
     link_efficiency: float = 1.0
     activation_reserve_bytes: float = 0.0
+    request_overhead_s: float = 0.0
     model_comm: bool = True       # False: all-reduce costs nothing (the ideal model's seed arithmetic)
     name: str = "ideal"
     source: str = "ideal: datasheet peaks, no overheads, no all-reduce cost"

@@ -31,18 +31,19 @@ from .step import StepModel
 __all__ = ["FIT_PARAMS", "PointFit", "FitResult", "RowPredictor", "measured_metrics", "fit_efficiency",
            "evaluate", "cross_validate", "mape"]
 
-# Fitted by default; activation_reserve_bytes only shows when the KV pool limits a run, so it is
-# fitted only when asked for.
+# Fitted by default; activation_reserve_bytes only shows when the KV pool limits a run, and
+# request_overhead_s only in TTFT, so they are fitted only when asked for (--params).
 FIT_PARAMS = ("bw_efficiency", "decode_flops_efficiency", "prefill_flops_efficiency",
               "step_overhead_s", "prefill_overhead_s", "allreduce_latency_s", "link_efficiency")
 
 # Solver units: value = x * scale.
 _SCALE = {"bw_efficiency": 1.0, "decode_flops_efficiency": 1.0, "prefill_flops_efficiency": 1.0,
           "step_overhead_s": 1e-3, "prefill_overhead_s": 1e-3, "allreduce_latency_s": 1e-6, "link_efficiency": 1.0,
-          "activation_reserve_bytes": 1e9}
+          "activation_reserve_bytes": 1e9, "request_overhead_s": 1e-3}
 # Probe used to decide whether the rows can see a parameter at all: efficiencies are divided by 4,
 # additive parameters get this much added.
-_PROBE_ADD = {"step_overhead_s": 2e-3, "prefill_overhead_s": 2e-3, "allreduce_latency_s": 50e-6, "activation_reserve_bytes": 20e9}
+_PROBE_ADD = {"step_overhead_s": 2e-3, "prefill_overhead_s": 2e-3, "allreduce_latency_s": 50e-6, "activation_reserve_bytes": 20e9,
+              "request_overhead_s": 10e-3}
 _VISIBLE_REL = 2e-3  # a parameter is visible if the probe moves some prediction by more than 0.2%
 
 METRICS = ("step_ms", "ttft_ms", "tpot_ms", "output_tok_s")
@@ -98,9 +99,10 @@ class RowPredictor:
             out.append(self.predict_row(models[key], r))
         return out
 
-    def client_starts_s(self, sm, n: int, c: int, isl: int, osl: int) -> np.ndarray:
+    def client_starts_s(self, sm, n: int, c: int, isl: int, osl: int, cap: int | None = None) -> np.ndarray:
         """Send times of the clients' first requests: spread evenly over one request's estimated
-        lifetime (a prefill alone plus ``osl - 1`` decode steps at batch ``c``), when ``stagger``.
+        lifetime (a prefill alone plus ``osl - 1`` decode steps at batch ``min(c, cap)``), when
+        ``stagger``.
 
         A benchmark's clients start together, but an engine steps as soon as one request waits,
         so the burst splits into groups that finish, and resubmit, at different times: a long
@@ -110,7 +112,7 @@ class RowPredictor:
         starts = np.zeros(n)
         if self.stagger and c > 1:
             life_s = (sm.prefill_time_s(isl, chunk_tokens=self.chunk_tokens)
-                      + max(osl - 1, 0) * sm.decode_step(c, isl + osl / 2).time_s)
+                      + max(osl - 1, 0) * sm.decode_step(min(c, cap or c), isl + osl / 2).time_s)
             starts[:c] = np.arange(c) * life_s / c
         return starts
 
@@ -141,9 +143,10 @@ class RowPredictor:
             raise InputError(f"row {row.id}: open-loop rows at a finite rate_req_s are not used for fitting; "
                              f"give concurrency (closed loop) or rate_req_s inf")
         c = row.concurrency
+        cap = min(row.batch_cap or c, c)  # an engine cap below the clients leaves requests queued
         n = max(self.requests_per_client * c, self.min_requests)
-        res = simulate(sm, Requests.uniform(n, isl, osl, arrival_s=self.client_starts_s(sm, n, c, isl, osl)),
-                       SimConfig(batch_cap=c, chunk_tokens=self.chunk_tokens),
+        res = simulate(sm, Requests.uniform(n, isl, osl, arrival_s=self.client_starts_s(sm, n, c, isl, osl, cap)),
+                       SimConfig(batch_cap=cap, chunk_tokens=self.chunk_tokens),
                        arrival="closed", concurrency=c, seed=self.seed)
         ttft, tpot = np.asarray(res.ttft_s), np.asarray(res.tpot_s)
         keep = slice(c, n - c) if n > 2 * c else slice(0, n)

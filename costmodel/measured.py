@@ -84,6 +84,8 @@ class MeasuredStepModel:
 
     def __init__(self, base: StepModel, rows: Sequence[ProfileRow], table: str = "table", sha256: str = ""):
         self.base = base
+        # step tables time the engine's iterations only: the front end's share of TTFT comes from base
+        self.request_overhead_s = base.request_overhead_s
         k = base.spec.k if base.spec else 0
         m = base.model.name
         mine = [r for r in rows if r.kind == "step" and r.model == m and r.tp == base.tp

@@ -612,8 +612,10 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     rej = rejected_mask[inv]
     first[rej] = math.inf
     fin[rej] = math.inf
-    ttft = first - arr_s
-    e2e = fin - arr_s
+    # the front end's share (HTTP, tokenizing, streaming the first token), outside the engine's steps
+    front_s = float(getattr(step, "request_overhead_s", 0.0))
+    ttft = first - arr_s + front_s
+    e2e = fin - arr_s + front_s
     out_c = requests.output_tokens.astype(np.int64)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out_c > 1, (e2e - ttft) / np.maximum(out_c - 1, 1), math.nan)

@@ -113,6 +113,8 @@ class StepModel:
             self._n_ar, self._ar_lat, self._ar_s_per_token = 0, 0.0, 0.0
         self._overhead = e.step_overhead_s
         self._pf_overhead = e.prefill_overhead_s
+        # not a step cost: added once to every request's time to first token (costmodel.simulate)
+        self.request_overhead_s = e.request_overhead_s
         self._sliding = model.n_sliding_layers > 0
         self._q_per_seq = self.spec.k + 1 if self.spec else 1
         self._draft_frac = self.spec.k * self.spec.draft_cost if self.spec else 0.0

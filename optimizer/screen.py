@@ -103,7 +103,7 @@ def _ttft_grid(step: StepModel, w: WorkloadStats, n_decode: int, chunk_tokens: i
     L = w.len_grid
     n_ch = np.ceil(L / free)
     n = L / n_ch
-    return np.array([
+    return getattr(step, "request_overhead_s", 0.0) + np.array([
         k * step.step_time_s(n_decode, n_decode * ctx, m, StepModel.chunk_pairs(m, (l - m) / 2), (l - m) / 2)
         for k, m, l in zip(n_ch, n, L)])
 

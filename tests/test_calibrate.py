@@ -200,3 +200,44 @@ def test_cpu_llamacpp_calibrate_then_predict_held_out():
     before = mape([p.after for p in evaluate(test, IDEAL, RowPredictor(gpu, chunk_tokens=2048))], [p.measured for p in pts])
     print(f"CPU llama.cpp held-out MAPE: {err:.1f}% after calibration, {before:.1f}% ideal")
     assert err < 30.0 and err < before / 3  # measured: 16.9% held out vs 119% ideal
+
+
+def test_batch_cap_below_concurrency_queues_one_request_per_departure():
+    """A run whose engine held C - 1 slots for C clients: every request waits about one departure
+    interval (lifetime / (C - 1)) for a slot, which the fit must simulate; TPOT barely moves."""
+    pred = RowPredictor(GPU, stagger=True)
+    c, osl = 8, 256
+    free = ProfileRow(id="free", kind="request", gpu="h100-sxm", model="llama-3.1-8b", concurrency=c,
+                      input_tokens=1024, output_tokens=osl, ttft_mean_ms=1.0, tpot_mean_ms=1.0)
+    capped = ProfileRow(**{**free.__dict__, "id": "capped", "batch_cap": c - 1})
+    a, b = pred([free, capped], TRUTH)
+    lifetime_ms = a["ttft_ms"] + (osl - 1) * a["tpot_ms"]
+    wait_ms = b["ttft_ms"] - a["ttft_ms"]
+    assert 0.8 < wait_ms / (lifetime_ms / (c - 1)) < 1.25, (wait_ms, lifetime_ms)
+    assert abs(b["tpot_ms"] / a["tpot_ms"] - 1) < 0.1
+
+
+def test_table_rejects_a_batch_cap_below_one(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("kind,concurrency,batch_cap,input_tokens,output_tokens,tpot_mean_ms\nrequest,8,0,128,64,9.5\n")
+    with pytest.raises(InputError, match=r"t.csv: line 2: column batch_cap = 0, expected at least 1"):
+        read_table(p)
+
+
+def test_request_overhead_adds_to_ttft_only_and_fits_back():
+    """The front end's share of TTFT: the same on every request, nothing on TPOT; fitted alone from
+    TTFT (as the shipped TensorRT-LLM file's second stage does) it comes back."""
+    truth = TRUTH.with_params(request_overhead_s=0.025)
+    pred = RowPredictor(GPU, stagger=True)
+    rows = [ProfileRow(id=f"r{c}-{o}", kind="request", gpu="h100-sxm", model="llama-3.1-8b", concurrency=c,
+                       batch_cap=c - 1, input_tokens=1024, output_tokens=o, ttft_mean_ms=1.0, tpot_mean_ms=1.0)
+            for c in (4, 8) for o in (32, 128)]
+    without, with_ = pred(rows, TRUTH), pred(rows, truth)
+    for a, b in zip(without, with_):
+        assert b["ttft_ms"] - a["ttft_ms"] == pytest.approx(25.0, abs=1e-6)
+        assert b["tpot_ms"] == pytest.approx(a["tpot_ms"], rel=1e-9)
+    measured = [ProfileRow(**{**r.__dict__, "ttft_mean_ms": m["ttft_ms"], "tpot_mean_ms": m["tpot_ms"]})
+                for r, m in zip(rows, with_)]
+    res = fit_efficiency(measured, GPU, TRUTH, ["request_overhead_s"], pred, metrics=("ttft_ms",))
+    assert res.efficiency.request_overhead_s == pytest.approx(0.025, rel=0.02)
+    assert res.efficiency.bw_efficiency == TRUTH.bw_efficiency
