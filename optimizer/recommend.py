@@ -171,7 +171,12 @@ def _challenge_or_verify(ctx: SolveContext, study, ev: dict, ok: list[dict]) -> 
         c = _meets_at(ctx, study, ev, bar)
         if c["meets"]:
             return _verified(ctx, study, ev)
-        why = f"attainment {c['slo_attainment']:.3f} at {bar:.3g} req/s per replica: cannot beat {config_key(best['params'])}"
+        # name the config that set the bar: the cheapest, or its own KV dtype's best at that cost
+        tp = ev["params"]["tp"]
+        by_rival = (rival is not None and rival is not best and best["gpus"] % tp == 0
+                    and bar == rival["goodput_req_s"] * (1 + REL_TOL) / (best["gpus"] // tp))
+        beat = rival if by_rival else best
+        why = f"attainment {c['slo_attainment']:.3f} at {bar:.3g} req/s per replica: cannot beat {config_key(beat['params'])}"
     else:
         why = f"TP {ev['params']['tp']} cannot fit in the {best['gpus']} GPUs of {config_key(best['params'])}"
     return {"params": dict(ev["params"]), "feasible": False, "dominated": True, "per_replica_goodput_req_s": None,
