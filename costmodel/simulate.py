@@ -23,7 +23,10 @@ computed). If the engine is empty and the head request still does not fit, the c
 
 Speed by design: when no prefill work is possible the running set is fixed until the next event
 (a completion, an arrival that could be admitted, or block pressure), and the steps up to it are
-summed in closed form by ``DecodeClock`` instead of one Python iteration per step. A step model
+summed in closed form by ``DecodeClock`` instead of one Python iteration per step. Likewise when
+one long prompt takes a step's whole chunk budget beside a fixed decode set: the steps until its
+last chunk (or the next completion, or the block bound) repeat in shape, every term linear in the
+step index, and are summed at once (not for sliding-window models or speculation). A step model
 whose times are not the StepModel's piecewise-linear function of context (one that sets
 ``closed_form_ok = False``, e.g. ``costmodel.measured.MeasuredStepModel``) is stepped one
 iteration at a time instead, every step timed by its own ``step_time_s``. Completions are
@@ -274,6 +277,11 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     any_rejected = bool(rejected_mask.any())
 
     step_time = step.step_time_s
+    # runs of identical prompt chunks beside a fixed decode set are summed in closed form too:
+    # every term of those steps is linear in the step index (not for sliding-window attention,
+    # whose KV reads are not, nor speculation, whose draft cost takes its own max)
+    chunk_runs = (not naive and step.spec is None and not getattr(step, "_sliding", True)
+                  and hasattr(step, "_terms"))
     clock = DecodeClock(step)
     pieces_of = clock.pieces
     time_of, steps_until = clock.time_of_steps, clock.steps_until
@@ -507,7 +515,34 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
                 pkv += cached
                 chunks.append((i, c))
                 budget -= c
-        if ptoks > 0:
+        m = 1
+        if ptoks > 0 and chunk_runs and budget == 0 and len(chunks) == 1 and not preempted_now:
+            # one prompt takes the whole budget: the next steps repeat this one (same chunk, the
+            # prompt's cached prefix and the decodes' contexts growing linearly) until the prompt's
+            # last chunk, the next completion or the block bound; nothing can be admitted meanwhile
+            i, c = chunks[0]
+            m = 1 + max(pf_target[i] - pf_done[i] - c - 1, 0) // c
+            if n_dec:
+                while heap[0][2] != epoch[heap[0][1]]:
+                    heapq.heappop(heap)
+                m = min(m, heap[0][0] - gstep)
+                if G > 0:
+                    room = (total_blocks - n_dec + shared_dec - alloc_pf - pinned) * bt - n_dec - ctx_sum
+                    m = min(m, 1 + max(int(room // G), 0))
+        if m > 1:
+            # ---- a run of m identical-shape mixed steps, in closed form ----------------------
+            d0 = pf_done[i]
+            k = m - 1
+            t0, mem0, comp0 = step._terms(n_dec, ctx_sum, c, c * d0 + c * (c + 1) * 0.5, d0)[:3]
+            _, mem1, comp1 = step._terms(n_dec, ctx_sum + k * G, c, c * (d0 + k * c) + c * (c + 1) * 0.5,
+                                         d0 + k * c)[:3]
+            j = np.arange(m) / k
+            t += float(np.sum(np.maximum(mem0 + j * (mem1 - mem0), comp0 + j * (comp1 - comp0)))) \
+                + m * (t0 - max(mem0, comp0))
+            gstep += m
+            ctx_sum += m * G
+            pf_done[i] = d0 + m * c
+        elif ptoks > 0:
             # ---- one explicit (mixed) step -------------------------------------------------------
             t += step_time(n_dec, ctx_sum, ptoks, ppairs, pkv)
             gstep += 1

@@ -146,6 +146,28 @@ def test_closed_form_matches_internal_naive_mode_with_prefix_and_spec(spec):
     assert fast.events < slow.events / 2
 
 
+@pytest.mark.parametrize("model,tp,util,cap", [("llama-3.1-8b", 1, 0.9, 32), ("llama-3.1-8b", 1, 0.3, 64),
+                                               ("llama-3.1-70b", 4, 0.9, 16), ("mixtral-8x7b", 2, 0.9, 16)])
+def test_long_prompt_chunk_runs_match_naive_mode(model, tp, util, cap):
+    """Long prompts chunked beside running decodes: runs of identical mixed steps summed in closed
+    form give the per-request times of stepping every one (the second case: a small pool, with
+    preemptions; prefix groups on), and take far fewer loop turns."""
+    s = StepModel(get_model(model), H100, tp, efficiency=CAL, gpu_mem_util=util)
+    req = _poisson(60, 2.0, inp=(3000, 40000), out=(10, 300), seed=11)
+    grp = np.where(np.arange(60) % 4 == 0, 3, -1)
+    req = Requests(**{**req.__dict__, "prefix_group": grp, "prefix_tokens": np.where(grp >= 0, 1500, 0)})
+    cfg = SimConfig(cap, chunk_tokens=1024)
+    fast = _simulate(s, req, cfg, "trace", None, 1, None, naive=False)
+    slow = _simulate(s, req, cfg, "trace", None, 1, None, naive=True)
+    if util < 0.5:
+        assert slow.preemptions > 0, "the small-pool case should exercise preemption"
+    assert fast.preemptions == slow.preemptions
+    np.testing.assert_allclose(fast.ttft_s, slow.ttft_s, rtol=1e-9)
+    np.testing.assert_allclose(fast.e2e_s, slow.e2e_s, rtol=1e-9)
+    assert fast.steps == slow.steps
+    assert fast.events < slow.events / 4
+
+
 @pytest.mark.parametrize("model,tp,spec", [("llama-2-70b", 4, None), ("gemma-2-9b", 1, None),
                                            ("mixtral-8x7b", 2, None), ("llama-3.1-8b", 1, SpecConfig(3, 0.8))])
 def test_decode_clock_pieces_equal_step_model(model, tp, spec):
