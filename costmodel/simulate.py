@@ -80,6 +80,10 @@ class SimConfig:
     block_tokens: int = 16         # KV block size (vLLM default 16)
     prefix_caching: bool = True
     watermark_frac: float = 0.0    # share of the pool kept free at admission (vLLM V0 used 0.01)
+    # SGLang's default scheduling (enable_mixed_chunk off): while prompts wait, a prefill-only batch
+    # runs and the decoding sequences wait for it; off, prefill chunks ride in the decode step
+    # (vLLM V1, TensorRT-LLM in-flight batching)
+    prefill_first: bool = False
 
     def __post_init__(self) -> None:
         for key in ("batch_cap", "chunk_tokens", "block_tokens"):
@@ -280,7 +284,8 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     # runs of identical prompt chunks beside a fixed decode set are summed in closed form too:
     # every term of those steps is linear in the step index (not for sliding-window attention,
     # whose KV reads are not, nor speculation, whose draft cost takes its own max)
-    chunk_runs = (not naive and step.spec is None and not getattr(step, "_sliding", True)
+    prefill_first = bool(config.prefill_first)
+    chunk_runs = (not naive and not prefill_first and step.spec is None and not getattr(step, "_sliding", True)
                   and hasattr(step, "_terms"))
     clock = DecodeClock(step)
     pieces_of = clock.pieces
@@ -457,7 +462,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
                 used -= preempt()
                 preempted_now = True
         # ---- prefill work for this step -----------------------------------------------------------
-        budget = chunk - n_dec * q
+        budget = chunk if prefill_first else chunk - n_dec * q
         ptoks = 0
         ppairs = 0.0
         pkv = 0.0
@@ -543,10 +548,13 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
             ctx_sum += m * G
             pf_done[i] = d0 + m * c
         elif ptoks > 0:
-            # ---- one explicit (mixed) step -------------------------------------------------------
-            t += step_time(n_dec, ctx_sum, ptoks, ppairs, pkv)
-            gstep += 1
-            ctx_sum += G
+            # ---- one explicit step: mixed, or prefill only (the decodes wait: no decode step) ----
+            if prefill_first:
+                t += step_time(0, 0.0, ptoks, ppairs, pkv)
+            else:
+                t += step_time(n_dec, ctx_sum, ptoks, ppairs, pkv)
+                gstep += 1
+                ctx_sum += G
             for i, c in chunks:
                 d = pf_done[i] + c
                 pf_done[i] = d

@@ -324,6 +324,35 @@ def test_closed_loop_staggered_clients_prefill_one_at_a_time():
                  arrival="closed", concurrency=c)
 
 
+def test_prefill_first_keeps_clients_in_lock_step():
+    """SGLang's default scheduling (prefill_first): a waiting prompt gets a prefill-only step and the
+    decodes wait for it. Clients that start together then stay together: each round's prompts are
+    prefilled in steps of two (a 2048-token budget, 1024-token prompts), the j-th pair's first
+    tokens come after j such steps, and everyone decodes together and finishes on the same step.
+    So a request of pair j waits through the C/2 - j pair steps after its own inside its TPOT, and
+    what is left is the round's shared decode steps: (osl - 1) steps at batch C."""
+    s = _step()
+    c, rounds, isl, osl = 8, 3, 1024, 64
+    res = simulate(s, Requests.uniform(c * rounds, isl, osl), SimConfig(c, chunk_tokens=2 * isl, prefill_first=True),
+                   arrival="closed", concurrency=c)
+    pair_s = s.step_time_s(0, 0.0, 2 * isl, 2 * s.chunk_pairs(isl, 0), 0)
+    for r in range(rounds):
+        ids = slice(r * c, (r + 1) * c)
+        ttft = res.ttft_s[ids]
+        j = np.rint(ttft / pair_s)
+        np.testing.assert_allclose(np.sort(ttft), np.repeat(np.arange(1, c // 2 + 1), 2) * pair_s, rtol=1e-9)
+        finish = res.arrival_s[ids] + res.e2e_s[ids]
+        np.testing.assert_allclose(finish, finish[0], rtol=1e-12)  # lock-step: one finishing step
+        decode_s = res.tpot_s[ids] * (osl - 1) - (c // 2 - j) * pair_s
+        np.testing.assert_allclose(decode_s, decode_s[0], rtol=1e-9)
+        np.testing.assert_allclose(decode_s[0], (osl - 1) * s.decode_step(c, isl + osl / 2).time_s, rtol=0.02)
+    # without prefill_first the pairs' chunks ride in decode steps: the clients drift out of lock-step
+    mixed = simulate(s, Requests.uniform(c * rounds, isl, osl), SimConfig(c, chunk_tokens=2 * isl),
+                     arrival="closed", concurrency=c)
+    last = slice((rounds - 1) * c, rounds * c)
+    assert np.ptp(mixed.arrival_s[last] + mixed.e2e_s[last]) > 3 * s.decode_step(c, isl).time_s
+
+
 def test_same_seed_same_numbers_and_summary_keys():
     s = _step(spec=SpecConfig(3, 0.7))
     req = _poisson(300, 20.0, ttft=1.0, tpot=0.02)
