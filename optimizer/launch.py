@@ -59,6 +59,10 @@ def sglang_command(model: str, cfg: dict, gpu_mem_util: float, spec: dict | None
              "--tp-size", str(cfg["tp"]),
              "--max-running-requests", str(cfg["batch_cap"]),
              "--chunked-prefill-size", str(cfg["chunk_tokens"]),
+             # the recommendation was simulated with prefill chunks riding in the decode steps; SGLang
+             # does that only with mixed chunks on (off by default: prefill batches run alone and the
+             # decodes wait, costmodel.simulate's prefill_first)
+             "--enable-mixed-chunk",
              "--mem-fraction-static", f"{gpu_mem_util:g}"]
     if cfg["kv_dtype"] == "fp8":
         parts += ["--kv-cache-dtype", "fp8_e4m3"]

@@ -48,6 +48,7 @@ def test_sglang_chain_of_k_drafts_verifies_k_plus_one():
     assert argv[:3] == ["python", "-m", "sglang.launch_server"]
     assert _flag(argv, "--model-path") == "m" and _flag(argv, "--tp-size") == "4"
     assert _flag(argv, "--max-running-requests") == "128" and _flag(argv, "--chunked-prefill-size") == "4096"
+    assert "--enable-mixed-chunk" in argv  # the simulated mixed steps; SGLang's default prefills alone
     assert _flag(argv, "--kv-cache-dtype") == "fp8_e4m3" and _flag(argv, "--mem-fraction-static") == "0.88"
     assert _flag(argv, "--speculative-algorithm") == "EAGLE3"
     assert _flag(argv, "--speculative-num-steps") == "3" and _flag(argv, "--speculative-eagle-topk") == "1"
