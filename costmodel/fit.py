@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -68,6 +68,12 @@ def mape(pred: Sequence[float], meas: Sequence[float]) -> float:
     return float(np.mean(np.abs(p / m - 1.0)) * 100.0) if len(m) else float("nan")
 
 
+# Engines whose default scheduler runs prefill batches alone while decodes wait (SGLang:
+# enable_mixed_chunk is off by default, so a waiting prompt gets a prefill batch of its own before
+# the next decode batch). vLLM V1 and TensorRT-LLM mix prefill chunks into the decode step.
+PREFILL_FIRST_ENGINES = frozenset({"sglang"})
+
+
 class RowPredictor:
     """Predicts every measurable figure of profile rows under a given ``Efficiency``.
 
@@ -80,7 +86,9 @@ class RowPredictor:
     """
 
     def __init__(self, gpu: GPU, chunk_tokens: int = 8192, requests_per_client: int = 4,
-                 min_requests: int = 64, seed: int = 0, gpu_mem_util: float = 0.9, stagger: bool = False):
+                 min_requests: int = 64, seed: int = 0, gpu_mem_util: float = 0.9,
+                 stagger: bool | Collection[str] = False):
+        # stagger: True / False for every row, or the engines whose rows' clients were staggered
         self.gpu, self.chunk_tokens, self.seed, self.stagger = gpu, chunk_tokens, seed, stagger
         self.requests_per_client, self.min_requests = requests_per_client, min_requests
         self.gpu_mem_util = gpu_mem_util
@@ -99,7 +107,13 @@ class RowPredictor:
             out.append(self.predict_row(models[key], r))
         return out
 
-    def client_starts_s(self, sm, n: int, c: int, isl: int, osl: int, cap: int | None = None) -> np.ndarray:
+    def staggered(self, row: ProfileRow) -> bool:
+        if isinstance(self.stagger, bool):
+            return self.stagger
+        return row.engine in self.stagger
+
+    def client_starts_s(self, sm, n: int, c: int, isl: int, osl: int, cap: int | None = None,
+                        stagger: bool | None = None) -> np.ndarray:
         """Send times of the clients' first requests: spread evenly over one request's estimated
         lifetime (a prefill alone plus ``osl - 1`` decode steps at batch ``min(c, cap)``), when
         ``stagger``.
@@ -109,8 +123,9 @@ class RowPredictor:
         run is phase-spread, each prompt prefilled in a step of its own beside the others'
         decodes. Lock-stepped clients would instead prefill together and keep that prefill
         out of every TPOT."""
+        stagger = bool(self.stagger) if stagger is None else stagger
         starts = np.zeros(n)
-        if self.stagger and c > 1:
+        if stagger and c > 1:
             life_s = (sm.prefill_time_s(isl, chunk_tokens=self.chunk_tokens)
                       + max(osl - 1, 0) * sm.decode_step(min(c, cap or c), isl + osl / 2).time_s)
             starts[:c] = np.arange(c) * life_s / c
@@ -125,17 +140,25 @@ class RowPredictor:
             return {"step_ms": t * 1e3}
         return self._simulate(sm, row)
 
+    def sim_config(self, row: ProfileRow, cap: int):
+        """The engine's scheduler as the simulator runs it: the row's ``scheduler`` column, else
+        the engine's default (SGLang's rows prefill first, ``PREFILL_FIRST_ENGINES``; the others mix
+        prefill chunks into decode steps)."""
+        from .simulate import SimConfig
+
+        first = row.scheduler == "prefill_first" if row.scheduler else row.engine in PREFILL_FIRST_ENGINES
+        return SimConfig(batch_cap=cap, chunk_tokens=self.chunk_tokens, prefill_first=first)
+
     def _simulate(self, sm, row: ProfileRow) -> dict[str, float]:
         from .requests import Requests
-        from .simulate import SimConfig, simulate
+        from .simulate import simulate
 
         isl, osl = row.input_tokens, row.output_tokens
         if row.rate_req_s is not None and math.isinf(row.rate_req_s):
             n = row.num_requests or row.concurrency
             if not n:
                 raise InputError(f"row {row.id}: an all-at-once row (rate_req_s inf) needs num_requests")
-            res = simulate(sm, Requests.uniform(n, isl, osl), SimConfig(batch_cap=n, chunk_tokens=self.chunk_tokens),
-                           arrival="inf", seed=self.seed)
+            res = simulate(sm, Requests.uniform(n, isl, osl), self.sim_config(row, n), arrival="inf", seed=self.seed)
             ttft, tpot = np.asarray(res.ttft_s), np.asarray(res.tpot_s)
             return {"ttft_ms": float(ttft.mean() * 1e3), "tpot_ms": float(np.nanmean(tpot) * 1e3) if osl > 1 else math.nan,
                     "output_tok_s": float(res.output_tok_s)}
@@ -145,8 +168,8 @@ class RowPredictor:
         c = row.concurrency
         cap = min(row.batch_cap or c, c)  # an engine cap below the clients leaves requests queued
         n = max(self.requests_per_client * c, self.min_requests)
-        res = simulate(sm, Requests.uniform(n, isl, osl, arrival_s=self.client_starts_s(sm, n, c, isl, osl, cap)),
-                       SimConfig(batch_cap=cap, chunk_tokens=self.chunk_tokens),
+        starts = self.client_starts_s(sm, n, c, isl, osl, cap, self.staggered(row))
+        res = simulate(sm, Requests.uniform(n, isl, osl, arrival_s=starts), self.sim_config(row, cap),
                        arrival="closed", concurrency=c, seed=self.seed)
         ttft, tpot = np.asarray(res.ttft_s), np.asarray(res.tpot_s)
         keep = slice(c, n - c) if n > 2 * c else slice(0, n)

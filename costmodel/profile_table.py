@@ -9,7 +9,10 @@ One row per measurement, units in every column name. Two kinds of row:
   for all at once) with fixed ``input_tokens``/``output_tokens``; measured ``ttft_*_ms``,
   ``tpot_*_ms`` (mean/p50/p90/p99), ``output_tok_s``, ``request_s``. Optional ``batch_cap``: the
   most sequences the engine ran at once (``max_num_seqs``, ``max_batch_size``,
-  ``max_running_requests``) when that was below ``concurrency``, so the rest queued.
+  ``max_running_requests``) when that was below ``concurrency``, so the rest queued. Optional
+  ``scheduler``: ``mixed`` (prefill chunks ride in the decode steps: vLLM, TensorRT-LLM, SGLang
+  with ``--enable-mixed-chunk``) or ``prefill_first`` (prefill batches alone, decodes wait: SGLang's
+  default); empty means the engine's default.
 
 Metadata columns on every row (a file may also carry file-level defaults in a sidecar
 ``NAME.meta.yaml``; row values win): ``gpu``, ``engine``, ``engine_version``, ``model``,
@@ -30,11 +33,12 @@ __all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS"]
 
 METADATA_COLUMNS = ("gpu", "engine", "engine_version", "model", "weight_dtype", "kv_dtype", "tp", "date", "source")
 STEP_COLUMNS = ("phase", "batch", "context_tokens", "chunk_tokens", "spec_k", "step_ms")
-REQUEST_COLUMNS = ("concurrency", "batch_cap", "rate_req_s", "input_tokens", "output_tokens", "num_requests",
+REQUEST_COLUMNS = ("concurrency", "batch_cap", "scheduler", "rate_req_s", "input_tokens", "output_tokens", "num_requests",
                    "ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
                    "tpot_mean_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
                    "output_tok_s", "request_s")
 COLUMNS = ("id", "kind") + METADATA_COLUMNS + STEP_COLUMNS + REQUEST_COLUMNS
+SCHEDULERS = ("", "mixed", "prefill_first")
 
 _INT = {"tp", "batch", "context_tokens", "chunk_tokens", "spec_k", "concurrency", "batch_cap", "input_tokens",
         "output_tokens", "num_requests"}
@@ -63,6 +67,7 @@ class ProfileRow:
     step_ms: float | None = None
     concurrency: int | None = None
     batch_cap: int | None = None     # the engine's running-sequence cap, when below concurrency
+    scheduler: str = ""              # mixed | prefill_first | "" (the engine's default)
     rate_req_s: float | None = None  # math.inf for all-at-once
     input_tokens: int | None = None
     output_tokens: int | None = None
@@ -149,6 +154,9 @@ def read_table(path: str | Path) -> list[ProfileRow]:
                 need = ("input_tokens", "output_tokens")
                 if "concurrency" not in vals and "rate_req_s" not in vals:
                     raise InputError(f"{p}: line {i}: a request row needs concurrency or rate_req_s")
+                if vals.get("scheduler", "") not in SCHEDULERS:
+                    raise InputError(f"{p}: line {i}: column scheduler = {vals['scheduler']!r}, expected "
+                                     f"{' or '.join(x for x in SCHEDULERS if x)} (or empty: the engine's default)")
                 if vals.get("batch_cap") is not None and vals["batch_cap"] < 1:
                     raise InputError(f"{p}: line {i}: column batch_cap = {vals['batch_cap']}, expected at least 1")
                 if not any(k in vals for k in ("ttft_mean_ms", "tpot_mean_ms", "ttft_p99_ms", "output_tok_s", "request_s")):

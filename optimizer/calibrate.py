@@ -8,6 +8,7 @@ loads (``params``) plus the record of how it was made (``uncertainty``, ``fit``,
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import math
@@ -21,9 +22,11 @@ from costmodel import __version__
 from costmodel.calibration import ENGINES, efficiency_for, load_calibration
 from costmodel.efficiency import IDEAL, PARAM_BOUNDS, Efficiency
 from costmodel.errors import InputError
-from costmodel.fit import (METRICS, FitResult, FoldResult, PointFit, RowPredictor, cross_validate, evaluate,
+from costmodel.fit import (FIT_PARAMS, METRICS, FitResult, FoldResult, PointFit, RowPredictor, cross_validate, evaluate,
                            fit_efficiency)
 from costmodel.hardware import GPU, get_gpu, load_gpu_file
+from costmodel.models import get_model
+from costmodel.step import StepModel
 from costmodel.profile_table import ProfileRow, read_table
 
 __all__ = ["TableInput", "load_tables", "resolve_gpu", "resolve_base", "select_rows", "calibrate",
@@ -168,6 +171,17 @@ def calibration_yaml(d: dict) -> str:
 SHIPPED_METRICS = ("step_ms", "tpot_ms", "output_tok_s")
 TTFT_STAGE_ENGINES = ("trtllm",)
 TTFT_MAX_CONCURRENCY = 32
+# SGLang prefills a waiting prompt in a batch of its own while the decodes wait
+# (costmodel.fit.PREFILL_FIRST_ENGINES), so clients that start together stay in lock-step: each
+# round's prompts are prefilled together, then all decode together. Its TPOT then carries no
+# prefill at all and TTFT is the only figure that sees the prefill rate, so TTFT is fitted with
+# the rest, on runs whose clients' prompts and outputs fit the KV pool with room to spare (above
+# POOL_PRESSURE SGLang's admission, which reserves room for the running requests' remaining
+# output, holds requests back for a whole lifetime; kvtune admits on the tokens held now).
+TTFT_JOINT_ENGINES = ("sglang",)
+POOL_PRESSURE = 0.7
+# vLLM's and TensorRT-LLM's mixed steps let a long run's clients drift apart (costmodel.fit)
+STAGGERED_ENGINES = ("trtllm", "vllm")
 _SHIPPED = (
     # name, engine, tables, cross-validation key
     ("h100-sxm-trtllm", "trtllm", ("silicon", "published"), "tp"),
@@ -194,6 +208,25 @@ def _fit_request_overhead(res: FitResult, rows: Sequence[ProfileRow], gpu: GPU, 
                      res.success and st.success, res.message, res.nfev + st.nfev, res.rms_log_residual)
 
 
+def pool_pressure(row: ProfileRow, gpu: GPU, eff: Efficiency, gpu_mem_util: float = 0.9) -> float:
+    """Share of one replica's KV pool that a closed-loop row's clients fill with whole requests:
+    concurrency x (input + output tokens) / pool tokens (0 for rows that are not closed loops)."""
+    if not (row.concurrency and row.input_tokens and row.output_tokens):
+        return 0.0
+    sm = StepModel(get_model(row.model), gpu, row.tp, row.weight_dtype, row.kv_dtype, eff, gpu_mem_util=gpu_mem_util)
+    return row.concurrency * (row.input_tokens + row.output_tokens) / sm.memory.kv_pool_tokens
+
+
+def _without_pool_bound_ttft(rows: Sequence[ProfileRow], gpu: GPU, eff: Efficiency) -> tuple[list[ProfileRow], int]:
+    out, dropped = [], 0
+    for r in rows:
+        if r.ttft_mean_ms and pool_pressure(r, gpu, eff) > POOL_PRESSURE:
+            r = dataclasses.replace(r, ttft_mean_ms=None)
+            dropped += 1
+        out.append(r)
+    return out, dropped
+
+
 def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None] = print,
                 max_nfev: int = 30, cv: bool = True, only: tuple[str, ...] = ()) -> dict[str, dict]:
     """Fit and write the shipped H100 calibrations (used by bench/fit_shipped_calibrations.py);
@@ -201,18 +234,26 @@ def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None
     from optimizer.cli._common import write_atomic
 
     gpu = get_gpu("h100-sxm")
-    # the silicon runs are long closed loops whose clients have drifted apart (costmodel.fit)
-    predict = RowPredictor(gpu, stagger=True)
+    predict = RowPredictor(gpu, stagger=STAGGERED_ENGINES)
     out = {}
     for name, engine, which, cv_key in _SHIPPED:
         if only and name not in only:
             continue
         rows, inputs = load_tables([tables[k] for k in which])
         rows, notes = select_rows(rows, gpu, engine)
-        notes = list(notes) + ["closed-loop rows simulated with staggered clients (kvtune calibrate --clients staggered)"]
+        notes = list(notes) + [
+            f"closed-loop rows of {', '.join(STAGGERED_ENGINES)} simulated with staggered clients (kvtune calibrate "
+            f"--clients staggered), SGLang's with clients starting together and prefill batches of their own"]
         base = resolve_base("ideal", gpu, engine)
         t0 = time.perf_counter()
-        res = calibrate(rows, gpu, base, None, predict, max_nfev=max_nfev, name=name, metrics=SHIPPED_METRICS)
+        metrics, params = SHIPPED_METRICS, None
+        if engine in TTFT_JOINT_ENGINES:
+            rows, dropped = _without_pool_bound_ttft(rows, gpu, base)
+            metrics, params = SHIPPED_METRICS + ("ttft_ms",), FIT_PARAMS + ("request_overhead_s",)
+            notes.append(f"ttft_ms and request_overhead_s fitted with the rest (prefill-first lock-step runs); "
+                         f"{dropped} runs whose clients fill over {POOL_PRESSURE:.0%} of the KV pool left their TTFT "
+                         f"out (SGLang's admission reserve is not modelled)")
+        res = calibrate(rows, gpu, base, params, predict, max_nfev=max_nfev, name=name, metrics=metrics)
         if engine in TTFT_STAGE_ENGINES:
             res = _fit_request_overhead(res, rows, gpu, predict, max_nfev)
             notes.append(f"request_overhead_s: second stage, TTFT of closed-loop rows at concurrency <= "
@@ -222,7 +263,7 @@ def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None
         if cv:
             key = (lambda r: r.tp) if cv_key == "tp" else (lambda r: r.engine)
             folds = cross_validate(rows, gpu, res.efficiency, key, None, predict, max_nfev=max_nfev // 2,
-                                   label=cv_key, metrics=SHIPPED_METRICS)
+                                   label=cv_key, metrics=metrics)
         d = calibration_dict(res, name, gpu, engine, inputs, "ideal", notes, folds, wall)
         write_atomic(outdir / f"{name}.yaml", calibration_yaml(d))
         log(f"{name}: {len(res.points)} points, fit {wall:.0f} s, MAPE before {d['fit']['mape_before_pct']} "

@@ -224,6 +224,30 @@ def test_table_rejects_a_batch_cap_below_one(tmp_path):
         read_table(p)
 
 
+def test_scheduler_column_and_sglang_default_pick_prefill_first():
+    """SGLang rows are simulated with its default prefill-only batches, other engines' with mixed
+    steps; a row's scheduler column overrides the engine's default (an SGLang server launched with
+    --enable-mixed-chunk, as kvtune's launch line does). Clients starting together: prefill-first
+    keeps them in lock-step, so every TTFT carries the whole round's prefill, and mixed steps do not."""
+    pred = RowPredictor(GPU)
+    base = dict(kind="request", gpu="h100-sxm", model="llama-3.1-8b", concurrency=8, input_tokens=2048,
+                output_tokens=64, ttft_mean_ms=1.0, tpot_mean_ms=1.0)
+    rows = [ProfileRow(id="sgl", engine="sglang", **base), ProfileRow(id="vllm", engine="vllm", **base),
+            ProfileRow(id="sgl-mixed", engine="sglang", scheduler="mixed", **base),
+            ProfileRow(id="vllm-pf", engine="vllm", scheduler="prefill_first", **base)]
+    sgl, vllm, sgl_mixed, vllm_pf = pred(rows, TRUTH)
+    assert sgl == vllm_pf and sgl_mixed == vllm
+    assert sgl["ttft_ms"] > 1.5 * vllm["ttft_ms"]
+
+
+def test_table_rejects_an_unknown_scheduler(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("kind,engine,concurrency,scheduler,input_tokens,output_tokens,tpot_mean_ms\n"
+                 "request,sglang,8,mixed,128,64,9.5\nrequest,sglang,8,chunked,128,64,9.5\n")
+    with pytest.raises(InputError, match=r"t.csv: line 3: column scheduler = 'chunked', expected mixed or prefill_first"):
+        read_table(p)
+
+
 def test_request_overhead_adds_to_ttft_only_and_fits_back():
     """The front end's share of TTFT: the same on every request, nothing on TPOT; fitted alone from
     TTFT (as the shipped TensorRT-LLM file's second stage does) it comes back."""
