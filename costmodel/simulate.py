@@ -7,7 +7,8 @@ Each engine iteration (step):
 2. the rest of the token budget ``chunk_tokens`` goes to prefill chunks: first the partially
    prefilled running requests in admission order, then new requests from the head of the waiting
    queue (FCFS, head-of-line blocking) while ``len(running) < batch_cap`` and the KV pool has
-   blocks for the whole prompt;
+   blocks for the whole prompt (with ``output_reserve``, SGLang's rule: also for the request's whole
+   output and a decaying share of the running requests' remaining output);
 3. the step takes ``StepModel.step_time_s(n_decode, decode_ctx_sum, prefill_tokens,
    prefill_pairs, prefill_kv_read)``; the step that completes a prefill emits the first token.
 
@@ -67,6 +68,16 @@ __all__ = ["SimConfig", "SimResult", "simulate", "simulate_fleet", "ARRIVAL_MODE
 
 ARRIVAL_MODES = ("trace", "inf", "closed")
 
+# SGLang's output reservation at admission (``SimConfig.output_reserve``); the defaults of SGLang's
+# environ / global_config (SGLANG_INIT_NEW_TOKEN_RATIO, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR,
+# SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION,
+# SGLANG_RETRACT_DECODE_STEPS), unchanged from 0.4 to 0.5.x
+RESERVE_RATIO_INIT = 0.7
+RESERVE_RATIO_MIN = 0.7 * 0.14
+RESERVE_RATIO_DECAY_PER_STEP = (RESERVE_RATIO_INIT - RESERVE_RATIO_MIN) / 600
+RESERVE_CLIP_TOKENS = 4096
+RESERVE_RETRACT_STEPS = 20
+
 
 def default_warmup_frac(arrival: str) -> float:
     """Share of requests (first in arrival order) left out of latency statistics by default."""
@@ -84,6 +95,12 @@ class SimConfig:
     # runs and the decoding sequences wait for it; off, prefill chunks ride in the decode step
     # (vLLM V1, TensorRT-LLM in-flight batching)
     prefill_first: bool = False
+    # SGLang's admission (PrefillAdder): a waiting request is admitted only while the pool also holds
+    # its whole output and new_token_ratio x the remaining output of every running request (each
+    # clipped at 4096 tokens); the ratio starts at 0.7 when the engine idles, falls linearly to 0.098
+    # over 600 decode steps and is raised after a preemption. Off: admission counts the prompt only
+    # (vLLM V1)
+    output_reserve: bool = False
 
     def __post_init__(self) -> None:
         for key in ("batch_cap", "chunk_tokens", "block_tokens"):
@@ -303,6 +320,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     sS0 = np.zeros(cap)
     sg = np.zeros(cap)
     ssh = np.zeros(cap)
+    sF = np.zeros(cap)              # the step at which the slot's sequence finishes
     free_slots = list(range(cap))   # a heap: the lowest free slot first keeps active slots packed
     active = [False] * cap
     top = [0]                       # 1 + highest slot in use: numpy work covers slots [:top]
@@ -330,6 +348,8 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     events = 0
     n_left = n
     nxt = 0                          # next request not yet arrived
+    reserve = bool(config.output_reserve)
+    nt_r0, nt_s0 = RESERVE_RATIO_INIT, 0   # SGLang's new_token_ratio: its value at step nt_s0
 
     if arrival == "trace":
         pass
@@ -401,13 +421,38 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
         return min(m, j_short)
 
     def free_slot(s: int) -> None:
-        sL0[s], sS0[s], sg[s], ssh[s] = -1.0, 0.0, 0.0, 0.0
+        sL0[s], sS0[s], sg[s], ssh[s], sF[s] = -1.0, 0.0, 0.0, 0.0, 0.0
         heapq.heappush(free_slots, s)
         active[s] = False
         k = top[0]
         while k and not active[k - 1]:
             k -= 1
         top[0] = k
+
+    def reserve_blocks() -> float:
+        """Blocks SGLang's admission holds back for the running requests' remaining output: the
+        decaying new_token_ratio x their remaining tokens, each clipped (``output_reserve``)."""
+        ratio = max(nt_r0 - RESERVE_RATIO_DECAY_PER_STEP * (gstep - nt_s0), RESERVE_RATIO_MIN)
+        tok = 0.0
+        if n_dec:
+            k = top[0]
+            tok = float(np.minimum((sF[:k] - gstep) * sg[:k], RESERVE_CLIP_TOKENS).sum())
+        for i in prefilling:
+            tok += min((nsteps[i] - steps_done[i]) * gain[i], RESERVE_CLIP_TOKENS)
+        return ratio * tok / bt
+
+    def retract_ratio() -> float:
+        """SGLang's new_token_ratio after a retraction: (tokens decoded + 20 per request) over the
+        running requests' whole outputs, at most 1."""
+        done_tok, total_tok = 0.0, 0.0
+        for i in running:
+            s = slot_of[i]
+            left = (sF[s] - gstep) * gain[i] if s >= 0 else (nsteps[i] - steps_done[i]) * gain[i]
+            done_tok += max(out[i] - 1 - left, 0.0)
+            total_tok += out[i]
+        if total_tok <= 0:
+            return RESERVE_RATIO_INIT
+        return min(1.0, (done_tok + RESERVE_RETRACT_STEPS * len(running)) / total_tok)
 
     def dec_bound(j: int) -> float:
         return (ctx_sum + j * G + n_dec) / bt + n_dec - shared_dec
@@ -453,6 +498,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
         if not running:
             if not waiting:
                 t = arr[nxt]  # idle until the next arrival (trace mode only reaches here)
+                nt_r0, nt_s0 = RESERVE_RATIO_INIT, gstep  # SGLang resets new_token_ratio when idle
                 continue
         # ---- blocks for this step's decodes: preempt the newest while they do not fit ------------
         preempted_now = False
@@ -461,6 +507,8 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
             while used > total_blocks and running:
                 used -= preempt()
                 preempted_now = True
+            if reserve and preempted_now:
+                nt_r0, nt_s0 = retract_ratio(), gstep
         # ---- prefill work for this step -----------------------------------------------------------
         budget = chunk if prefill_first else chunk - n_dec * q
         ptoks = 0
@@ -481,6 +529,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
                 if budget <= 0:
                     break
             used_ub = None
+            res = 0.0   # output_reserve: blocks held back for outputs (running, then admitted now)
             # vLLM V1 admits nothing in a step that had to preempt (the victim would come straight back)
             while budget > 0 and waiting and len(running) < cap and not preempted_now:
                 i = waiting[0]
@@ -495,9 +544,14 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
                 need = -(-target // bt) - shared
                 if used_ub is None:
                     used_ub = (ctx_sum + n_dec) / bt + n_dec - shared_dec + alloc_pf + pinned
-                if used_ub + need > total_blocks - watermark_blocks:
+                    if reserve:
+                        res = reserve_blocks()
+                own = min((nsteps[i] - steps_done[i]) * gain[i] + 1, RESERVE_CLIP_TOKENS) / bt if reserve else 0.0
+                # an empty engine takes the head whatever its output (it fits: not rejected)
+                extra = res + own if running else 0.0
+                if used_ub + need + extra > total_blocks - watermark_blocks:
                     used = dec_blocks(0) + alloc_pf + pinned
-                    if used + need > total_blocks - watermark_blocks:
+                    if used + need + extra > total_blocks - watermark_blocks:
                         if not running and pinned:
                             pinned = 0  # an empty engine that cannot take the head: drop the prefix cache
                             cached_groups.clear()
@@ -507,6 +561,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
                     used_ub = used
                 waiting.popleft()
                 running[i] = None
+                res += own
                 pf_done[i], pf_target[i], pf_alloc[i] = cached, target, need
                 shared_of[i] = shared
                 alloc_pf += need
@@ -583,7 +638,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
                 slot_of[i] = s
                 g = gain[i]
                 L0_of[i], S0_of[i] = float(d), gstep
-                sL0[s], sS0[s], sg[s], ssh[s] = float(d), gstep, g, shared_of[i]
+                sL0[s], sS0[s], sg[s], ssh[s], sF[s] = float(d), gstep, g, shared_of[i], gstep + left
                 ctx_sum += d
                 G += g
                 n_dec += 1
@@ -597,6 +652,8 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
             pcs = None if naive else pieces_of(n_dec)
             if pcs is None or (preempted_now and waiting):
                 m = 1  # after a preemption the next step may admit again: no run ahead
+            elif reserve and waiting and len(running) < cap:
+                m = 1  # the output reserve shrinks step by step: the head may be admitted at any step
             elif not waiting and nxt < n_trace:
                 # the next arrival joins after the step during which it arrives
                 tau = arr[nxt] - t

@@ -13,7 +13,8 @@ from costmodel import SpecConfig, StepModel, efficiency_for, get_gpu, get_model
 from costmodel.errors import InputError
 from costmodel.requests import Requests
 from costmodel.sim_clock import DecodeClock
-from costmodel.simulate import SimConfig, _simulate, simulate, simulate_fleet
+from costmodel.simulate import (RESERVE_RATIO_DECAY_PER_STEP, RESERVE_RATIO_INIT, SimConfig, _simulate, simulate,
+                                 simulate_fleet)
 
 H100 = get_gpu("h100-sxm")
 CAL = efficiency_for("calibrated", "h100-sxm")
@@ -130,20 +131,22 @@ def test_closed_form_matches_step_by_step_reference(util, cap, chunk, rate):
     assert res.events < res.steps  # and it did skip iterations
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(4, 0.7)])
-def test_closed_form_matches_internal_naive_mode_with_prefix_and_spec(spec):
+@pytest.mark.parametrize("spec,reserve", [(None, False), (SpecConfig(4, 0.7), False), (None, True),
+                                          (SpecConfig(4, 0.7), True)])
+def test_closed_form_matches_internal_naive_mode_with_prefix_and_spec(spec, reserve):
     s = _step(spec=spec, util=0.233)
     req = _poisson(120, 30.0, inp=(300, 1500), out=(2, 400), seed=5)
     grp = np.where(np.arange(120) % 3 == 0, 7, -1)
     req = Requests(**{**req.__dict__, "prefix_group": grp, "prefix_tokens": np.where(grp >= 0, 256, 0)})
-    cfg = SimConfig(48, chunk_tokens=1024)
+    cfg = SimConfig(48, chunk_tokens=1024, output_reserve=reserve)
     fast = _simulate(s, req, cfg, "trace", None, 1, None, naive=False)
     slow = _simulate(s, req, cfg, "trace", None, 1, None, naive=True)
     assert fast.preemptions == slow.preemptions
     np.testing.assert_allclose(fast.e2e_s, slow.e2e_s, rtol=1e-9)
     np.testing.assert_allclose(fast.ttft_s, slow.ttft_s, rtol=1e-9)
-    # and it skipped iterations; how many depends on the shipped calibration (bench reports the ratio)
-    assert fast.events < slow.events / 2
+    # and it skipped iterations; how many depends on the shipped calibration (bench reports the ratio);
+    # the output reserve steps one at a time while a request waits
+    assert fast.events < slow.events / (1.2 if reserve else 2)
 
 
 @pytest.mark.parametrize("model,tp,util,cap", [("llama-3.1-8b", 1, 0.9, 32), ("llama-3.1-8b", 1, 0.3, 64),
@@ -351,6 +354,35 @@ def test_prefill_first_keeps_clients_in_lock_step():
                      arrival="closed", concurrency=c)
     last = slice((rounds - 1) * c, rounds * c)
     assert np.ptp(mixed.arrival_s[last] + mixed.e2e_s[last]) > 3 * s.decode_step(c, isl).time_s
+
+
+def test_output_reserve_holds_back_room_for_outputs_and_decays():
+    """SGLang's admission (output_reserve): a request is admitted only while the pool also holds its
+    whole output, plus new_token_ratio x the running requests' remaining output. The ratio starts at
+    0.7 and falls every decode step, so a request that does not fit beside a long-running one gets
+    in after a computable number of steps, long before that one finishes."""
+    s = _step(util=0.21)          # a pool of a few thousand tokens
+    pool = s.memory.kv_pool_tokens
+    one_tok = SimConfig(8, block_tokens=1)
+    # three requests whose prompts fit together; with their outputs, only two
+    a, o = pool // 20, pool // 3
+    three = Requests.uniform(3, a, o)
+    plain = simulate(s, three, one_tok, arrival="inf")
+    held = simulate(s, three, SimConfig(8, block_tokens=1, output_reserve=True), arrival="inf")
+    assert np.ptp(plain.ttft_s) == 0                      # all three prefilled in the first step
+    assert held.ttft_s[0] == held.ttft_s[1] < held.ttft_s[2]
+    # a long request A (0.7 of the pool) and B, which fits beside A's reserve only once the ratio
+    # has decayed: B's admission step j* follows from the rule, with A holding 10 + j + 1 tokens
+    oa = int(0.7 * pool)
+    ob = int(pool - 22 - RESERVE_RATIO_INIT * (oa - 1) + 0.02 * pool)
+    two = Requests(**{**Requests.uniform(2, 10, 10).__dict__, "output_tokens": np.array([oa, ob])})
+    j_star = next(j for j in range(oa) if (10 + j + 1) + (RESERVE_RATIO_INIT - RESERVE_RATIO_DECAY_PER_STEP * j)
+                  * (oa - 1 - j) + 10 + ob <= pool)
+    assert 10 < j_star < oa // 10
+    res = simulate(s, two, SimConfig(8, block_tokens=1, output_reserve=True), arrival="inf")
+    steps_waited = (res.ttft_s[1] - res.ttft_s[0]) / s.decode_step(1, 10 + j_star).time_s
+    assert j_star <= steps_waited <= j_star + 2          # its own prefill step on top
+    assert np.ptp(simulate(s, two, one_tok, arrival="inf").ttft_s) == 0  # no reserve: both at once
 
 
 def test_same_seed_same_numbers_and_summary_keys():
