@@ -72,6 +72,9 @@ def mape(pred: Sequence[float], meas: Sequence[float]) -> float:
 # enable_mixed_chunk is off by default, so a waiting prompt gets a prefill batch of its own before
 # the next decode batch). vLLM V1 and TensorRT-LLM mix prefill chunks into the decode step.
 PREFILL_FIRST_ENGINES = frozenset({"sglang"})
+# engines whose admission holds pool room for the outputs (SGLang's new_token_ratio reserve,
+# ``SimConfig.output_reserve``); on with or without mixed chunks
+OUTPUT_RESERVE_ENGINES = frozenset({"sglang"})
 
 
 class RowPredictor:
@@ -143,11 +146,13 @@ class RowPredictor:
     def sim_config(self, row: ProfileRow, cap: int):
         """The engine's scheduler as the simulator runs it: the row's ``scheduler`` column, else
         the engine's default (SGLang's rows prefill first, ``PREFILL_FIRST_ENGINES``; the others mix
-        prefill chunks into decode steps)."""
+        prefill chunks into decode steps); SGLang's admission reserves room for outputs
+        (``OUTPUT_RESERVE_ENGINES``); the row's ``kv_pool_tokens``, when recorded, is the pool."""
         from .simulate import SimConfig
 
         first = row.scheduler == "prefill_first" if row.scheduler else row.engine in PREFILL_FIRST_ENGINES
-        return SimConfig(batch_cap=cap, chunk_tokens=self.chunk_tokens, prefill_first=first)
+        return SimConfig(batch_cap=cap, chunk_tokens=self.chunk_tokens, prefill_first=first,
+                         output_reserve=row.engine in OUTPUT_RESERVE_ENGINES, kv_pool_tokens=row.kv_pool_tokens)
 
     def _simulate(self, sm, row: ProfileRow) -> dict[str, float]:
         from .requests import Requests

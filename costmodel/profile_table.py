@@ -12,7 +12,9 @@ One row per measurement, units in every column name. Two kinds of row:
   ``max_running_requests``) when that was below ``concurrency``, so the rest queued. Optional
   ``scheduler``: ``mixed`` (prefill chunks ride in the decode steps: vLLM, TensorRT-LLM, SGLang
   with ``--enable-mixed-chunk``) or ``prefill_first`` (prefill batches alone, decodes wait: SGLang's
-  default); empty means the engine's default.
+  default); empty means the engine's default. Optional ``kv_pool_tokens``: the KV pool the engine
+  reported at start-up, tokens per replica (SGLang ``max_total_num_tokens``, vLLM "GPU KV cache
+  size: N tokens"); empty means the pool kvtune's memory model gives.
 
 Metadata columns on every row (a file may also carry file-level defaults in a sidecar
 ``NAME.meta.yaml``; row values win): ``gpu``, ``engine``, ``engine_version``, ``model``,
@@ -33,14 +35,14 @@ __all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS"]
 
 METADATA_COLUMNS = ("gpu", "engine", "engine_version", "model", "weight_dtype", "kv_dtype", "tp", "date", "source")
 STEP_COLUMNS = ("phase", "batch", "context_tokens", "chunk_tokens", "spec_k", "step_ms")
-REQUEST_COLUMNS = ("concurrency", "batch_cap", "scheduler", "rate_req_s", "input_tokens", "output_tokens", "num_requests",
+REQUEST_COLUMNS = ("concurrency", "batch_cap", "scheduler", "kv_pool_tokens", "rate_req_s", "input_tokens", "output_tokens", "num_requests",
                    "ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
                    "tpot_mean_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
                    "output_tok_s", "request_s")
 COLUMNS = ("id", "kind") + METADATA_COLUMNS + STEP_COLUMNS + REQUEST_COLUMNS
 SCHEDULERS = ("", "mixed", "prefill_first")
 
-_INT = {"tp", "batch", "context_tokens", "chunk_tokens", "spec_k", "concurrency", "batch_cap", "input_tokens",
+_INT = {"tp", "batch", "context_tokens", "chunk_tokens", "spec_k", "concurrency", "batch_cap", "kv_pool_tokens", "input_tokens",
         "output_tokens", "num_requests"}
 _FLOAT = {"step_ms", "rate_req_s", "ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
           "tpot_mean_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "output_tok_s", "request_s"}
@@ -68,6 +70,7 @@ class ProfileRow:
     concurrency: int | None = None
     batch_cap: int | None = None     # the engine's running-sequence cap, when below concurrency
     scheduler: str = ""              # mixed | prefill_first | "" (the engine's default)
+    kv_pool_tokens: int | None = None  # the engine's reported KV pool (tokens per replica)
     rate_req_s: float | None = None  # math.inf for all-at-once
     input_tokens: int | None = None
     output_tokens: int | None = None
@@ -157,8 +160,9 @@ def read_table(path: str | Path) -> list[ProfileRow]:
                 if vals.get("scheduler", "") not in SCHEDULERS:
                     raise InputError(f"{p}: line {i}: column scheduler = {vals['scheduler']!r}, expected "
                                      f"{' or '.join(x for x in SCHEDULERS if x)} (or empty: the engine's default)")
-                if vals.get("batch_cap") is not None and vals["batch_cap"] < 1:
-                    raise InputError(f"{p}: line {i}: column batch_cap = {vals['batch_cap']}, expected at least 1")
+                for key in ("batch_cap", "kv_pool_tokens"):
+                    if vals.get(key) is not None and vals[key] < 1:
+                        raise InputError(f"{p}: line {i}: column {key} = {vals[key]}, expected at least 1")
                 if not any(k in vals for k in ("ttft_mean_ms", "tpot_mean_ms", "ttft_p99_ms", "output_tok_s", "request_s")):
                     raise InputError(f"{p}: line {i}: a request row needs a measured ttft_*, tpot_*, output_tok_s or request_s column")
             else:

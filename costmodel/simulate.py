@@ -101,12 +101,17 @@ class SimConfig:
     # over 600 decode steps and is raised after a preemption. Off: admission counts the prompt only
     # (vLLM V1)
     output_reserve: bool = False
+    # the KV pool in tokens, in place of the step model's (an engine's reported pool); None: the model's
+    kv_pool_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for key in ("batch_cap", "chunk_tokens", "block_tokens"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise InputError(f"simulator config: {key} must be an integer >= 1, got {v!r}")
+        v = self.kv_pool_tokens
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+            raise InputError(f"simulator config: kv_pool_tokens must be an integer >= 1 or None, got {v!r}")
         if not 0 <= self.watermark_frac < 1:
             raise InputError(f"simulator config: watermark_frac must be in [0, 1), got {self.watermark_frac!r}")
 
@@ -290,7 +295,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     cap = int(config.batch_cap)
     chunk = int(config.chunk_tokens)
     use_prefix = bool(config.prefix_caching)
-    total_blocks = int(step.memory.kv_pool_tokens) // bt
+    total_blocks = int(config.kv_pool_tokens or step.memory.kv_pool_tokens) // bt
     watermark_blocks = int(config.watermark_frac * total_blocks)
     # too large for the whole pool: prompt + output (+ the slot being computed) in blocks
     rejected_mask = -(-(inp_a + out_a + 1) // bt) > total_blocks - watermark_blocks

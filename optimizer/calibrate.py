@@ -21,7 +21,7 @@ import yaml
 from costmodel import __version__
 from costmodel.calibration import ENGINES, efficiency_for, load_calibration
 from costmodel.efficiency import IDEAL, PARAM_BOUNDS, Efficiency
-from costmodel.errors import InputError
+from costmodel.errors import DoesNotFit, InputError
 from costmodel.fit import (FIT_PARAMS, METRICS, FitResult, FoldResult, PointFit, RowPredictor, cross_validate, evaluate,
                            fit_efficiency)
 from costmodel.hardware import GPU, get_gpu, load_gpu_file
@@ -161,10 +161,10 @@ def calibration_yaml(d: dict) -> str:
 
 
 # ---- the shipped H100 files ------------------------------------------------------------------
-# The efficiencies are fitted to TPOT, step times and throughput. TTFT in the silicon closed-loop
-# runs carries queueing kvtune cannot reproduce for vLLM and SGLang (vLLM's is ~3 prefills even at
-# concurrency 8; SGLang's grows with concurrency at any output length); fitting it drags the
-# efficiencies to unphysical values that break TPOT, so it is reported, not fitted. TensorRT-LLM's
+# The efficiencies are fitted to TPOT, step times and throughput. vLLM's TTFT in the silicon
+# closed-loop runs carries queueing kvtune cannot reproduce (~3 prefills even at concurrency 8, flat
+# in the output length); fitting it drags the efficiencies to unphysical values that break TPOT, so
+# it is reported, not fitted. SGLang's is fitted (below). TensorRT-LLM's
 # is explained once its rows carry batch_cap = concurrency - 1 (bench/fit_shipped_calibrations.py):
 # then a second stage fits request_overhead_s alone to its TTFT at concurrency <= TTFT_MAX_CONCURRENCY
 # (above that TTFT jumps by up to a second while TPOT stays put: a queue the data does not explain).
@@ -175,11 +175,18 @@ TTFT_MAX_CONCURRENCY = 32
 # (costmodel.fit.PREFILL_FIRST_ENGINES), so clients that start together stay in lock-step: each
 # round's prompts are prefilled together, then all decode together. Its TPOT then carries no
 # prefill at all and TTFT is the only figure that sees the prefill rate, so TTFT is fitted with
-# the rest, on runs whose clients' prompts and outputs fit the KV pool with room to spare (above
-# POOL_PRESSURE SGLang's admission, which reserves room for the running requests' remaining
-# output, holds requests back for a whole lifetime; kvtune admits on the tokens held now).
+# the rest, on runs whose clients' prompts and outputs fit the KV pool with room to spare.
 TTFT_JOINT_ENGINES = ("sglang",)
+# Above POOL_PRESSURE, SGLang's admission (which holds room for the outputs: costmodel.fit.
+# OUTPUT_RESERVE_ENGINES) keeps requests waiting for whole lifetimes, so those runs' TTFT measures
+# the pool's size, which the runs did not record. A second stage fits activation_reserve_bytes (per
+# GPU, held back from the pool) to those TTFTs alone, the first stage's parameters fixed, by a scan
+# of POOL_RESERVE_GRID_GB refined to POOL_RESERVE_STEP_GB: TTFT is a step function of the pool, so a
+# gradient solver does not move.
+POOL_STAGE_ENGINES = ("sglang",)
 POOL_PRESSURE = 0.7
+POOL_RESERVE_GRID_GB = tuple(x * 0.25 for x in range(41))   # 0 to 10 GB per GPU
+POOL_RESERVE_STEP_GB = 0.02
 # vLLM's and TensorRT-LLM's mixed steps let a long run's clients drift apart (costmodel.fit)
 STAGGERED_ENGINES = ("trtllm", "vllm")
 _SHIPPED = (
@@ -208,6 +215,49 @@ def _fit_request_overhead(res: FitResult, rows: Sequence[ProfileRow], gpu: GPU, 
                      res.success and st.success, res.message, res.nfev + st.nfev, res.rms_log_residual)
 
 
+def _fit_pool_reserve(res: FitResult, pool_rows: Sequence[ProfileRow], rows: Sequence[ProfileRow], gpu: GPU,
+                      base: Efficiency, predict: Callable) -> FitResult:
+    """Second stage for pool-bound runs: ``activation_reserve_bytes`` alone, scanned against the
+    TTFT of ``pool_rows`` (rms of log residuals), the first stage's parameters fixed. The result's
+    points are every row's with the pool-bound TTFTs added, all re-predicted; the uncertainty is half
+    the span of the fine scan's values within 1.25x of the best rms."""
+    ttft_rows = [dataclasses.replace(r, tpot_mean_ms=None, output_tok_s=None) for r in pool_rows]
+
+    def rms(gb: float) -> float:
+        try:
+            pts = evaluate(ttft_rows, res.efficiency.with_params(activation_reserve_bytes=gb * 1e9), predict)
+        except DoesNotFit:
+            return math.inf  # a reserve that leaves no pool on some run
+        lr = [math.log(p.after / p.measured) for p in pts]
+        return math.sqrt(sum(x * x for x in lr) / len(lr)) if all(map(math.isfinite, lr)) else math.inf
+
+    hi = PARAM_BOUNDS["activation_reserve_bytes"][1] / 1e9
+    coarse = {g: rms(g) for g in POOL_RESERVE_GRID_GB if g <= hi}
+    best = min(coarse, key=coarse.get)
+    span = POOL_RESERVE_GRID_GB[1] - POOL_RESERVE_GRID_GB[0]
+    n = int(round(span / POOL_RESERVE_STEP_GB))
+    fine = {g: rms(g) for g in (round(best + k * POOL_RESERVE_STEP_GB, 6) for k in range(-n, n + 1)) if 0 <= g <= hi}
+    best = min(fine, key=fine.get)
+    near = [g for g, v in fine.items() if v <= 1.25 * fine[best]]
+    eff = res.efficiency.with_params(activation_reserve_bytes=best * 1e9)
+    all_rows = list(rows) + ttft_rows
+    before = {(p.id, p.metric): p.before for p in res.points}
+    points = []
+    for p in evaluate(all_rows, eff, predict):
+        b = before.get((p.id, p.metric))
+        if b is None:
+            b = evaluate([next(r for r in ttft_rows if r.id == p.id)], base, predict)[0].after
+        points.append(PointFit(p.id, p.metric, p.measured, b, p.after, p.engine, p.model, p.tp))
+    unc = {**res.uncertainty, "activation_reserve_bytes": (max(near) - min(near)) / 2 * 1e9}
+    note = (f"activation_reserve_bytes: second stage, {best:.2f} GB per GPU from a scan against the TTFT of the "
+            f"{len(ttft_rows)} pool-bound runs (rms log residual {fine[best]:.3f}; "
+            f"{coarse[POOL_RESERVE_GRID_GB[0]]:.3f} with no reserve)")
+    lr = [math.log(p.after / p.measured) for p in points]
+    return FitResult(eff, res.fitted + ("activation_reserve_bytes",), unc, tuple(points), res.notes + (note,),
+                     res.success, res.message, res.nfev + len(coarse) + len(fine),
+                     math.sqrt(sum(x * x for x in lr) / len(lr)))
+
+
 def pool_pressure(row: ProfileRow, gpu: GPU, eff: Efficiency, gpu_mem_util: float = 0.9) -> float:
     """Share of one replica's KV pool that a closed-loop row's clients fill with whole requests:
     concurrency x (input + output tokens) / pool tokens (0 for rows that are not closed loops)."""
@@ -217,14 +267,16 @@ def pool_pressure(row: ProfileRow, gpu: GPU, eff: Efficiency, gpu_mem_util: floa
     return row.concurrency * (row.input_tokens + row.output_tokens) / sm.memory.kv_pool_tokens
 
 
-def _without_pool_bound_ttft(rows: Sequence[ProfileRow], gpu: GPU, eff: Efficiency) -> tuple[list[ProfileRow], int]:
-    out, dropped = [], 0
+def _without_pool_bound_ttft(rows: Sequence[ProfileRow], gpu: GPU, eff: Efficiency
+                             ) -> tuple[list[ProfileRow], list[ProfileRow]]:
+    """The rows with the TTFT of pool-bound runs taken out, and those runs as they were."""
+    out, pool_bound = [], []
     for r in rows:
         if r.ttft_mean_ms and pool_pressure(r, gpu, eff) > POOL_PRESSURE:
+            pool_bound.append(r)
             r = dataclasses.replace(r, ttft_mean_ms=None)
-            dropped += 1
         out.append(r)
-    return out, dropped
+    return out, pool_bound
 
 
 def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None] = print,
@@ -246,14 +298,16 @@ def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None
             f"--clients staggered), SGLang's with clients starting together and prefill batches of their own"]
         base = resolve_base("ideal", gpu, engine)
         t0 = time.perf_counter()
-        metrics, params = SHIPPED_METRICS, None
+        metrics, params, pool_bound = SHIPPED_METRICS, None, []
         if engine in TTFT_JOINT_ENGINES:
-            rows, dropped = _without_pool_bound_ttft(rows, gpu, base)
+            rows, pool_bound = _without_pool_bound_ttft(rows, gpu, base)
             metrics, params = SHIPPED_METRICS + ("ttft_ms",), FIT_PARAMS + ("request_overhead_s",)
-            notes.append(f"ttft_ms and request_overhead_s fitted with the rest (prefill-first lock-step runs); "
-                         f"{dropped} runs whose clients fill over {POOL_PRESSURE:.0%} of the KV pool left their TTFT "
-                         f"out (SGLang's admission reserve is not modelled)")
+            notes.append(f"ttft_ms and request_overhead_s fitted with the rest (prefill-first lock-step runs), "
+                         f"except the TTFT of {len(pool_bound)} runs whose clients fill over {POOL_PRESSURE:.0%} "
+                         f"of the KV pool (0.9 x 80 GB - weights)")
         res = calibrate(rows, gpu, base, params, predict, max_nfev=max_nfev, name=name, metrics=metrics)
+        if engine in POOL_STAGE_ENGINES and pool_bound:
+            res = _fit_pool_reserve(res, pool_bound, rows, gpu, base, predict)
         if engine in TTFT_STAGE_ENGINES:
             res = _fit_request_overhead(res, rows, gpu, predict, max_nfev)
             notes.append(f"request_overhead_s: second stage, TTFT of closed-loop rows at concurrency <= "

@@ -240,6 +240,28 @@ def test_scheduler_column_and_sglang_default_pick_prefill_first():
     assert sgl["ttft_ms"] > 1.5 * vllm["ttft_ms"]
 
 
+def test_row_pool_and_sglang_output_reserve_set_admission(tmp_path):
+    """A row's kv_pool_tokens (the pool the engine reported) replaces kvtune's memory model. On a
+    pool the clients overfill, SGLang's admission, which also holds room for the outputs, runs fewer
+    requests at once: they wait longer for their first token, but are never preempted, where vLLM's
+    prompt-only rule admits them all and then stalls the decodes with preemptions."""
+    p = tmp_path / "t.csv"
+    p.write_text("kind,engine,model,concurrency,scheduler,kv_pool_tokens,input_tokens,output_tokens,tpot_mean_ms\n"
+                 "request,sglang,llama-3.1-8b,16,mixed,8000,1024,1024,1\n"
+                 "request,vllm,llama-3.1-8b,16,mixed,8000,1024,1024,1\n"
+                 "request,sglang,llama-3.1-8b,16,mixed,,1024,1024,1\n")
+    small_sgl, small_vllm, roomy_sgl = read_table(p)
+    assert small_sgl.kv_pool_tokens == 8000 and roomy_sgl.kv_pool_tokens is None
+    pred = RowPredictor(GPU)
+    a, b, c = pred([small_sgl, small_vllm, roomy_sgl], TRUTH)
+    assert c["ttft_ms"] < a["ttft_ms"] / 3          # 16 x 2048 tokens fit the model's pool, not 8000
+    assert a["ttft_ms"] > 1.2 * b["ttft_ms"]        # the output reserve admits fewer at once
+    assert a["tpot_ms"] < b["tpot_ms"]              # and preempts none
+    p.write_text("kind,concurrency,kv_pool_tokens,input_tokens,output_tokens,tpot_mean_ms\nrequest,8,0,128,64,9.5\n")
+    with pytest.raises(InputError, match=r"t.csv: line 2: column kv_pool_tokens = 0, expected at least 1"):
+        read_table(p)
+
+
 def test_table_rejects_an_unknown_scheduler(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text("kind,engine,concurrency,scheduler,input_tokens,output_tokens,tpot_mean_ms\n"
