@@ -32,7 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodel.goodput import default_n_requests, goodput  # noqa: E402
-from costmodel.simulate import SimConfig  # noqa: E402
 from optimizer.recommend import solve  # noqa: E402
 from optimizer.search import SolveContext, grid_space  # noqa: E402
 from optimizer.workload import load_workload  # noqa: E402
@@ -42,7 +41,7 @@ def precise_goodput(spec, result) -> float:
     rec = result["recommendation"]
     ctx = SolveContext.build(spec)
     sm = ctx.step(rec["tp"], rec["kv_dtype"], rec["spec_k"])
-    cfg = SimConfig(batch_cap=rec["batch_cap"], chunk_tokens=rec["chunk_tokens"])
+    cfg = ctx.engine.sim_config(rec["batch_cap"], rec["chunk_tokens"])
     batch = result["bottleneck"].get("operating_batch") or 1
     n = 4 * default_n_requests(spec.slo.attainment, max_concurrency=batch)
     g = goodput(sm, lambda rate, k, s: spec.requests(k, s, rate_req_s=rate), cfg, spec.slo.attainment,

@@ -165,9 +165,24 @@ class EngineModel:
         self._measured.append(m)
         return m
 
+    @property
+    def output_reserve(self) -> bool:
+        """Whether this engine's admission holds pool room for the outputs (SGLang)."""
+        from costmodel.fit import OUTPUT_RESERVE_ENGINES
+        return self.engine in OUTPUT_RESERVE_ENGINES
+
+    def sim_config(self, batch_cap: int, chunk_tokens: int, block_tokens: int = 16, prefix_caching: bool = True):
+        """The simulator's scheduler for this engine: mixed prefill chunks (as kvtune's launch lines
+        configure every engine), with SGLang's output reserve at admission when the engine is SGLang."""
+        from costmodel.simulate import SimConfig
+        return SimConfig(int(batch_cap), int(chunk_tokens), int(block_tokens), bool(prefix_caching),
+                         output_reserve=self.output_reserve)
+
     def record(self) -> dict:
-        """``source``, ``calibration`` and (with a table) ``profile``: read after the models ran."""
-        out = {"source": self.efficiency.source, "calibration": dict(self.calibration)}
+        """``source``, ``calibration``, ``admission`` and (with a table) ``profile``: read after the
+        models ran."""
+        out = {"source": self.efficiency.source, "calibration": dict(self.calibration),
+               "admission": "prompt and output (SGLang's reserve)" if self.output_reserve else "prompt"}
         if self.profile is None:
             return out
         calls = sum(m.calls for m in self._measured)

@@ -44,7 +44,9 @@ SCREEN_SLACK = 1.15    # the screen may underestimate simulated goodput by this 
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
 
 
-def _sim_config(params: dict):
+def _sim_config(ctx: SolveContext, params: dict):
+    if ctx.engine is not None:
+        return ctx.engine.sim_config(params["batch_cap"], params["chunk_tokens"])
     from costmodel.simulate import SimConfig
     return SimConfig(batch_cap=int(params["batch_cap"]), chunk_tokens=int(params["chunk_tokens"]))
 
@@ -72,7 +74,7 @@ def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: f
 
     sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
     spec, seed = ctx.spec, ctx.workload_seed
-    cfg = _sim_config(params)
+    cfg = _sim_config(ctx, params)
     n = sim_requests(spec.slo.attainment, operating_batch)
 
     def make(rate, n, s):
@@ -131,7 +133,7 @@ def _meets_at(ctx: SolveContext, study, ev: dict, rate_req_s: float) -> dict:
         sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
         n = sim_requests(ctx.spec.slo.attainment, int(ev.get("batch") or 1))
         seed = ctx.workload_seed
-        res = simulate(sm, ctx.spec.requests(n, seed, rate_req_s=rate_req_s), _sim_config(params), "trace", seed=seed)
+        res = simulate(sm, ctx.spec.requests(n, seed, rate_req_s=rate_req_s), _sim_config(ctx, params), "trace", seed=seed)
         got = {"rate_req_s": rate_req_s, "slo_attainment": float(res.slo_attainment),
                "meets": bool(res.slo_attainment >= ctx.spec.slo.attainment)}
         if study is not None:

@@ -92,7 +92,8 @@ def _latency(ctx, rec: dict, result: dict, path: Path) -> None:
     from .recommend import sim_requests
     n = sim_requests(ctx.spec.slo.attainment, result["bottleneck"].get("operating_batch") or 1)
     res = simulate(sm, ctx.spec.requests(n, ctx.seed + 1, rate_req_s=load),
-                   SimConfig(batch_cap=rec["batch_cap"], chunk_tokens=rec["chunk_tokens"]), arrival="trace", seed=ctx.seed)
+                   ctx.engine.sim_config(rec["batch_cap"], rec["chunk_tokens"]) if ctx.engine is not None
+                   else SimConfig(batch_cap=rec["batch_cap"], chunk_tokens=rec["chunk_tokens"]), arrival="trace", seed=ctx.seed)
     m = res.measured
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, arr, slo, name in ((axes[0], res.ttft_s[m] * 1e3, ctx.spec.slo.ttft_ms, "TTFT"),

@@ -110,9 +110,22 @@ def test_solve_engine_flag_overrides_the_workload_calibration(tmp_path):
     out = tmp_path / "r.json"
     code, text = kvtune("solve", p, "--trials", 4, "--quiet", "--json", out, "--engine", "sglang")
     assert code == 0, text
-    assert json.loads(out.read_text())["calibration"]["name"] == "h100-sxm-sglang"
+    got = json.loads(out.read_text())
+    assert got["calibration"]["name"] == "h100-sxm-sglang"
+    assert got["admission"] == "prompt and output (SGLang's reserve)"   # simulated as SGLang admits
     code, text = kvtune("solve", p, "--trials", 4, "--quiet", "--engine", "tgi")
     assert code == 2 and text.strip().splitlines() == ["Error: --engine must be one of vllm, sglang, trtllm, got 'tgi'"]
+
+
+def test_engine_picks_the_simulators_admission():
+    """The simulator admits as the engine does: SGLang holds pool room for the outputs, vLLM and
+    TensorRT-LLM (and no engine named) admit on the prompt; kvtune's launch lines mix prefill chunks
+    into decode steps for every engine, so the simulator does too."""
+    from optimizer.engine_model import EngineModel
+    gpu = get_gpu("h100-sxm")
+    for engine, reserve in (("sglang", True), ("vllm", False), ("trtllm", False), (None, False)):
+        cfg = EngineModel.build(gpu, "calibrated", None, engine).sim_config(64, 2048)
+        assert (cfg.batch_cap, cfg.chunk_tokens, cfg.output_reserve, cfg.prefill_first) == (64, 2048, reserve, False)
 
 
 # ---- simulate: the TRT-LLM calibration matches TRT-LLM's measured TPOT better than ideal -----------

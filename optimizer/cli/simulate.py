@@ -10,7 +10,7 @@ import click
 from costmodel import get_model
 from costmodel.errors import InputError
 from costmodel.goodput import goodput
-from costmodel.simulate import SimConfig, simulate_fleet
+from costmodel.simulate import simulate_fleet
 from costmodel.step import SpecConfig
 
 from ._common import dumps
@@ -156,7 +156,7 @@ def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_to
     if rate is not None and concurrency is not None:
         raise InputError("give --rate or --concurrency, not both")
     spec, step, em = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile)
-    cfg = SimConfig(batch_cap, chunk_tokens, block_tokens, not no_prefix_caching)
+    cfg = em.sim_config(batch_cap, chunk_tokens, block_tokens, not no_prefix_caching)
     if concurrency is not None:
         arrival, rate_used = "closed", None
     else:
@@ -200,7 +200,7 @@ def goodput_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tok
                 replicas, seed, mode, calibration, engine, profile, as_json, attainment, n_requests, rel_tol):
     """The highest Poisson rate this config serves with SLO attainment at target."""
     spec, step, em = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile)
-    cfg = SimConfig(batch_cap, chunk_tokens, block_tokens, not no_prefix_caching)
+    cfg = em.sim_config(batch_cap, chunk_tokens, block_tokens, not no_prefix_caching)
     target = attainment if attainment is not None else spec.slo.attainment
 
     def make(r, n, s):
