@@ -8,6 +8,9 @@ token length (so no prefix is shared), a fixed output length (``max_tokens`` + `
 time to the first streamed token and the time of the last one; TPOT = (last - first) / (output
 tokens - 1), as vLLM's benchmark defines it. The prompt and output lengths written to the table
 are the ones the server reports (``usage``, or llama.cpp's ``timings``), not the ones asked for.
+The KV pool the server reports (SGLang's ``max_total_num_tokens`` in ``/get_server_info``, vLLM's
+``vllm:cache_config_info`` in ``/metrics``) goes in every row's ``kv_pool_tokens``, so a fit
+simulates the pool the engine really had.
 
 Standard library only (``http.client`` + threads). Prompts come from ``numpy.random.default_rng``
 so a seed gives the same prompts; timings are measurements and vary run to run.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import http.client
 import json
 import queue
+import re
 import socket
 import threading
 import time
@@ -83,6 +87,7 @@ class ServerInfo:
     engine: str = ""
     engine_version: str = ""
     can_tokenize: bool = False
+    kv_pool_tokens: int | None = None   # the KV pool the server reports, tokens (None: it does not say)
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,7 @@ def probe_server(url: str, timeout_s: float = 10.0) -> ServerInfo:
     if "llama.cpp" in server_hdr:
         engine = "llama.cpp"
         probes = probes[:1]
+    pool = None
     for path, key, name in probes:
         try:
             st, _, data = _request_json(root, "GET", path, None, timeout_s)
@@ -181,9 +187,42 @@ def probe_server(url: str, timeout_s: float = 10.0) -> ServerInfo:
             continue
         if isinstance(d, dict) and isinstance(d.get(key), str):
             engine, version = engine or name, d[key]
+            if name == "sglang":
+                pool = _whole(d.get("max_total_num_tokens"))
             break
+    if engine == "vllm":
+        pool = _vllm_pool_tokens(root, timeout_s)
     can_tok = _tokenize(root, "hello world", timeout_s) is not None
-    return ServerInfo(engine, version, can_tok)
+    return ServerInfo(engine, version, can_tok, pool)
+
+
+def _whole(v) -> int | None:
+    """A positive whole number from a reported value (int or numeric string), else None."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if f >= 1 and f == int(f) else None
+
+
+def _vllm_pool_tokens(root: str, timeout_s: float) -> int | None:
+    """vLLM's KV pool from ``/metrics``: the ``vllm:cache_config_info`` labels, ``kv_cache_size_tokens``
+    where present, else ``num_gpu_blocks`` x ``block_size``; None if the server does not say."""
+    try:
+        st, _, data = _request_json(root, "GET", "/metrics", None, timeout_s)
+    except (OSError, http.client.HTTPException):
+        return None
+    if st != 200:
+        return None
+    m = re.search(r"^vllm:cache_config_info\{([^}]*)\}", data.decode("utf-8", "replace"), re.M)
+    if not m:
+        return None
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+    tokens = _whole(labels.get("kv_cache_size_tokens"))
+    if tokens:
+        return tokens
+    blocks, size = _whole(labels.get("num_gpu_blocks")), _whole(labels.get("block_size"))
+    return blocks * size if blocks and size else None
 
 
 def _reason(exc: BaseException) -> str:
@@ -368,7 +407,7 @@ def run_profile(spec: RunSpec, meta: Metadata, on_point: Callable[[PointResult, 
                 prompts = [_fit_prompt(rng, isl, root, spec.timeout_s) for _ in range(spec.requests_per_point)]
                 pt = _run_point(spec, c, isl, osl, prompts)
                 row = ProfileRow(id=f"{id_prefix}:c{c}-i{isl}-o{osl}", kind="request", **m.row_fields(),
-                                 **summarize_point(pt))
+                                 kv_pool_tokens=info.kv_pool_tokens, **summarize_point(pt))
                 rows.append(row)
                 if on_point:
                     on_point(pt, row)

@@ -68,6 +68,18 @@ class FakeServer:
                     return self._json(200, {"build_info": "b42-test", "total_slots": 4})
                 if self.path == "/version" and outer.flavor == "vllm":
                     return self._json(200, {"version": "0.9.1"})
+                if self.path == "/metrics" and outer.flavor == "vllm":
+                    body = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
+                            'vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",'
+                            'gpu_memory_utilization="0.9",num_gpu_blocks="661"} 1.0\n').encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    return self.wfile.write(body)
+                if self.path == "/get_server_info" and outer.flavor == "sglang":
+                    return self._json(200, {"version": "0.5.1.post1", "max_total_num_tokens": 7002,
+                                            "mem_fraction_static": 0.8})
                 return self._json(404, {"error": "not found"})
 
             def do_POST(self):
@@ -162,6 +174,18 @@ def test_vllm_flavor_engine_version_and_tokenize():
         rows, info = run_profile(spec(srv.url, concurrencies=(1,)), Metadata())
     assert (info.engine, info.engine_version) == ("vllm", "0.9.1")
     assert rows[0].input_tokens == 12 and len(srv.payloads[-1]["prompt"].split()) == 12
+    # the pool from /metrics' cache_config_info: 661 blocks of 16 tokens
+    assert info.kv_pool_tokens == 661 * 16 and {r.kv_pool_tokens for r in rows} == {661 * 16}
+
+
+def test_sglang_server_info_gives_engine_and_pool():
+    with FakeServer(flavor="sglang") as srv:
+        rows, info = run_profile(spec(srv.url, concurrencies=(1,)), Metadata())
+    assert (info.engine, info.engine_version, info.kv_pool_tokens) == ("sglang", "0.5.1.post1", 7002)
+    assert rows[0].kv_pool_tokens == 7002 and rows[0].engine == "sglang"
+    with FakeServer() as srv:   # llama.cpp: no pool reported, the column stays empty
+        rows, info = run_profile(spec(srv.url, concurrencies=(1,)), Metadata())
+    assert info.kv_pool_tokens is None and rows[0].kv_pool_tokens is None
 
 
 def test_flags_win_over_what_the_server_reports():

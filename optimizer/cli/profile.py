@@ -132,7 +132,9 @@ def run_cmd(url, model, concurrency, isl, osl, output, requests_per_point, seed,
     rows, info = run_profile(spec, meta, progress, id_prefix=prefix)
     write_atomic(output, rows_to_csv([*old, *rows]))
     click.echo(f"wrote {len(rows)} rows to {output}" + (f" (after {len(old)} kept)" if old else "")
-               + f"  [engine {info.engine or '?'} {info.engine_version}]", err=True)
+               + f"  [engine {info.engine or '?'} {info.engine_version}"
+               + (f", KV pool {info.kv_pool_tokens:,} tokens" if info.kv_pool_tokens else ", KV pool not reported")
+               + "]", err=True)
 
 
 COMMANDS = [profile_group]
