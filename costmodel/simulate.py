@@ -37,8 +37,9 @@ only when the bound says the pool may run out.
 
 Simplifications (documented, deliberate): a re-prefill after preemption emits no token; a
 speculative sequence gains its own mean accepted run per verify step (its number of verify steps is
-sampled up front, so completion times are random as in the engine, but the context between
-completions grows linearly); requests whose prompt plus output cannot fit in the pool at all are
+sampled up front, one draw per verify step, or from the renewal central limit theorem past
+``SPEC_CLT_TOKENS`` output tokens, so completion times are random as in the engine, but the
+context between completions grows linearly); requests whose prompt plus output cannot fit in the pool at all are
 rejected (never served, they miss the SLO and count in ``rejected``).
 
 Warm-up: with Poisson/trace and closed-loop arrivals the first ``warmup_frac`` (default 10%) of
@@ -177,10 +178,30 @@ class SimResult:
         }
 
 
+_SPEC_DRAWS_PER_BLOCK = 1 << 20  # acceptance draws held at once (8 MiB of doubles)
+# a request with more tokens after its first than this gets its pass count from the renewal
+# central limit theorem instead of one draw per pass (past 4,096 tokens at k=5, a=0.8: > 1,100
+# passes, the count's relative sd ~2%, its law normal to well within that); below it, one draw
+# per pass: 20,000 requests of 4,096 tokens draw ~2e7 uniforms (~2 s), not one per token
+SPEC_CLT_TOKENS = 4096
+
+
+def _accepted_runs(u: np.ndarray, k: int, a: float) -> np.ndarray:
+    """Tokens each verify pass emits, 1 + X, from uniforms ``u`` (modified in place)."""
+    u[u <= 0] = np.finfo(float).tiny
+    return 1 + np.minimum(np.floor(np.log(u) / math.log(a)), k).astype(np.int64)
+
+
 def _spec_verify_steps(step: StepModel, out: np.ndarray, seed: int) -> np.ndarray:
     """Verify passes each request needs for its ``out - 1`` tokens after the first. A pass emits
     1 + X tokens, X = consecutive accepted drafts: P(X >= j) = a^j for j <= k, so
-    X = min(floor(ln U / ln a), k); mean (1 - a^(k+1)) / (1 - a) = step.tokens_per_step."""
+    X = min(floor(ln U / ln a), k); mean (1 - a^(k+1)) / (1 - a) = step.tokens_per_step.
+
+    Request i reads its passes' uniforms from its own segment of one random stream, segment i
+    starting at sum(need[:i]) and ``need[i]`` draws long (at most one per token: a pass emits >= 1);
+    it uses as many as it has passes. The stream is drawn a block at a time and the unused rest of
+    a long segment is jumped over (``advance``), so memory stays bounded by the block whatever the
+    outputs, and the draws are the same as drawing the whole stream at once."""
     need = np.maximum(out.astype(np.int64) - 1, 0)
     k, a = step.spec.k, step.spec.acceptance
     total = int(need.sum())
@@ -188,19 +209,73 @@ def _spec_verify_steps(step: StepModel, out: np.ndarray, seed: int) -> np.ndarra
         return need.copy()
     if a >= 1.0:
         return -(-need // (k + 1))
-    rng = np.random.default_rng(seed)
     if a <= 0.0:
-        runs = np.ones(total, dtype=np.int64)
-    else:
-        u = rng.random(total)
-        u[u <= 0] = np.finfo(float).tiny
-        runs = 1 + np.minimum(np.floor(np.log(u) / math.log(a)), k).astype(np.int64)
-    # each request draws from its own segment of the stream (at most need[i] draws, each >= 1 token)
+        return need.copy()  # every pass emits one token
+    rng = np.random.default_rng(seed)
+    if total <= _SPEC_DRAWS_PER_BLOCK and need.max() <= SPEC_CLT_TOKENS:
+        return _passes_of_segments(rng.random(total), need, k, a)
+    res = np.zeros(len(need), dtype=np.int64)
+    long = np.flatnonzero(need > SPEC_CLT_TOKENS)
+    if long.size:  # their own generator: the stream the others read stays as it was
+        res[long] = _passes_clt(np.random.default_rng([seed, 1]), need[long], k, a)
+    i, n = 0, len(need)
+    while i < n:
+        if need[i] > SPEC_CLT_TOKENS:
+            rng.bit_generator.advance(int(need[i]))  # its segment, unread
+            i += 1
+            continue
+        if need[i] > _SPEC_DRAWS_PER_BLOCK:
+            res[i] = _passes_of_long_segment(rng, int(need[i]), k, a)
+            i += 1
+            continue
+        j, drawn = i, 0  # consecutive requests whose segments fit one block
+        while j < n and need[j] <= _SPEC_DRAWS_PER_BLOCK - drawn and need[j] <= SPEC_CLT_TOKENS:
+            drawn += int(need[j])
+            j += 1
+        res[i:j] = _passes_of_segments(rng.random(drawn), need[i:j], k, a)
+        i = j
+    return res
+
+
+def _passes_clt(rng: np.random.Generator, need: np.ndarray, k: int, a: float) -> np.ndarray:
+    """Passes to emit ``need`` tokens when each emits 1 + X (X as above): by the renewal CLT the
+    count is normal with mean need / mu (+ 1/2 for the last pass's overshoot) and variance
+    need sigma^2 / mu^3, mu and sigma^2 the mean and variance of 1 + X; within [need/(k+1), need]."""
+    j = np.arange(1, k + 1)
+    mu = 1.0 + float(np.sum(a ** j))                      # E[1 + X] = sum_{j=0..k} a^j
+    var = float(np.sum((2 * j - 1) * a ** j)) - (mu - 1.0) ** 2  # E[X^2] - E[X]^2
+    mean = need / mu + 0.5
+    sd = np.sqrt(need * max(var, 0.0) / mu ** 3)
+    draw = np.rint(mean + sd * rng.standard_normal(len(need))).astype(np.int64)
+    return np.clip(draw, -(-need // (k + 1)), need)
+
+
+def _passes_of_segments(u: np.ndarray, need: np.ndarray, k: int, a: float) -> np.ndarray:
+    """Passes of consecutive requests whose segments together are ``u``."""
+    runs = _accepted_runs(u, k, a)
     cum = np.concatenate(([0], np.cumsum(runs)))
     start = np.concatenate(([0], np.cumsum(need)[:-1]))
     base = cum[start]
     end = np.searchsorted(cum, base + need, side="left")  # first index with cum >= base + need
     return np.where(need > 0, end - start, 0).astype(np.int64)
+
+
+def _passes_of_long_segment(rng: np.random.Generator, need: int, k: int, a: float) -> int:
+    """Passes of one request whose segment exceeds a block: drawn a block at a time until its
+    tokens are reached, then the rest of the segment is skipped."""
+    drawn, got = 0, 0
+    while True:
+        m = min(_SPEC_DRAWS_PER_BLOCK, need - drawn)
+        c = np.cumsum(_accepted_runs(rng.random(m), k, a))
+        if got + int(c[-1]) >= need:
+            passes = drawn + int(np.searchsorted(c, need - got, side="left")) + 1
+            drawn += m
+            break
+        got += int(c[-1])
+        drawn += m
+    if need > drawn:
+        rng.bit_generator.advance(need - drawn)
+    return passes
 
 
 def simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: str = "trace",
