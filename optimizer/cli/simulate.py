@@ -8,6 +8,7 @@ import time
 import click
 
 from costmodel import get_model
+from costmodel.engines import ENGINE_NAMES
 from costmodel.errors import Infeasible, InputError
 from costmodel.goodput import goodput
 from costmodel.simulate import simulate_fleet
@@ -90,7 +91,7 @@ def _config_options(f):
         click.option("--mode", type=_Choice(("calibrated", "ideal")), default="calibrated", show_default=True),
         click.option("--calibration", default=None,
                      help="Calibration file, shipped name or 'ideal' (default: the workload's, else the shipped one)."),
-        click.option("--engine", type=_Choice(("vllm", "sglang", "trtllm")), default=None,
+        click.option("--engine", type=_Choice(ENGINE_NAMES), default=None,
                      help="Use the shipped calibration fitted for this engine (overrides the workload's engine and "
                           "calibration unless --calibration is given)."),
         click.option("--profile", default=None,
