@@ -146,11 +146,15 @@ class StepModel:
         dense layers and the MoE all-to-all (dispatch + combine) of each GPU's own tokens."""
         link = gpu.link_bytes_per_s * e.link_efficiency
         net = gpu.network_bytes_per_s * e.link_efficiency
-        lat, net_lat = (e.allreduce_latency_s, gpu.network_latency_s) if e.model_comm else (0.0, 0.0)
+        lat, net_lat = e.allreduce_latency_s, gpu.network_latency_s
         g = par.gpus_per_node
         tok_bytes = model.hidden * ACT_BYTES
         self._comm = (link, net, lat, net_lat, g)
-        if par.tp > 1 and e.model_comm:
+        if not e.model_comm:  # the ideal model: communication costs nothing
+            self._n_ar, self._ar_lat, self._ar_s_per_token = 0, 0.0, 0.0
+            self._hop_bytes_tok, self._hops = 0.0, (0, 0)
+            return
+        if par.tp > 1:
             self._ar_lat = allreduce_s(0.0, par.tp, g, link, lat, net, net_lat)
             self._ar_s_per_token = allreduce_s(tok_bytes, par.tp, g, link, lat, net, net_lat) - self._ar_lat
             if par.dp_attention:
@@ -177,7 +181,7 @@ class StepModel:
 
     def hops_s(self, n_tokens: float) -> float:
         """The pipeline's stage-to-stage transfers for one micro-batch of ``n_tokens``."""
-        if self._pp == 1:
+        if self._pp == 1 or not self._hop_bytes_tok:
             return 0.0
         link, net, lat, net_lat, _ = self._comm
         b = n_tokens * self._hop_bytes_tok
