@@ -107,8 +107,12 @@ def summary_text(r: dict, storage: str | None) -> str:
             lines.append(f"  closest: {_cfg(c['config'])}: {c.get('miss', '')}")
         return "\n".join(lines)
     rec, p, c, b = r["recommendation"], r["predicted"], r["cost"], r["bottleneck"]
-    lines.append(f"Recommendation: {rec['replicas']} x TP{rec['tp']} {rec['model']} on {rec['gpus']} {rec['gpu']} "
-                 f"({rec['nodes']} node{'s' if rec['nodes'] > 1 else ''})")
+    layout = f"TP{rec['tp']}" + (f" x PP{rec['pp']}" if rec.get("pp", 1) > 1 else "") \
+        + (f" EP{rec['ep']}" if rec.get("ep", 1) > 1 else "") + (" DP-attention" if rec.get("dp_attention") else "")
+    per = rec.get("nodes_per_replica", 1)
+    lines.append(f"Recommendation: {rec['replicas']} x {layout} {rec['model']} on {rec['gpus']} {rec['gpu']} "
+                 f"({rec['nodes']} node{'s' if rec['nodes'] > 1 else ''}"
+                 + (f", {per} per replica" if per > 1 else "") + ")")
     lines.append(f"  batch cap {rec['batch_cap']}  chunk {rec['chunk_tokens']} tokens  KV {rec['kv_dtype']}  "
                  f"speculative k {rec['spec_k']}")
     lines.append(f"  cost ${c['usd_per_hour']:.2f}/h  ${c['usd_per_million_output_tokens']:.3f} per 1M output tokens")
@@ -136,7 +140,7 @@ def summary_text(r: dict, storage: str | None) -> str:
 
 
 def _cfg(p: dict) -> str:
-    return f"TP{p['tp']} batch {p['batch_cap']} KV {p['kv_dtype']} k {p['spec_k']} chunk {p['chunk_tokens']}"
+    return f"{p.get('layout') or 'TP' + str(p['tp'])} batch {p['batch_cap']} KV {p['kv_dtype']} k {p['spec_k']} chunk {p['chunk_tokens']}"
 
 
 COMMANDS = [solve_cmd]
