@@ -15,6 +15,13 @@ Decode tokens use the decode FLOP efficiency (small-M GEMMs); prefill tokens use
 Speculative decoding (draft length k, per-token acceptance a) turns every decode sequence into
 k+1 verify tokens: the same bytes, k+1 times the arithmetic, plus k draft passes costing
 ``draft_cost`` of a target pass each, and emits (1 - a^(k+1)) / (1 - a) tokens on average.
+
+Beyond one node's TP group (``parallel=costmodel.parallel.Parallel(...)``): per-GPU bytes and FLOPs
+divide by tp x pp; a pipeline step is a round (pp stage-times of a 1/M micro-batch, M = min(pp,
+sequences), plus the stage-to-stage hops); the all-reduce is hierarchical when TP spans nodes;
+expert parallelism charges the busiest GPU (``expert_load_imbalance``); DP attention replicates the
+attention weights, reads each sequence's KV on one GPU and moves MoE tokens by all-to-all. The
+terms and their formulas are in ``costmodel/parallel.py``.
 """
 
 from __future__ import annotations
