@@ -156,12 +156,16 @@ def _zero_load_reason(res: SimResult, req: Requests, attainment: float) -> str:
 def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests], config: SimConfig,
             attainment: float, n_requests: int | None = None, seed: int = 0, rel_tol: float = 0.02,
             warmup_frac: float | None = None, max_iterations: int = 40,
-            guess_req_s: float | None = None) -> GoodputResult:
+            guess_req_s: float | None = None, *, sim: Callable[[Requests, str, float], SimResult] | None = None,
+            upper_bound_req_s: float | None = None) -> GoodputResult:
     """Highest Poisson rate (req/s, one replica) at which SLO attainment stays >= ``attainment``.
 
     ``make_requests(rate_req_s, n, seed)`` draws the requests (the same seed at every rate). See
     the module docstring for the bracketing, the tolerance and ``n_requests`` (default
     ``default_n_requests(attainment)``) and ``guess_req_s`` (a starting bracket).
+    ``sim(requests, arrival, warmup_frac)`` simulates something other than one replica of
+    ``step`` (a disaggregated deployment: ``costmodel.deployment``), with ``upper_bound_req_s``
+    its capacity bound.
     """
     if not 0 < attainment <= 1:
         raise InputError(f"attainment must be in (0, 1], got {attainment!r}")
@@ -190,11 +194,13 @@ def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests
     history: list[tuple[float, float]] = []
     shared = (float(np.where(probe.prefix_group >= 0, probe.prefix_tokens, 0)[fits].mean())
               if config.prefix_caching and fits.any() else 0.0)
-    ub = capacity_bound_req_s(step, mean_in, mean_out, config.batch_cap, shared, config.kv_pool_tokens)
+    ub = (capacity_bound_req_s(step, mean_in, mean_out, config.batch_cap, shared, config.kv_pool_tokens)
+          if upper_bound_req_s is None else float(upper_bound_req_s))
 
     def run(rate: float) -> tuple[SimResult, Requests]:
         req = make_requests(rate, n, seed)
-        res = simulate(step, req, config, "trace", seed=seed, warmup_frac=wf)
+        res = (simulate(step, req, config, "trace", seed=seed, warmup_frac=wf) if sim is None
+               else sim(req, "trace", wf))
         history.append((rate, res.slo_attainment))
         if res.rejected:
             best = _best_attainment(res)
@@ -209,7 +215,9 @@ def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests
         """Requests per second the engine completes with every request queued (an offline run of
         the same requests), over its middle completions: the fill at the start and the drain at the
         end, when the batch is not full, are left out."""
-        res = simulate(step, make_requests(math.inf, n, seed), config, "inf", seed=seed, warmup_frac=0.0)
+        req = make_requests(math.inf, n, seed)
+        res = (simulate(step, req, config, "inf", seed=seed, warmup_frac=0.0) if sim is None
+               else sim(req, "inf", 0.0))
         fin = np.sort(res.e2e_s[~np.isinf(res.ttft_s)])
         k1, k2 = int(SATURATED_WINDOW[0] * len(fin)), int(SATURATED_WINDOW[1] * len(fin))
         if k2 - k1 < 2 or not fin[k2 - 1] > fin[k1]:

@@ -67,6 +67,8 @@ class ReplicaInputs:
     n_trace: int         # requests that arrive at their own arr[i] (the rest: at once, or by clients)
     clients: int         # closed loop: clients (0: open loop)
     all_at_once: bool    # offline: every request waits at t=0
+    # True where the request's prompt KV arrives computed (a disaggregated decode replica); None: none
+    kv_ready: list | None = None
 
 
 class Replica:
@@ -75,7 +77,7 @@ class Replica:
     # slots: the loop reads and writes these attributes on every event (a dict of ~70 keys is slower)
     __slots__ = (
         # inputs, per request
-        "n", "inp", "out", "pre", "grp", "arr", "nsteps", "gain", "rejected", "any_rejected", "n_trace",
+        "n", "inp", "out", "pre", "grp", "arr", "nsteps", "gain", "rejected", "any_rejected", "n_trace", "kv_ready",
         # the engine and its policies
         "step", "q", "bt", "cap", "chunk", "use_prefix", "total_blocks", "watermark_blocks", "scheduling",
         "admission", "mixed", "budget_per_decode", "reserve", "chunk_runs", "naive", "step_time", "pieces_of",
@@ -100,6 +102,7 @@ class Replica:
         self.inp, self.out, self.pre, self.grp = x.inp, x.out, x.pre, x.grp
         self.arr = x.arr
         self.nsteps, self.gain, self.rejected = x.nsteps, x.gain, x.rejected
+        self.kv_ready = list(x.kv_ready) if x.kv_ready is not None else None
         self.any_rejected = any(x.rejected)
         self.n_trace = x.n_trace
         self.step = step
@@ -197,6 +200,7 @@ class Replica:
         alloc_pf, pinned, top, n_left, nxt, events = (self.alloc_pf, self.pinned, self.top, self.n_left, self.nxt,
                                                       self.events)
         sync = self._sync
+        kv_given = self.kv_ready is not None
         while n_left > 0:
             events += 1
             # ---- 1. arrivals up to now join the waiting queue ----------------------------------
@@ -225,6 +229,8 @@ class Replica:
                 sync(t, gstep, ctx_sum, G, n_dec, shared_dec, alloc_pf, pinned, top, n_left, nxt)
                 chunks, ptoks, ppairs, pkv, budget = self._plan_prefill(budget, preempted)
                 alloc_pf, pinned, n_left = self.alloc_pf, self.pinned, self.n_left
+                if kv_given:  # requests whose KV arrived may have joined the decoding set
+                    ctx_sum, G, n_dec, shared_dec, top = self.ctx_sum, self.G, self.n_dec, self.shared_dec, self.top
             # ---- 4. time advances ------------------------------------------------------------------
             if ptoks > 0:
                 if chunk_runs and budget == 0 and len(chunks) == 1 and not preempted:
@@ -352,6 +358,33 @@ class Replica:
                 ctx_sum, G = 0.0, 0.0
         sync(t, gstep, ctx_sum, G, n_dec, shared_dec, alloc_pf, pinned, top, n_left, nxt)
         self.events = events
+
+    def _join_decode(self, i: int, d: int) -> None:
+        """Request ``i``, admitted with its prompt's ``d`` tokens of KV already computed elsewhere
+        (a prefill replica), emits its first token now (it came with the KV) and decodes the rest."""
+        self.first_t[i] = self.t
+        self.shared_of[i] = 0
+        left = self.nsteps[i] - self.steps_done[i]
+        if left <= 0:
+            self.fin_t[i] = self.t
+            del self.running[i]
+            self.n_left -= 1
+            if self.nxt_c < self.n:
+                self._on_done(i)
+            return
+        s = heapq.heappop(self.free_slots)
+        self.active[s] = True
+        if s >= self.top:
+            self.top = s + 1
+        self.slot_of[i] = s
+        g, gstep = self.gain[i], self.gstep
+        self.L0_of[i], self.S0_of[i] = float(d), gstep
+        w0, w1, w2, w3, w4 = self.slot_w
+        w0[s], w1[s], w2[s], w3[s], w4[s] = float(d), gstep, g, 0, gstep + left
+        self.ctx_sum += d
+        self.G += g
+        self.n_dec += 1
+        heapq.heappush(self.heap, (gstep + left, i, self.epoch[i]))
 
     def _sync(self, t, gstep, ctx_sum, G, n_dec, shared_dec, alloc_pf, pinned, top, n_left, nxt) -> None:
         """The loop's local state onto the replica, before a method that reads it."""
@@ -525,7 +558,7 @@ class Replica:
         running, cap, bt = self.running, self.cap, self.bt
         rejected, steps_done, gain = self.rejected, self.steps_done, self.gain
         inp, pre, grp = self.inp, self.pre, self.grp
-        reserve, admission = self.reserve, self.admission
+        reserve, admission, kv_ready = self.reserve, self.admission, self.kv_ready
         limit = self.total_blocks - self.watermark_blocks
         used_ub = None
         res = 0.0   # blocks the admission policy holds back for outputs (running, then admitted now)
@@ -536,9 +569,12 @@ class Replica:
                 continue
             target = inp[i] + (int(round(steps_done[i] * gain[i])) if steps_done[i] else 0)
             cached = 0
-            if self.use_prefix and pre[i] > 0 and grp[i] in self.cached_groups:
+            kv = kv_ready is not None and kv_ready[i]
+            if kv:
+                cached = target  # its prompt's KV came from a prefill replica: nothing to compute
+            elif self.use_prefix and pre[i] > 0 and grp[i] in self.cached_groups:
                 cached = min(pre[i], target - 1)
-            shared = cached // bt
+            shared = 0 if kv else cached // bt
             need = -(-target // bt) - shared
             if used_ub is None:
                 used_ub = self._used_bound()
@@ -560,6 +596,11 @@ class Replica:
             waiting.popleft()
             running[i] = None
             res += own
+            if kv:
+                kv_ready[i] = False  # if it is preempted, it recomputes here
+                used_ub += need
+                self._join_decode(i, target)
+                continue
             pf_done[i], pf_target[i], self.pf_alloc[i] = cached, target, need
             self.shared_of[i] = shared
             self.alloc_pf += need

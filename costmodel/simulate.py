@@ -72,7 +72,8 @@ from .replica import Replica, ReplicaInputs
 from .requests import Requests
 from .step import StepModel
 
-__all__ = ["SimConfig", "SimResult", "simulate", "simulate_fleet", "ARRIVAL_MODES", "default_warmup_frac"]
+__all__ = ["SimConfig", "SimResult", "simulate", "simulate_fleet", "build_result", "ARRIVAL_MODES",
+           "default_warmup_frac"]
 
 ARRIVAL_MODES = ("trace", "inf", "closed")
 
@@ -323,7 +324,11 @@ def simulate_fleet(step: StepModel, make_requests: Callable[[float, int, int], R
 
 
 def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: str,
-              concurrency: int | None, seed: int, warmup_frac: float | None, naive: bool) -> SimResult:
+              concurrency: int | None, seed: int, warmup_frac: float | None, naive: bool,
+              kv_ready: np.ndarray | None = None) -> SimResult:
+    """``simulate``; ``naive``: one step at a time (no closed form); ``kv_ready`` (a decode replica
+    of a disaggregated deployment, ``costmodel.deployment``): True where the request's prompt KV
+    arrives computed, so it starts decoding when admitted, its first token with it."""
     wall0 = time.perf_counter()
     if not getattr(step, "closed_form_ok", True):
         naive = True  # measured step times: no closed form, time every decode step exactly
@@ -382,7 +387,8 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     reject_reason = _reject_reason(inp_a, out_a, rejected_mask, total_blocks, watermark_blocks, bt) if any_rejected else ""
 
     x = ReplicaInputs(inp=inp, out=out, pre=pre, grp=grp, arr=arr, nsteps=nsteps, gain=gain, rejected=rejected,
-                      n_trace=n_trace, clients=k0 if arrival == "closed" else 0, all_at_once=arrival == "inf")
+                      n_trace=n_trace, clients=k0 if arrival == "closed" else 0, all_at_once=arrival == "inf",
+                      kv_ready=None if kv_ready is None else np.asarray(kv_ready, dtype=bool)[order].tolist())
     r = Replica(step, x, batch_cap=config.batch_cap, chunk_tokens=config.chunk_tokens,
                 block_tokens=config.block_tokens, prefix_caching=config.prefix_caching, total_blocks=total_blocks,
                 watermark_blocks=watermark_blocks, scheduling=scheduling_for(config.prefill_first),
@@ -394,14 +400,23 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     # ---- results (back in the caller's order) ----------------------------------------------------
     inv = np.empty(n, dtype=np.int64)
     inv[order] = np.arange(n)
-    arr_s = np.asarray(arr_t)[inv]
-    first = np.asarray(first_t)[inv]
-    fin = np.asarray(fin_t)[inv]
-    rej = rejected_mask[inv]
+    front_s = float(getattr(step, "request_overhead_s", 0.0))
+    return build_result(requests, np.asarray(arr_t)[inv], np.asarray(first_t)[inv], np.asarray(fin_t)[inv],
+                        rejected_mask[inv], front_s, warmup_frac, arrival, preemptions, gstep, events, wall0,
+                        reject_reason)
+
+
+def build_result(requests: Requests, arr_s: np.ndarray, first: np.ndarray, fin: np.ndarray, rej: np.ndarray,
+                 front_s: float, warmup_frac: float, arrival: str, preemptions: int, steps: int, events: int,
+                 wall0: float, reject_reason: str) -> SimResult:
+    """A ``SimResult`` from each request's arrival, first-token and finish times (engine clock, in
+    the caller's order), the rejected ones and ``front_s``, the front end's share of every request
+    (HTTP, tokenizing, streaming the first token) outside the engine's steps."""
+    n = len(arr_s)
+    first = first.copy()
+    fin = fin.copy()
     first[rej] = math.inf
     fin[rej] = math.inf
-    # the front end's share (HTTP, tokenizing, streaming the first token), outside the engine's steps
-    front_s = float(getattr(step, "request_overhead_s", 0.0))
     ttft = first - arr_s + front_s
     e2e = fin - arr_s + front_s
     out_c = requests.output_tokens.astype(np.int64)
@@ -427,7 +442,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     return SimResult(
         arrival_s=arr_s, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, met_slo=met, measured=measured,
         output_tokens=out_c, preemptions=preemptions, rejected=int(rej.sum()), makespan_s=makespan,
-        output_tok_s=out_tok_s, request_s=req_s, slo_attainment=att, steps=gstep, events=events,
+        output_tok_s=out_tok_s, request_s=req_s, slo_attainment=att, steps=steps, events=events,
         arrival=arrival, warmup_frac=float(warmup_frac), sim_wall_s=time.perf_counter() - wall0,
         reject_reason=reject_reason)
 
