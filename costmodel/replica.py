@@ -12,7 +12,7 @@ order:
    count, ``dec_blocks``, only when the bound does not fit); while they do not fit, the most
    recently admitted request is preempted (``_make_room``, ``_preempt``: vLLM's RECOMPUTE,
    SGLang's retraction);
-3. prompt chunks (``_plan_prefill``): the scheduling policy's token budget goes to the running
+3. prompt chunks (``_admit``): the scheduling policy's token budget goes to the running
    prompts first, then to the head of the waiting queue (FCFS) while the batch cap, the KV pool
    and the admission policy allow;
 4. time advances by one of: a run of identical-shape mixed steps summed in closed form
@@ -226,15 +226,33 @@ class Replica:
             budget = chunk - n_dec * per_decode
             ptoks = 0
             if budget > 0 and (prefilling or waiting):
-                sync(t, gstep, ctx_sum, G, n_dec, shared_dec, alloc_pf, pinned, top, n_left, nxt)
-                chunks, ptoks, ppairs, pkv, budget = self._plan_prefill(budget, preempted)
-                alloc_pf, pinned, n_left = self.alloc_pf, self.pinned, self.n_left
-                if kv_given:  # requests whose KV arrived may have joined the decoding set
-                    ctx_sum, G, n_dec, shared_dec, top = self.ctx_sum, self.G, self.n_dec, self.shared_dec, self.top
+                ppairs = 0.0
+                pkv = 0.0
+                chunks = []
+                for i in prefilling:  # the running prompts first, in admission order
+                    d = pf_done[i]
+                    c = pf_target[i] - d
+                    if c > budget:
+                        c = budget
+                    ptoks += c
+                    ppairs += c * d + c * (c + 1) * 0.5
+                    pkv += d
+                    chunks.append((i, c))
+                    budget -= c
+                    if budget <= 0:
+                        break
+                # vLLM V1 admits nothing in a step that had to preempt (the victim would come straight back)
+                if budget > 0 and waiting and len(running) < cap and not preempted:
+                    sync(t, gstep, ctx_sum, G, n_dec, shared_dec, alloc_pf, pinned, top, n_left, nxt)
+                    ptoks, ppairs, pkv, budget = self._admit(chunks, ptoks, ppairs, pkv, budget)
+                    alloc_pf, pinned, n_left = self.alloc_pf, self.pinned, self.n_left
+                    if kv_given:  # requests whose KV arrived may have joined the decoding set
+                        ctx_sum, G, n_dec, shared_dec, top = self.ctx_sum, self.G, self.n_dec, self.shared_dec, self.top
             # ---- 4. time advances ------------------------------------------------------------------
             if ptoks > 0:
                 if chunk_runs and budget == 0 and len(chunks) == 1 and not preempted:
                     # one prompt takes the whole budget: the next steps may repeat this one's shape
+                    sync(t, gstep, ctx_sum, G, n_dec, shared_dec, alloc_pf, pinned, top, n_left, nxt)
                     m = self._chunk_run_length(chunks[0])
                 else:
                     m = 1
@@ -531,30 +549,12 @@ class Replica:
         return freed
 
     # ---- 3. prompt chunks for this step --------------------------------------------------------
-    def _plan_prefill(self, budget: int, preempted: bool) -> tuple:
-        """(chunks, prompt tokens, attention pairs, cached tokens read, budget left) of this step,
-        within the scheduling policy's ``budget`` of prompt tokens; admits from the waiting queue
-        as the batch cap, the pool and the admission policy allow."""
-        ptoks = 0
-        ppairs = 0.0
-        pkv = 0.0
-        chunks: list = []
+    def _admit(self, chunks: list, ptoks: int, ppairs: float, pkv: float, budget: int) -> tuple:
+        """Admit from the head of the waiting queue (FCFS) while the budget, the batch cap, the KV
+        pool and the admission policy allow; each admitted prompt's first chunk joins ``chunks``.
+        Returns the step's (prompt tokens, attention pairs, cached tokens read, budget left)."""
         waiting = self.waiting
         pf_done, pf_target = self.pf_done, self.pf_target
-        for i in self.prefilling:
-            d = pf_done[i]
-            c = pf_target[i] - d
-            if c > budget:
-                c = budget
-            ptoks += c
-            ppairs += c * d + c * (c + 1) * 0.5
-            pkv += d
-            chunks.append((i, c))
-            budget -= c
-            if budget <= 0:
-                break
-        if preempted:  # vLLM V1 admits nothing in a step that had to preempt (the victim would come straight back)
-            return chunks, ptoks, ppairs, pkv, budget
         running, cap, bt = self.running, self.cap, self.bt
         rejected, steps_done, gain = self.rejected, self.steps_done, self.gain
         inp, pre, grp = self.inp, self.pre, self.grp
@@ -614,7 +614,7 @@ class Replica:
             pkv += cached
             chunks.append((i, c))
             budget -= c
-        return chunks, ptoks, ppairs, pkv, budget
+        return ptoks, ppairs, pkv, budget
 
     # ---- 4. advancing time ---------------------------------------------------------------------
     def _next_finish(self) -> int:
