@@ -6,8 +6,8 @@ replica fills in each request's first-token and finish times. One turn of the lo
 order:
 
 1. arrivals: requests that have arrived join the waiting queue; rejected ones (they can never fit
-   the pool) leave it at once (``_reject_head``); an idle engine jumps to the next arrival
-   (``_idle_or_reject``);
+   the pool) leave it at once (``_reject_head``); an idle engine jumps to the next arrival (and
+   the admission policy hears of it: ``on_idle``);
 2. room: the blocks the decoding sequences need for this step (an upper bound first, the exact
    count, ``dec_blocks``, only when the bound does not fit); while they do not fit, the most
    recently admitted request is preempted (``_make_room``, ``_preempt``: vLLM's RECOMPUTE,
@@ -189,7 +189,7 @@ class Replica:
         n_trace, bt, total_blocks, cap, n = self.n_trace, self.bt, self.total_blocks, self.cap, self.n
         naive, reserve, pieces_of, steps_until, time_of = (self.naive, self.reserve, self.pieces_of, self.steps_until,
                                                            self.time_of)
-        step_time, use_prefix, cached_groups = self.step_time, self.use_prefix, self.cached_groups
+        step_time, use_prefix, cached_groups, admission = self.step_time, self.use_prefix, self.cached_groups, self.admission
         pf_done, pf_target, pf_alloc, pre, grp = self.pf_done, self.pf_target, self.pf_alloc, self.pre, self.grp
         first_t, fin_t, nsteps, steps_done, gain = self.first_t, self.fin_t, self.nsteps, self.steps_done, self.gain
         free_slots, active, slot_of, shared_of = self.free_slots, self.active, self.slot_of, self.shared_of
@@ -207,14 +207,18 @@ class Replica:
             while nxt < n_trace and arr[nxt] <= t:
                 waiting.append(nxt)
                 nxt += 1
-            if any_rejected and waiting and rejected[waiting[0]] or not running and not waiting:
+            if any_rejected and waiting and rejected[waiting[0]]:
                 sync(t, gstep, ctx_sum, G, n_dec, shared_dec, alloc_pf, pinned, top, n_left, nxt)
-                go = self._idle_or_reject()
-                t, n_left = self.t, self.n_left
+                self._reject_head()
+                n_left = self.n_left
                 if n_left == 0:
                     break
-                if not go:
-                    continue
+            if not running and not waiting:
+                t = arr[nxt]  # idle until the next arrival (trace mode only reaches here)
+                if reserve:
+                    self.gstep = gstep
+                    admission.on_idle(self)
+                continue
             # ---- 2. room for this step's decodes ------------------------------------------------
             preempted = False
             if n_dec and (ctx_sum + n_dec) / bt + n_dec - shared_dec + alloc_pf + pinned > total_blocks:
@@ -408,20 +412,6 @@ class Replica:
         """The loop's local state onto the replica, before a method that reads it."""
         self.t, self.gstep, self.ctx_sum, self.G, self.n_dec, self.shared_dec = t, gstep, ctx_sum, G, n_dec, shared_dec
         self.alloc_pf, self.pinned, self.top, self.n_left, self.nxt = alloc_pf, pinned, top, n_left, nxt
-
-    def _idle_or_reject(self) -> bool:
-        """With nothing running: drop rejected requests at the head of the queue; if nothing
-        waits either, idle until the next arrival and return False."""
-        waiting = self.waiting
-        if self.any_rejected and waiting and self.rejected[waiting[0]]:
-            self._reject_head()
-            if self.n_left == 0:
-                return True
-        if not self.running and not waiting:
-            self.t = self.arr[self.nxt]  # idle until the next arrival (trace mode only reaches here)
-            self.admission.on_idle(self)
-            return False
-        return True
 
     def _reject_head(self) -> None:
         """Drop rejected requests from the head of the waiting queue (they are never served)."""
