@@ -22,12 +22,14 @@ from functools import lru_cache
 from pathlib import Path
 
 from ._data import load_yaml, profiles_path
+from .dtypes import BYTES_PER_ELEMENT
 from .errors import InputError
 
 __all__ = ["ModelArch", "get_model", "list_models", "model_from_config", "DTYPE_BYTES"]
 
-# Bytes per element of the formats kvtune models (bf16/fp16: 2 bytes; fp8 e4m3/e5m2: 1 byte).
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+# Bytes per element of the formats kvtune models (bf16/fp16: 2 bytes; fp8 e4m3/e5m2: 1 byte; GGUF
+# block formats fractional): one home, costmodel.dtypes.
+DTYPE_BYTES = BYTES_PER_ELEMENT
 
 
 @dataclass(frozen=True)

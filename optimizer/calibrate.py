@@ -21,7 +21,9 @@ import yaml
 from costmodel import __version__
 from costmodel.calibration import ENGINES, efficiency_for, load_calibration
 from costmodel.efficiency import IDEAL, PARAM_BOUNDS, Efficiency
+from costmodel.dtypes import KNOWN as KNOWN_DTYPES, canonical as canonical_dtype
 from costmodel.errors import DoesNotFit, InputError
+from costmodel.closed_loop import STAGGERED_ENGINES as _STAGGERED, canonical_engine
 from costmodel.fit import (FIT_PARAMS, METRICS, FitResult, FoldResult, PointFit, RowPredictor, cross_validate, evaluate,
                            fit_efficiency)
 from costmodel.hardware import GPU, get_gpu, load_gpu_file
@@ -55,11 +57,32 @@ def load_tables(paths: Sequence[str | Path]) -> tuple[list[ProfileRow], list[Tab
     for path in paths:
         p = Path(path)
         t = read_table(p)
-        sources = sorted({r.source.split(":")[0] for r in t if r.source})
+        check_row_formats(p, t)
+        sources = sorted({_provenance(r.source) for r in t if r.source})
         inputs.append(TableInput(path=_shown(p), sha256=_sha256(p), rows=len(t),
                                  source=", ".join(sources[:4]) or "not recorded"))
         rows.extend(t)
     return rows, inputs
+
+
+def _provenance(source: str) -> str:
+    """A row's source as the calibration records it: whole for a command line or a URL
+    (``kvtune profile run --url http://...``), the file part of ``FILE:ROW`` references."""
+    head, sep, _ = source.partition(":")
+    if sep and " " not in head and head.lower().endswith((".csv", ".json", ".jsonl", ".yaml", ".yml", ".txt")):
+        return head  # h100_silicon_points.csv:ID -> the file
+    return source
+
+
+def check_row_formats(path: Path, rows: Sequence[ProfileRow]) -> None:
+    """Every row's weight and KV formats must be ones kvtune has a byte width for
+    (``costmodel.dtypes``: bf16, fp16/f16, fp8, q4_0, q4_1, q8_0, ...); the error names file and row."""
+    for r in rows:
+        for key in ("weight_dtype", "kv_dtype"):
+            v = getattr(r, key)
+            if canonical_dtype(v) is None:
+                raise InputError(f"{path}: row {r.id}: {key} = {v!r} is not a format kvtune knows "
+                                 f"(known: {', '.join(KNOWN_DTYPES)}; spellings such as f16, fp8_e4m3, Q4_K_M too)")
 
 
 def resolve_gpu(spec: str) -> GPU:
@@ -89,7 +112,7 @@ def select_rows(rows: Sequence[ProfileRow], gpu: GPU, engine: str | None) -> tup
         notes.append(f"{len(rows) - len(keep)} rows for other GPUs left out")
     if engine:
         n = len(keep)
-        keep = [r for r in keep if not r.engine or r.engine == engine]
+        keep = [r for r in keep if not r.engine or canonical_engine(r.engine) == engine]
         if len(keep) < n:
             notes.append(f"{n - len(keep)} rows of other engines left out")
     if not keep:
@@ -187,8 +210,8 @@ POOL_STAGE_ENGINES = ("sglang",)
 POOL_PRESSURE = 0.7
 POOL_RESERVE_GRID_GB = tuple(x * 0.25 for x in range(41))   # 0 to 10 GB per GPU
 POOL_RESERVE_STEP_GB = 0.02
-# vLLM's and TensorRT-LLM's mixed steps let a long run's clients drift apart (costmodel.fit)
-STAGGERED_ENGINES = ("trtllm", "vllm")
+# vLLM's and TensorRT-LLM's mixed steps let a long run's clients drift apart (costmodel.closed_loop)
+STAGGERED_ENGINES = tuple(sorted(_STAGGERED))
 _SHIPPED = (
     # name, engine, tables, cross-validation key
     ("h100-sxm-trtllm", "trtllm", ("silicon", "published"), "tp"),
