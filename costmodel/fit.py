@@ -30,7 +30,7 @@ from .models import get_model
 from .profile_table import ProfileRow
 from .step import StepModel
 
-__all__ = ["FIT_PARAMS", "PointFit", "FitResult", "RowPredictor", "measured_metrics", "fit_efficiency",
+__all__ = ["FIT_PARAMS", "PointFit", "FitResult", "RowPredictor", "measured_metrics", "fit_efficiency", "visible_params",
            "evaluate", "cross_validate", "mape"]
 
 # Fitted by default; activation_reserve_bytes only shows when the KV pool limits a run, and
@@ -41,11 +41,12 @@ FIT_PARAMS = ("bw_efficiency", "decode_flops_efficiency", "prefill_flops_efficie
 # Solver units: value = x * scale.
 _SCALE = {"bw_efficiency": 1.0, "decode_flops_efficiency": 1.0, "prefill_flops_efficiency": 1.0,
           "step_overhead_s": 1e-3, "prefill_overhead_s": 1e-3, "allreduce_latency_s": 1e-6, "link_efficiency": 1.0,
-          "activation_reserve_bytes": 1e9, "request_overhead_s": 1e-3}
+          "activation_reserve_bytes": 1e9, "request_overhead_s": 1e-3,
+          "fp8_gemm_efficiency": 1.0, "fp8_kv_bw_efficiency": 1.0, "fp8_scale_overhead_s": 1e-3}
 # Probe used to decide whether the rows can see a parameter at all: efficiencies are divided by 4,
 # additive parameters get this much added.
 _PROBE_ADD = {"step_overhead_s": 2e-3, "prefill_overhead_s": 2e-3, "allreduce_latency_s": 50e-6, "activation_reserve_bytes": 20e9,
-              "request_overhead_s": 10e-3}
+              "request_overhead_s": 10e-3, "fp8_scale_overhead_s": 1e-3}
 _VISIBLE_REL = 2e-3  # a parameter is visible if the probe moves some prediction by more than 0.2%
 
 METRICS = ("step_ms", "ttft_ms", "tpot_ms", "output_tok_s")
@@ -218,6 +219,9 @@ class FitResult:
     message: str = ""
     nfev: int = 0
     rms_log_residual: float = 0.0
+    # correlation of each pair of fitted parameters (from the same linearised covariance): near +-1
+    # the rows cannot tell the two apart, only a combination of them
+    correlation: dict = field(default_factory=dict)
 
     def mape(self, after: bool = True, metric: str | None = None, engine: str | None = None) -> float:
         pts = [p for p in self.points if (metric is None or p.metric == metric) and (engine is None or p.engine == engine)]
@@ -248,6 +252,22 @@ def _probe_value(name: str, base: float) -> float:
     if name in _PROBE_ADD:
         return min(base + _PROBE_ADD[name], hi)
     return max(base / 4.0, lo)
+
+
+def visible_params(rows: Sequence[ProfileRow], base: Efficiency, names: Sequence[str], predict: Callable,
+                   metrics: Sequence[str] | None = None) -> list[str]:
+    """Those of ``names`` whose probe (efficiency / 4, overhead + a few ms) moves some predicted
+    figure of ``rows`` (of ``metrics``, default all) by more than 0.2%."""
+    targets = [t for t in _targets(rows) if metrics is None or t[1] in metrics]
+    if not targets:
+        return []
+    y0 = _flatten(predict(list(rows), base), targets)
+    out = []
+    for n in names:
+        probe = base.with_params(**{n: _probe_value(n, getattr(base, n))})
+        if np.max(np.abs(_flatten(predict(list(rows), probe), targets) / y0 - 1.0)) > _VISIBLE_REL:
+            out.append(n)
+    return out
 
 
 def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
@@ -336,9 +356,13 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     dof = len(targets) - len(visible)
     s2 = float(np.sum(sol.fun ** 2) / dof) if dof > 0 else float("nan")  # sol.cost is the robust cost
     J = sol.jac
+    corr: dict[str, dict[str, float]] = {}
     try:
         cov = s2 * np.linalg.pinv(J.T @ J)
         sig = np.sqrt(np.clip(np.diag(cov), 0, None)) * scale
+        d = np.sqrt(np.clip(np.diag(cov), 1e-300, None))
+        c = cov / np.outer(d, d)
+        corr = {a: {b: float(c[i, j]) for j, b in enumerate(visible) if j != i} for i, a in enumerate(visible)}
     except np.linalg.LinAlgError:
         sig = np.full(len(visible), np.nan)
     unc = {n: 0.0 for n in PARAM_BOUNDS}
@@ -352,7 +376,7 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     if metrics is not None:
         notes.append(f"objective: {', '.join(metrics)} only; other figures are reported, not fitted")
     return FitResult(eff, tuple(visible), unc, pts, tuple(notes), bool(sol.success), str(sol.message),
-                     int(sol.nfev), float(np.sqrt(np.mean(sol.fun ** 2))))
+                     int(sol.nfev), float(np.sqrt(np.mean(sol.fun ** 2))), corr)
 
 
 @dataclass(frozen=True)

@@ -97,10 +97,15 @@ class StepModel:
         self._w_expert_gpu = expert_bytes / tp
         self._route_frac = model.n_active_experts / model.n_experts if model.is_moe else 0.0
         self._kv_gpu = self.memory.kv_bytes_per_token_per_gpu
+        # bytes-equivalent of one KV token's read time (FP8 KV: its dequantising read rate)
+        self._kv_gpu_t = self._kv_gpu / (efficiency.fp8_kv_bw_efficiency if kv_dtype == "fp8" else 1.0)
         self._bw = gpu.hbm_bytes_per_s * e.bw_efficiency
         self._gemm_flops_tok = model.dense_flops_per_token() / tp
         self._attn_flops_pair = model.attn_flops_per_token_per_ctx() / tp
         peak = gpu.matmul_flops_per_s(weight_dtype)
+        # FP8 as its own physics (costmodel.efficiency FP8_PARAMS): FP8 GEMMs, FP8 KV reads, scaling
+        fp8_w = weight_dtype == "fp8"
+        peak *= e.fp8_gemm_efficiency if fp8_w else 1.0
         self._dec_gemm_rate = peak * e.decode_flops_efficiency
         self._dec_attn_rate = gpu.bf16_flops_per_s * e.decode_flops_efficiency
         self._pre_gemm_rate = peak * e.prefill_flops_efficiency
@@ -111,7 +116,7 @@ class StepModel:
             self._ar_s_per_token = 2 * (tp - 1) / tp * model.hidden * ACT_BYTES / (gpu.link_bytes_per_s * e.link_efficiency)
         else:
             self._n_ar, self._ar_lat, self._ar_s_per_token = 0, 0.0, 0.0
-        self._overhead = e.step_overhead_s
+        self._overhead = e.step_overhead_s + (e.fp8_scale_overhead_s if fp8_w else 0.0)
         self._pf_overhead = e.prefill_overhead_s
         # not a step cost: added once to every request's time to first token (costmodel.simulate)
         self.request_overhead_s = e.request_overhead_s
@@ -144,12 +149,13 @@ class StepModel:
             return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
         dec_kv = self._kv_read_tokens(n_decode, decode_ctx_sum) if self._sliding else decode_ctx_sum
         weights = self.weight_read_bytes(n_tokens) if self._w_expert_gpu else self._w_dense_gpu
-        bytes_gpu = weights + (dec_kv + prefill_kv_read + n_tokens) * self._kv_gpu
+        kv_tokens = dec_kv + prefill_kv_read + n_tokens
+        bytes_gpu = weights + kv_tokens * self._kv_gpu
         dec_gemm = dec_tokens * self._gemm_flops_tok
         dec_attn = (q * decode_ctx_sum + n_decode * q * (q + 1) / 2) * self._attn_flops_pair
         pre_gemm = prefill_tokens * self._gemm_flops_tok
         pre_attn = prefill_pairs * self._attn_flops_pair
-        mem_s = bytes_gpu / self._bw
+        mem_s = (weights + kv_tokens * self._kv_gpu_t) / self._bw
         comp_s = (dec_gemm / self._dec_gemm_rate + dec_attn / self._dec_attn_rate
                   + pre_gemm / self._pre_gemm_rate + pre_attn / self._pre_attn_rate)
         comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens) if self._n_ar else 0.0
