@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -161,9 +160,3 @@ def validation_dict(v: Validation, tables: Sequence[dict], worst: int = 10) -> d
                             "C requests (warm-up, drain) left out of the means (costmodel/closed_loop.py)"},
     }
 
-
-def table_inputs(paths: Sequence[str | Path]):
-    """Rows and the record of the tables (path, sha256, rows, source), checked as calibrate checks them."""
-    from optimizer.calibrate import load_tables
-
-    return load_tables(paths)
