@@ -384,3 +384,13 @@ def test_kubectl_dry_run_accepts_the_manifest(tmp_path):
     f.write_text(_run(L70, CFG, SPEC, replicas=2)["k8s"])
     res = subprocess.run(["kubectl", "apply", "--dry-run=client", "-f", str(f)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_dp_attention_pool_is_per_gpu_for_trtllm():
+    """Under DP attention every GPU holds its own sequences' KV (costmodel.memory): TensorRT-LLM's
+    max_tokens is one rank's pool, the replica's is tp times that."""
+    cfg = dict(CFG, tp=4, spec_k=0, ep=4, dp_attention=True)
+    r = _run(QMOE, cfg, None)
+    m = r["memory"]
+    assert m["kv_pool_tokens"] == 4 * m["kv_pool_tokens_per_gpu"]
+    assert yaml.safe_load(r["trtllm"]["config_yaml"])["kv_cache_config"]["max_tokens"] == m["kv_pool_tokens_per_gpu"]

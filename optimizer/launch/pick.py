@@ -51,25 +51,24 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class MemoryFacts:
-    """Per-GPU memory kvtune planned (decimal bytes, as costmodel.memory)."""
+    """Per-GPU memory kvtune planned (decimal bytes, costmodel.memory.plan_memory)."""
 
     gpu_memory_bytes: float
     weight_bytes_total: float
     weight_bytes_per_gpu: float
     activation_reserve_bytes: float
     kv_bytes_per_token_per_gpu: float
-    kv_pool_tokens: int                 # per replica
-
-    @property
-    def kv_pool_bytes_per_gpu(self) -> float:
-        return self.kv_pool_tokens * self.kv_bytes_per_token_per_gpu
+    kv_pool_bytes_per_gpu: float
+    kv_pool_tokens: int                 # per replica (under DP attention: every GPU's own pool, summed)
+    kv_pool_tokens_per_gpu: int         # tokens one GPU's pool holds (= per replica without DP attention)
 
     def to_json(self) -> dict:
         return {"gpu_memory_bytes": self.gpu_memory_bytes, "weight_bytes_total": self.weight_bytes_total,
                 "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
                 "activation_reserve_bytes": self.activation_reserve_bytes,
                 "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
-                "kv_pool_tokens": self.kv_pool_tokens, "kv_pool_bytes_per_gpu": self.kv_pool_bytes_per_gpu}
+                "kv_pool_bytes_per_gpu": self.kv_pool_bytes_per_gpu, "kv_pool_tokens": self.kv_pool_tokens,
+                "kv_pool_tokens_per_gpu": self.kv_pool_tokens_per_gpu}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,25 +177,24 @@ def gated(model: str) -> bool:
     return model.startswith(_GATED_ORGS)
 
 
-def _memory(arch, gpu, tp: int, pp: int, weights: str, kv_dtype: str, gpu_mem_util: float,
+def _memory(arch, gpu, cfg: dict, weights: str, kv_dtype: str, gpu_mem_util: float,
             reserve_bytes: float) -> MemoryFacts | None:
     if arch is None or gpu is None:
         return None
     from costmodel.errors import KvtuneError
     from costmodel.memory import plan_memory
+    from costmodel.parallel import Parallel
+    tp = int(cfg["tp"])
     try:
-        plan = plan_memory(arch, gpu, tp, weights, kv_dtype, gpu_mem_util, reserve_bytes)
+        par = Parallel(tp=tp, pp=int(cfg.get("pp", 1)), ep=int(cfg.get("ep", 1)),
+                       dp_attention=bool(cfg.get("dp_attention", False)),
+                       gpus_per_node=int(cfg.get("gpus_per_node", 8)))
+        plan = plan_memory(arch, gpu, tp, weights, kv_dtype, gpu_mem_util, reserve_bytes, par)
     except KvtuneError:
         return None
-    if pp == 1:
-        return MemoryFacts(gpu.memory_bytes, plan.weight_bytes, plan.weight_bytes_per_gpu, reserve_bytes,
-                           plan.kv_bytes_per_token_per_gpu, plan.kv_pool_tokens)
-    # pipeline stages hold 1/pp of the layers: of the weights and of each token's KV
-    w_gpu = plan.weight_bytes / (tp * pp)
-    kv_gpu = plan.kv_bytes_per_token_per_gpu / pp
-    pool = gpu.memory_bytes * gpu_mem_util - w_gpu - reserve_bytes
-    return MemoryFacts(gpu.memory_bytes, plan.weight_bytes, w_gpu, reserve_bytes, kv_gpu,
-                       int(max(pool, 0) // kv_gpu))
+    return MemoryFacts(gpu.memory_bytes, plan.weight_bytes, plan.weight_bytes_per_gpu, reserve_bytes,
+                       plan.kv_bytes_per_token_per_gpu, plan.kv_pool_bytes_per_gpu, plan.kv_pool_tokens,
+                       int(plan.kv_pool_bytes_per_gpu // plan.kv_bytes_per_token_per_gpu))
 
 
 def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, spec: dict | None, *,
@@ -220,6 +218,6 @@ def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, spec: 
         nodes_per_replica=int(cfg.get("nodes_per_replica", 1)), gpus_per_node=gpn,
         mtp_layers=int(getattr(arch, "n_mtp_layers", 0) or 0) if arch is not None else 0,
         is_moe=bool(getattr(arch, "is_moe", False)), gated=gated(ref),
-        memory=_memory(arch, gpu, tp, pp, weights, str(cfg.get("kv_dtype", "bf16")), float(gpu_mem_util),
-                       activation_reserve_bytes),
+        memory=_memory(arch, gpu, dict(cfg, gpus_per_node=gpn), weights, str(cfg.get("kv_dtype", "bf16")),
+                       float(gpu_mem_util), activation_reserve_bytes),
         max_request_tokens=max_request_tokens)

@@ -82,9 +82,9 @@ def trtllm_api(p: LaunchPick) -> tuple[dict, list[str]]:
     frac = free_fraction(p)
     if frac is not None:
         kv["free_gpu_memory_fraction"] = math.floor(frac * 1e4) / 1e4   # down: max_tokens holds the rest
-        kv["max_tokens"] = int(p.memory.kv_pool_tokens)
+        kv["max_tokens"] = int(p.memory.kv_pool_tokens_per_gpu)   # per rank's pool
         notes.append(f"memory: free_gpu_memory_fraction {frac:.4f} of the memory left after loading gives the "
-                     f"{p.memory.kv_pool_tokens:,}-token KV pool kvtune modelled at gpu_mem_util "
+                     f"{p.memory.kv_pool_tokens_per_gpu:,}-token KV pool per GPU kvtune modelled at gpu_mem_util "
                      f"{p.gpu_mem_util:g} (max_tokens caps it there too)")
     else:
         notes.append("memory: no memory plan to convert; TensorRT-LLM's default free_gpu_memory_fraction applies "

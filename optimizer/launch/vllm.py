@@ -70,9 +70,6 @@ def _parallel(p: LaunchPick) -> list[str]:
             raise Unsupported(f"expert parallel size {p.ep}: vLLM 0.33.0 --enable-expert-parallel spreads experts "
                               f"over TP x DP = {ep_world} ranks, not {p.ep}")
         out.append("--enable-expert-parallel")
-    elif p.dp_attention:
-        raise Unsupported("DP attention without expert parallelism: vLLM 0.33.0 runs MoE data parallelism with "
-                          "--enable-expert-parallel")
     return out
 
 
