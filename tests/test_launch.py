@@ -108,8 +108,9 @@ def test_vllm_speculation_methods_are_vllms():
     assert sc(L8, "draft")["method"] == "draft_model"                       # not "draft"
     assert sc(L8, "ngram") == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5,
                                "prompt_lookup_max": 5}
-    assert sc(L8, "medusa") == {"method": "medusa", "num_speculative_tokens": 3, "model": "org/draft"}
-    assert "needs its draft model" in sc(L8, "medusa", draft=None)
+    assert "not one vLLM 0.33.0 runs" in sc(L8, "medusa")                 # dropped from SpeculativeMethod
+    assert sc(L8, "eagle") == {"method": "eagle", "num_speculative_tokens": 3, "model": "org/draft"}
+    assert "needs its draft model" in sc(L8, "eagle", draft=None)
     assert "multi-token-prediction heads" in sc(L8, "mtp")                 # Llama has no MTP heads
     assert sc(DSV3, "mtp") == {"method": "mtp", "num_speculative_tokens": 3}  # DeepSeek-V3: num_nextn_predict_layers 1
     assert "not one vLLM 0.33.0 runs" in sc(L8, "lookahead")
@@ -346,24 +347,74 @@ def test_defaults_of_the_multi_node_fields():
 
 # ---- opt-in: the engines' own parsers and kubectl, where installed -----------------------------
 
-def test_vllm_parser_accepts_the_command():
+def _engine_matrix():
+    """(arch, cfg, spec, weights) picks covering every kind: methods, FP8, prefix caching, layouts."""
+    base = dict(CFG, tp=1)
+    yield L8, base, SPEC, "bf16"
+    yield L8, dict(base, spec_k=0, kv_dtype="bf16"), None, "fp8"
+    yield get_model("mistral-7b"), dict(base, spec_k=0), None, "fp8"          # online FP8 quantization
+    for m in SPEC_METHODS:
+        yield (DSV3 if m == "mtp" else L8), dict(base, tp=8 if m == "mtp" else 1), \
+            {"method": m, "draft_model": "org/draft"}, "bf16"
+    yield QMOE, dict(base, tp=4, pp=2, ep=4, dp_attention=True, spec_k=0), None, "bf16"
+    yield get_model("llama-3.1-405b"), dict(base, tp=16, spec_k=0, nodes_per_replica=2), None, "bf16"
+
+
+def test_vllm_parser_accepts_the_command(monkeypatch):
+    """Opt-in (vllm installed): vLLM's own ``vllm serve`` parser reads every generated command to
+    the values kvtune meant, and the speculative config's keys and method are SpeculativeConfig's."""
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")   # building the parser asks for a platform; no GPU here
     pytest.importorskip("vllm")
-    from vllm.engine.arg_utils import EngineArgs
+    from typing import get_args
+
+    from vllm.config.speculative import SpeculativeConfig, SpeculativeMethod
+    from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
-    argv = argv_of(_run(L8, dict(CFG, tp=1), SPEC)["vllm"])[3:]
-    argv = [a for a in argv if a not in ("--host", "0.0.0.0", "--port", "8000")]
-    args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(argv)
-    assert args.max_num_seqs == 128
+
+    def flat(t):
+        return {x for a in get_args(t) for x in (flat(a) if get_args(a) else {a})}
+    methods = flat(SpeculativeMethod)
+    fields = set(SpeculativeConfig.__dataclass_fields__)
+    parsed = 0
+    for arch, cfg, spec, weights in _engine_matrix():
+        r = _run(arch, cfg, spec, weights=weights, prefix_caching=weights == "bf16")
+        if "vllm" in r["unsupported"]:
+            continue
+        argv = argv_of(r["vllm"])
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[2:])
+        assert args.model_tag == argv[2] and args.max_num_seqs == cfg["batch_cap"]
+        assert args.max_num_batched_tokens == cfg["chunk_tokens"] and args.enable_chunked_prefill is True
+        assert args.kv_cache_dtype == ("fp8" if cfg["kv_dtype"] == "fp8" else "auto")
+        assert args.gpu_memory_utilization == 0.9 and args.enable_prefix_caching is (weights == "bf16")
+        if "--speculative-config" in argv:
+            sc = json.loads(_flag(argv, "--speculative-config"))
+            assert sc["method"] in methods and set(sc) <= fields
+        parsed += 1
+    assert parsed >= 8
 
 
 def test_sglang_parser_accepts_the_command():
+    """Opt-in (sglang installed): SGLang's own server-args parser reads every generated command."""
     pytest.importorskip("sglang.srt.server_args")
-    from sglang.srt.server_args import ServerArgs
     import argparse
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    args = parser.parse_args(argv_of(_run(L8, dict(CFG, tp=1), SPEC)["sglang"])[3:])
-    assert args.max_running_requests == 128
+
+    from sglang.srt.server_args import ServerArgs
+    parsed = 0
+    for arch, cfg, spec, weights in _engine_matrix():
+        r = _run(arch, cfg, spec, weights=weights, prefix_caching=weights == "bf16")
+        if "sglang" in r["unsupported"]:
+            continue
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        argv = argv_of(r["sglang"])[3:]
+        args = parser.parse_args(argv)
+        assert args.max_running_requests == cfg["batch_cap"] and args.chunked_prefill_size == cfg["chunk_tokens"]
+        assert args.enable_mixed_chunk is (r["scheduling"]["sglang"] == "mixed")
+        assert args.disable_radix_cache is (weights != "bf16")
+        if spec is not None and cfg["spec_k"]:
+            assert args.speculative_algorithm == _flag(argv, "--speculative-algorithm")
+        parsed += 1
+    assert parsed >= 8
 
 
 def test_trtllm_config_classes_accept_the_yaml():

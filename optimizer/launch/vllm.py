@@ -16,9 +16,9 @@ __all__ = ["vllm_argv", "vllm_speculative_config", "vllm_quantization", "PORT"]
 
 PORT = 8000          # vllm/entrypoints/common/cli_args.py default
 MASTER_PORT = 29501  # vllm/config/parallel.py ParallelConfig.master_port default
-# kvtune method -> vLLM 0.33.0 SpeculativeConfig.method (vllm/config/speculative.py SpeculativeMethod)
-_METHOD = {"eagle3": "eagle3", "eagle": "eagle", "medusa": "medusa", "mtp": "mtp", "ngram": "ngram",
-           "draft": "draft_model"}
+# kvtune method -> vLLM 0.33.0 SpeculativeConfig.method (vllm/config/speculative.py SpeculativeMethod:
+# ngram, draft_model, suffix, custom_class, eagle/eagle3/mtp..., ngram_gpu, dspark; medusa is gone)
+_METHOD = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram", "draft": "draft_model"}
 
 
 def vllm_speculative_config(p: LaunchPick) -> dict | None:
@@ -32,7 +32,7 @@ def vllm_speculative_config(p: LaunchPick) -> dict | None:
         sc["prompt_lookup_min"] = sc["prompt_lookup_max"] = NGRAM_MATCH_TOKENS
     elif m == "mtp":
         p.require_mtp()     # vLLM loads the target's own MTP layers (SpeculativeConfig: model = target)
-    else:                   # eagle3, eagle, medusa heads and draft models are separate checkpoints
+    else:                   # eagle3 and eagle heads and draft models are separate checkpoints
         sc["model"] = p.require_draft("vLLM")
     return sc
 
