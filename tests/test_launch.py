@@ -424,6 +424,26 @@ def test_trtllm_config_classes_accept_the_yaml():
     assert set(api["kv_cache_config"]) <= set(llmapi.KvCacheConfig.model_fields)
 
 
+@pytest.mark.parametrize("arch_name,cfg,engine", [("llama-3.1-70b", dict(CFG, tp=4), "vllm"),
+                                                  ("llama-3.1-405b", dict(CFG, tp=16, spec_k=0), "vllm"),
+                                                  ("llama-3.1-405b", dict(CFG, tp=16, spec_k=0), "sglang")])
+def test_manifest_matches_the_kubernetes_api_schema(arch_name, cfg, engine):
+    """Opt-in (pip install -e .[k8s]): every object, strictly (no unknown field), against the
+    Kubernetes 1.33 OpenAPI schemas kubernetes-validate ships; a LeaderWorkerSet's leader and worker
+    templates as the PodTemplateSpecs they are (lws api/leaderworkerset/v1/leaderworkerset_types.go)."""
+    kv = pytest.importorskip("kubernetes_validate")
+    for d in _docs(_run(get_model(arch_name), cfg, SPEC, replicas=2, engine=engine)["k8s"]):
+        if d["kind"] == "LeaderWorkerSet":
+            assert set(d["spec"]) == {"replicas", "leaderWorkerTemplate"}
+            lwt = d["spec"]["leaderWorkerTemplate"]
+            assert set(lwt) == {"size", "restartPolicy", "leaderTemplate", "workerTemplate"}
+            for t in ("leaderTemplate", "workerTemplate"):
+                kv.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                             "template": lwt[t]}, "1.33", strict=True)
+        else:
+            kv.validate(d, "1.33", strict=True)
+
+
 def test_kubectl_dry_run_accepts_the_manifest(tmp_path):
     import shutil
     import subprocess
