@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from costmodel import get_gpu, get_model
+from costmodel._data import profiles_path
 from costmodel.memory import weight_bytes
 from optimizer.launch import (ENGINE_VERSIONS, FLAGS, SPEC_METHODS, TRTLLM_KEYS, argv_of, build_pick,
                               launch_for_pick, launch_settings, scheduling)
@@ -244,7 +245,7 @@ def test_deepseek_bf16_pick_says_the_checkpoint_is_fp8():
 def test_config_json_model_never_launches_the_folder_name(tmp_path):
     folder = tmp_path / "my-finetune"
     folder.mkdir()
-    cfg = json.loads((get_model("llama-3.1-8b").source and open("profiles/models/llama-3.1-8b.json").read()))
+    cfg = json.loads(profiles_path("models", "llama-3.1-8b.json").read_text())
     (folder / "config.json").write_text(json.dumps(cfg))
     arch = get_model(str(folder / "config.json"))
     r = launch_settings(str(folder / "config.json"), dict(CFG, tp=1), 1, 0.9, None, arch=arch, gpu=GPU)
