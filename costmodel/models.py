@@ -63,6 +63,7 @@ class ModelArch:
     n_sliding_layers: int = 0
     published_params: float = 0.0  # published size in parameters, 0 when not known
     source: str = ""
+    n_mtp_layers: int = 0  # multi-token-prediction heads shipped with the model (DeepSeek num_nextn_predict_layers)
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "vocab"):
@@ -295,6 +296,7 @@ def model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None =
         n_sliding_layers=n_sliding,
         published_params=published_params,
         source=where,
+        n_mtp_layers=_int(cfg, where, "num_nextn_predict_layers", default=0, required=False),
     )
 
 
