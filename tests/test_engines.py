@@ -17,13 +17,15 @@ from optimizer.engine_model import EngineModel
 
 
 def test_every_engine_is_described_in_one_record():
-    assert ENGINE_NAMES == ("vllm", "sglang", "trtllm")
+    assert ENGINE_NAMES == ("vllm", "sglang", "trtllm", "llamacpp")
     for name, e in REGISTRY.items():
         assert e.name == name and e.display_name and e.version
         # its default calibration on the H100 ships with kvtune
         assert profiles_path("calibrations", f"{e.default_calibration('h100-sxm')}.yaml").exists()
-    assert [REGISTRY[n].display_name for n in ENGINE_NAMES] == ["vLLM", "SGLang", "TensorRT-LLM"]
-    with pytest.raises(InputError, match="engine must be one of vllm, sglang, trtllm"):
+    assert [REGISTRY[n].display_name for n in ENGINE_NAMES] == ["vLLM", "SGLang", "TensorRT-LLM",
+                                                                "llama.cpp llama-server"]
+    assert REGISTRY["llamacpp"].default_calibration("h100-sxm") == "h100-sxm"  # none of its own ships
+    with pytest.raises(InputError, match="engine must be one of vllm, sglang, trtllm, llamacpp"):
         get_engine("lmdeploy")
 
 
@@ -50,9 +52,11 @@ def test_fit_calibrate_engine_model_and_cli_read_the_registry():
     for name in ENGINE_NAMES:
         em = EngineModel.build(gpu, engine=name)
         assert em.display_name == REGISTRY[name].display_name
-        assert em.default_calibration == f"h100-sxm-{name}"
+        assert em.default_calibration == (f"h100-sxm-{name}" if name != "llamacpp" else "h100-sxm")
         assert em.sim_config(64, 2048).output_reserve == REGISTRY[name].output_reserve
     assert EngineModel.build(gpu).default_calibration is None
-    for cmd in ("simulate", "goodput", "estimate", "calibrate"):
+    from costmodel.closed_loop import STAGGERED_ENGINES
+    assert STAGGERED_ENGINES == {"vllm", "trtllm"}
+    for cmd in ("simulate", "goodput", "estimate", "calibrate", "validate"):
         opt = next(p for p in main.commands[cmd].params if p.name == "engine")
         assert tuple(opt.type.choices) == ENGINE_NAMES

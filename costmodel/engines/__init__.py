@@ -13,6 +13,7 @@ from ..errors import InputError
 from .base import Engine
 from .policies import (Admission, MixedChunkedPrefill, OutputReserveAdmission, PrefillFirst, PromptAdmission,
                        Scheduling)
+from .llamacpp import LLAMACPP
 from .sglang import SGLANG
 from .trtllm import TRTLLM
 from .vllm import VLLM
@@ -21,7 +22,7 @@ __all__ = ["Engine", "REGISTRY", "ENGINE_NAMES", "get_engine", "scheduling_for",
            "Scheduling", "Admission", "MixedChunkedPrefill", "PrefillFirst", "PromptAdmission",
            "OutputReserveAdmission"]
 
-_ALL = (VLLM, SGLANG, TRTLLM)
+_ALL = (VLLM, SGLANG, TRTLLM, LLAMACPP)
 REGISTRY: dict[str, Engine] = {e.name: e for e in _ALL}
 ENGINE_NAMES: tuple[str, ...] = tuple(REGISTRY)
 

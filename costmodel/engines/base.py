@@ -38,5 +38,11 @@ class Engine:
         return [f"{gpu}-{self.name}"]
 
     def default_calibration(self, gpu: str) -> str:
-        """The calibration name ``--engine`` selects on ``gpu`` (``profiles/calibrations/NAME.yaml``)."""
-        return self.calibration_names(gpu)[0]
+        """The calibration name ``--engine`` selects on ``gpu`` (``profiles/calibrations/NAME.yaml``):
+        the engine's own where one ships, else the GPU's (``calibration.find_calibration``'s order)."""
+        from .._data import profiles_path
+
+        for name in self.calibration_names(gpu):
+            if profiles_path("calibrations", f"{name}.yaml").exists():
+                return name
+        return gpu
