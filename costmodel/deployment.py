@@ -33,8 +33,8 @@ import numpy as np
 from .errors import InputError
 from .hardware import GPU
 from .requests import Requests
-from .simulate import SimConfig, SimResult, _simulate, build_result, default_warmup_frac
-from .step import StepModel
+from .simulate import SimConfig, SimResult, simulate_replica, build_result, default_warmup_frac
+from .step import StepCost, StepModel
 
 __all__ = ["Pool", "KVLink", "kv_link", "DisaggResult", "simulate_disaggregated", "disaggregated_bound_req_s"]
 
@@ -43,7 +43,7 @@ __all__ = ["Pool", "KVLink", "kv_link", "DisaggResult", "simulate_disaggregated"
 class Pool:
     """``replicas`` identical replicas, each a TP group with this step model and scheduler."""
 
-    step: StepModel
+    step: StepCost
     config: SimConfig
     replicas: int
 
@@ -116,8 +116,8 @@ def simulate_disaggregated(prefill: Pool, decode: Pool, requests: Requests, link
         if idx.size == 0:
             continue
         sub = _subset(requests, idx, arr[idx], output_tokens=np.ones(idx.size, dtype=np.int64))
-        r = _simulate(prefill.step, sub, prefill.config, arrival, None, seed, 0.0, naive=False)
-        front = float(getattr(prefill.step, "request_overhead_s", 0.0))
+        r = simulate_replica(prefill.step, sub, prefill.config, arrival, None, seed, 0.0, naive=False)
+        front = float(prefill.step.request_overhead_s)
         done = r.arrival_s + r.e2e_s - front
         ok = ~np.isinf(r.ttft_s)
         ready[idx[ok]] = done[ok]
@@ -147,9 +147,9 @@ def simulate_disaggregated(prefill: Pool, decode: Pool, requests: Requests, link
         if idx.size == 0:
             continue
         sub = _subset(requests, idx, arrive_d[idx])
-        r = _simulate(decode.step, sub, decode.config, "trace", None, seed, 0.0, naive=False,
+        r = simulate_replica(decode.step, sub, decode.config, "trace", None, seed, 0.0, naive=False,
                       kv_ready=np.ones(idx.size, dtype=bool))
-        front = float(getattr(decode.step, "request_overhead_s", 0.0))
+        front = float(decode.step.request_overhead_s)
         ok = ~np.isinf(r.ttft_s)
         first[idx[ok]] = (r.arrival_s + r.ttft_s - front)[ok]
         fin[idx[ok]] = (r.arrival_s + r.e2e_s - front)[ok]
@@ -158,7 +158,7 @@ def simulate_disaggregated(prefill: Pool, decode: Pool, requests: Requests, link
         if r.reject_reason:
             reasons.append(f"decode pool: {r.reject_reason}")
 
-    front_s = float(getattr(prefill.step, "request_overhead_s", 0.0))
+    front_s = float(prefill.step.request_overhead_s)
     res = build_result(requests, arr, first, fin, rej, front_s, warmup_frac, arrival, preemptions, steps, events,
                        wall0, "; ".join(reasons))
     with np.errstate(invalid="ignore"):

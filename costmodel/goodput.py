@@ -51,7 +51,7 @@ import numpy as np
 from .errors import InputError
 from .requests import Requests
 from .simulate import SimConfig, SimResult, default_warmup_frac, simulate
-from .step import StepModel
+from .step import StepCost
 
 __all__ = ["GoodputResult", "goodput", "default_n_requests", "capacity_bound_req_s"]
 
@@ -86,7 +86,7 @@ def default_n_requests(attainment: float, warmup_frac: float = default_warmup_fr
     return int(min(max(n, _MIN_REQUESTS), _MAX_REQUESTS))
 
 
-def capacity_bound_req_s(step: StepModel, mean_input_tokens: float, mean_output_tokens: float,
+def capacity_bound_req_s(step: StepCost, mean_input_tokens: float, mean_output_tokens: float,
                          batch_cap: int, mean_shared_tokens: float = 0.0, kv_pool_tokens: int | None = None) -> float:
     """Decode-limited throughput at the largest batch the cap and pool allow (an upper bound).
 
@@ -153,7 +153,7 @@ def _zero_load_reason(res: SimResult, req: Requests, attainment: float) -> str:
     return "; ".join(parts) or f"attainment {res.slo_attainment:.3f} below {attainment:g} at zero load"
 
 
-def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests], config: SimConfig,
+def goodput(step: StepCost, make_requests: Callable[[float, int, int], Requests], config: SimConfig,
             attainment: float, n_requests: int | None = None, seed: int = 0, rel_tol: float = 0.02,
             warmup_frac: float | None = None, max_iterations: int = 40,
             guess_req_s: float | None = None, *, sim: Callable[[Requests, str, float], SimResult] | None = None,

@@ -25,7 +25,12 @@ import numpy as np
 
 from .errors import ProfileDataMissing
 from .profile_table import ProfileRow
-from .step import StepBreakdown, StepModel
+from .efficiency import Efficiency
+from .hardware import GPU
+from .memory import MemoryPlan
+from .models import ModelArch
+from .parallel import Parallel
+from .step import SpecConfig, StepBreakdown, StepModel, StepTerms, chunked_prefill_time_s
 
 __all__ = ["MeasuredStepModel"]
 
@@ -106,16 +111,74 @@ class MeasuredStepModel:
         self.calls = 0
         self.fallbacks = 0
 
-    # ---- what the simulator and commands read -------------------------------------------------
-    def __getattr__(self, name):  # model, gpu, tp, memory, spec, tokens_per_step, eff, weight_read_bytes ...
-        if name == "base":
-            raise AttributeError(name)
-        return getattr(self.base, name)
+    # ---- costmodel.step.StepCost: the base model's configuration, measured step times ----------
+    @property
+    def model(self) -> ModelArch:
+        return self.base.model
+
+    @property
+    def gpu(self) -> GPU:
+        return self.base.gpu
+
+    @property
+    def tp(self) -> int:
+        return self.base.tp
+
+    @property
+    def weight_dtype(self) -> str:
+        return self.base.weight_dtype
+
+    @property
+    def kv_dtype(self) -> str:
+        return self.base.kv_dtype
+
+    @property
+    def spec(self) -> SpecConfig | None:
+        return self.base.spec
+
+    @property
+    def memory(self) -> MemoryPlan:
+        return self.base.memory
+
+    @property
+    def eff(self) -> Efficiency:
+        return self.base.eff
+
+    @property
+    def parallel(self) -> Parallel:
+        return self.base.parallel
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.base.tokens_per_step
+
+    @property
+    def verify_tokens_per_seq(self) -> int:
+        return self.base.verify_tokens_per_seq
+
+    @property
+    def has_sliding_window(self) -> bool:
+        return self.base.has_sliding_window
+
+    def weight_read_bytes(self, n_tokens: float) -> float:
+        return self.base.weight_read_bytes(n_tokens)
+
+    def plain_decode_mem_s(self, n_decode: float, decode_ctx_sum: float) -> float:
+        raise NotImplementedError("measured step times have no closed form (closed_form_ok is False)")
+
+    def plain_decode_compute_coeffs(self, n_decode: float) -> tuple[float, float]:
+        raise NotImplementedError("measured step times have no closed form (closed_form_ok is False)")
 
     chunk_pairs = staticmethod(StepModel.chunk_pairs)
     # The simulator's closed-form decode runs (sim_clock.DecodeClock) assume T(context) is
     # piecewise linear with the base model's kinks; interpolated tables are not, so ask it to step.
     closed_form_ok = False
+
+    def step_terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
+                   prefill_pairs: float, prefill_kv_read: float) -> StepTerms:
+        """``breakdown``'s numbers as ``StepModel.step_terms`` gives them (time measured inside the table)."""
+        b = self.breakdown(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)
+        return b.time_s, b.mem_s, b.compute_s, b.comm_s, b.draft_s, b.bytes_per_gpu, b.flops_per_gpu
 
     @property
     def source(self) -> str:
@@ -177,4 +240,4 @@ class MeasuredStepModel:
 
     def prefill_time_s(self, prompt_tokens: int, cached_tokens: int = 0, chunk_tokens: int | None = None) -> float:
         # StepModel's chunk loop, over this model's (measured where possible) step times
-        return StepModel.prefill_time_s(self, prompt_tokens, cached_tokens, chunk_tokens)
+        return chunked_prefill_time_s(self.step_time_s, prompt_tokens, cached_tokens, chunk_tokens)

@@ -48,6 +48,7 @@ import numpy as np
 from .engines import Admission, Scheduling
 from .engines.policies import RESERVE_RATIO_INIT
 from .sim_clock import DecodeClock
+from .step import StepCost
 
 __all__ = ["ReplicaInputs", "Replica"]
 
@@ -93,7 +94,7 @@ class Replica:
         "preemptions", "events", "n_left", "nxt", "nxt_c", "nt_r0", "nt_s0",
     )
 
-    def __init__(self, step, inputs: ReplicaInputs, *, batch_cap: int, chunk_tokens: int, block_tokens: int,
+    def __init__(self, step: StepCost, inputs: ReplicaInputs, *, batch_cap: int, chunk_tokens: int, block_tokens: int,
                  prefix_caching: bool, total_blocks: int, watermark_blocks: int,
                  scheduling: Scheduling, admission: Admission, naive: bool):
         x = inputs
@@ -106,7 +107,7 @@ class Replica:
         self.any_rejected = any(x.rejected)
         self.n_trace = x.n_trace
         self.step = step
-        self.q = step.spec.k + 1 if step.spec is not None else 1
+        self.q = step.verify_tokens_per_seq
         self.bt, self.cap, self.chunk = int(block_tokens), int(batch_cap), int(chunk_tokens)
         self.use_prefix = bool(prefix_caching)
         self.total_blocks, self.watermark_blocks = int(total_blocks), int(watermark_blocks)
@@ -119,7 +120,7 @@ class Replica:
         # every term of those steps is linear in the step index (not for sliding-window attention,
         # whose KV reads are not, nor speculation, whose draft cost takes its own max)
         self.chunk_runs = (not naive and scheduling.chunk_runs_ok and step.spec is None
-                           and not getattr(step, "has_sliding_window", True) and callable(getattr(step, "step_terms", None)))
+                           and not step.has_sliding_window)
         self.naive = naive
         self.step_time = step.step_time_s
         clock = DecodeClock(step)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from .step import StepModel
+from .step import StepCost
 
 __all__ = ["DecodeClock"]
 
@@ -35,7 +35,7 @@ _INF = math.inf
 class DecodeClock:
     """Sums and inverts decode step times for a fixed batch of ``n`` sequences (cached per ``n``)."""
 
-    def __init__(self, step: StepModel):
+    def __init__(self, step: StepCost):
         self.step = step
         self._cache: dict[int, tuple | None] = {}
 
@@ -78,7 +78,7 @@ class DecodeClock:
         """((hi, a, b), ...) with T(c) = a + b c for c below hi (pieces in increasing c), or None."""
         if n in self._cache:
             return self._cache[n]
-        if not getattr(self.step, "closed_form_ok", True):
+        if not self.step.closed_form_ok:
             self._cache[n] = None  # no probing: it would count as step evaluations of the model
             return None
         f = self.step.step_time_s

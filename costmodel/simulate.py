@@ -70,7 +70,7 @@ from .engines.policies import (RESERVE_CLIP_TOKENS, RESERVE_RATIO_DECAY_PER_STEP
 from .errors import InputError
 from .replica import Replica, ReplicaInputs
 from .requests import Requests
-from .step import StepModel
+from .step import StepCost
 
 __all__ = ["SimConfig", "SimResult", "simulate", "simulate_fleet", "build_result", "ARRIVAL_MODES",
            "default_warmup_frac"]
@@ -193,7 +193,7 @@ def _accepted_runs(u: np.ndarray, k: int, a: float) -> np.ndarray:
     return 1 + np.minimum(np.floor(np.log(u) / math.log(a)), k).astype(np.int64)
 
 
-def _spec_verify_steps(step: StepModel, out: np.ndarray, seed: int) -> np.ndarray:
+def _spec_verify_steps(step: StepCost, out: np.ndarray, seed: int) -> np.ndarray:
     """Verify passes each request needs for its ``out - 1`` tokens after the first. A pass emits
     1 + X tokens, X = consecutive accepted drafts: P(X >= j) = a^j for j <= k, so
     X = min(floor(ln U / ln a), k); mean (1 - a^(k+1)) / (1 - a) = step.tokens_per_step.
@@ -279,7 +279,7 @@ def _passes_of_long_segment(rng: np.random.Generator, need: int, k: int, a: floa
     return passes
 
 
-def simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: str = "trace",
+def simulate(step: StepCost, requests: Requests, config: SimConfig, arrival: str = "trace",
              concurrency: int | None = None, seed: int = 0, warmup_frac: float | None = None) -> SimResult:
     """Simulate one replica serving ``requests``.
 
@@ -289,10 +289,10 @@ def simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: st
     ``requests.arrival_s[i]``: all zeros is a cold-start burst, spread times a staggered start). ``seed`` drives speculative acceptance only.
     ``warmup_frac``: share of requests excluded from the statistics (default: see module doc).
     """
-    return _simulate(step, requests, config, arrival, concurrency, seed, warmup_frac, naive=False)
+    return simulate_replica(step, requests, config, arrival, concurrency, seed, warmup_frac, naive=False)
 
 
-def simulate_fleet(step: StepModel, make_requests: Callable[[float, int, int], Requests], config: SimConfig,
+def simulate_fleet(step: StepCost, make_requests: Callable[[float, int, int], Requests], config: SimConfig,
                    replicas: int, rate_req_s: float | None = None, n_requests: int = 2000,
                    arrival: str = "trace", concurrency: int | None = None, seed: int = 0,
                    warmup_frac: float | None = None) -> SimResult:
@@ -318,19 +318,19 @@ def simulate_fleet(step: StepModel, make_requests: Callable[[float, int, int], R
             raise InputError(f"closed loop over {replicas} replicas needs concurrency >= replicas, got {concurrency!r}")
         reqs = make_requests(math.inf, n_requests, seed)
         conc = concurrency // replicas
-    r = _simulate(step, reqs, config, arrival, conc, seed, warmup_frac, naive=False)
+    r = simulate_replica(step, reqs, config, arrival, conc, seed, warmup_frac, naive=False)
     return SimResult(**{**r.__dict__, "output_tok_s": r.output_tok_s * replicas,
                         "request_s": r.request_s * replicas, "replicas": int(replicas)})
 
 
-def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: str,
-              concurrency: int | None, seed: int, warmup_frac: float | None, naive: bool,
-              kv_ready: np.ndarray | None = None) -> SimResult:
+def simulate_replica(step: StepCost, requests: Requests, config: SimConfig, arrival: str,
+                     concurrency: int | None, seed: int, warmup_frac: float | None, naive: bool,
+                     kv_ready: np.ndarray | None = None) -> SimResult:
     """``simulate``; ``naive``: one step at a time (no closed form); ``kv_ready`` (a decode replica
     of a disaggregated deployment, ``costmodel.deployment``): True where the request's prompt KV
     arrives computed, so it starts decoding when admitted, its first token with it."""
     wall0 = time.perf_counter()
-    if not getattr(step, "closed_form_ok", True):
+    if not step.closed_form_ok:
         naive = True  # measured step times: no closed form, time every decode step exactly
     if arrival not in ARRIVAL_MODES:
         raise InputError(f"arrival must be one of {', '.join(ARRIVAL_MODES)}, got {arrival!r}")
@@ -400,7 +400,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     # ---- results (back in the caller's order) ----------------------------------------------------
     inv = np.empty(n, dtype=np.int64)
     inv[order] = np.arange(n)
-    front_s = float(getattr(step, "request_overhead_s", 0.0))
+    front_s = float(step.request_overhead_s)
     return build_result(requests, np.asarray(arr_t)[inv], np.asarray(first_t)[inv], np.asarray(fin_t)[inv],
                         rejected_mask[inv], front_s, warmup_frac, arrival, preemptions, gstep, events, wall0,
                         reject_reason)

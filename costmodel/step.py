@@ -27,6 +27,7 @@ terms and their formulas are in ``costmodel/parallel.py``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Protocol, runtime_checkable
 
 from .efficiency import IDEAL, Efficiency
 from .errors import InputError
@@ -35,7 +36,8 @@ from .memory import MemoryPlan, attention_weight_bytes, plan_memory, weight_byte
 from .models import DTYPE_BYTES, ModelArch
 from .parallel import SINGLE, Parallel, all_to_all_s, allreduce_s, expert_load_imbalance, hop_s, micro_batches
 
-__all__ = ["SpecConfig", "StepBreakdown", "StepModel", "spec_tokens_per_step"]
+__all__ = ["SpecConfig", "StepBreakdown", "StepCost", "StepModel", "StepTerms", "chunked_prefill_time_s",
+           "spec_tokens_per_step"]
 
 ACT_BYTES = 2  # activations travel as bf16 in the TP all-reduce
 
@@ -85,6 +87,86 @@ class StepBreakdown:
     @property
     def bound(self) -> str:
         return "bandwidth" if self.mem_s >= self.compute_s else "compute"
+
+
+# (time_s, mem_s, compute_s, comm_s, draft_s, bytes_per_gpu, flops_per_gpu) of one step
+StepTerms = tuple[float, float, float, float, float, float, float]
+
+
+@runtime_checkable
+class StepCost(Protocol):
+    """What the simulator (``costmodel.replica``, ``costmodel.sim_clock``, ``costmodel.simulate``),
+    the goodput search, the screen and the commands read from a step model. ``StepModel`` (the
+    analytic model) and ``costmodel.measured.MeasuredStepModel`` (measured step times inside a
+    table's range) implement it explicitly; nothing outside reads their underscore names."""
+
+    # read-only members (properties, so an implementation may forward them)
+    @property
+    def model(self) -> ModelArch: ...
+    @property
+    def gpu(self) -> GPU: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def weight_dtype(self) -> str: ...
+    @property
+    def kv_dtype(self) -> str: ...
+    @property
+    def spec(self) -> SpecConfig | None: ...
+    @property
+    def memory(self) -> MemoryPlan: ...
+    @property
+    def eff(self) -> Efficiency: ...
+    @property
+    def parallel(self) -> Parallel: ...
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Output tokens a decoding sequence gains per step (expected; > 1 with speculation)."""
+        ...
+
+    @property
+    def request_overhead_s(self) -> float:
+        """Not a step cost: the front end's share of every request's TTFT (HTTP, tokenizing,
+        streaming the first token), added once per request by the simulator."""
+        ...
+
+    @property
+    def closed_form_ok(self) -> bool:
+        """Step times are a piecewise-linear function of context, so runs of decode steps may be
+        summed in closed form (``costmodel.sim_clock``); False: the simulator times every step."""
+        ...
+
+    @property
+    def verify_tokens_per_seq(self) -> int:
+        """Tokens each decoding sequence puts through a step: 1, or k + 1 with speculation."""
+        ...
+
+    @property
+    def has_sliding_window(self) -> bool:
+        """Whether some layers attend over a sliding window (KV reads not linear in context)."""
+        ...
+
+    def step_terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
+                   prefill_pairs: float, prefill_kv_read: float) -> StepTerms: ...
+
+    def breakdown(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float = 0.0,
+                  prefill_pairs: float = 0.0, prefill_kv_read: float = 0.0) -> StepBreakdown: ...
+
+    def step_time_s(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float = 0.0,
+                    prefill_pairs: float = 0.0, prefill_kv_read: float = 0.0) -> float: ...
+
+    def decode_step(self, batch: int, context: float) -> StepBreakdown: ...
+
+    def prefill_time_s(self, prompt_tokens: int, cached_tokens: int = 0,
+                       chunk_tokens: int | None = None) -> float: ...
+
+    def weight_read_bytes(self, n_tokens: float) -> float: ...
+
+    # the closed-form clock's probes (costmodel.sim_clock), read only when closed_form_ok is True
+    def plain_decode_mem_s(self, n_decode: float, decode_ctx_sum: float) -> float: ...
+
+    def plain_decode_compute_coeffs(self, n_decode: float) -> tuple[float, float]: ...
 
 
 class StepModel:
@@ -152,10 +234,10 @@ class StepModel:
         self._draft_frac = self.spec.k * self.spec.draft_cost if self.spec else 0.0
         self.tokens_per_step = self.spec.tokens_per_step if self.spec else 1.0
 
-    # ---- the protocol the simulator reads (costmodel.replica, costmodel.sim_clock) ----------
+    # ---- StepCost: the protocol the simulator reads (costmodel.replica, costmodel.sim_clock) ---
     # step times are StepModel's piecewise-linear function of context: runs of steps may be summed
     # in closed form (a step model that interpolates measurements says False)
-    closed_form_ok = True
+    closed_form_ok: bool = True
 
     @property
     def verify_tokens_per_seq(self) -> int:
@@ -168,7 +250,7 @@ class StepModel:
         return self._sliding
 
     def step_terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
-                   prefill_pairs: float, prefill_kv_read: float) -> tuple:
+                   prefill_pairs: float, prefill_kv_read: float) -> StepTerms:
         """(time, mem, compute, comm, draft, bytes, flops) of one step, seconds, bytes and FLOPs
         per GPU: ``breakdown`` without the record (the simulator's hot path)."""
         return self._terms(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)
@@ -247,7 +329,7 @@ class StepModel:
         return n_seqs * self.model.kv_read_tokens(ctx_sum / n_seqs)
 
     def _terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
-               prefill_pairs: float, prefill_kv_read: float) -> tuple:
+               prefill_pairs: float, prefill_kv_read: float) -> StepTerms:
         """(time, mem, compute, comm, draft, bytes, flops) of one step; the simulator's hot path.
         With pipeline stages, one round: every running sequence advances once (``_pipeline_terms``)."""
         if self._pp > 1:
@@ -255,7 +337,7 @@ class StepModel:
         return self._stage_terms(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)
 
     def _pipeline_terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
-                        prefill_pairs: float, prefill_kv_read: float) -> tuple:
+                        prefill_pairs: float, prefill_kv_read: float) -> StepTerms:
         """A pipeline round: the step's sequences split into M = min(pp, sequences) micro-batches;
         each stage runs its layers for each micro-batch in turn, so a sequence's next token comes
         after pp stage-times of a 1/M-sized micro-batch plus the pp - 1 hops, whatever M is: with
@@ -274,7 +356,7 @@ class StepModel:
         return time_s, p * st[1], p * st[2], p * st[3] + hops, p * st[4], m * st[5], m * st[6]
 
     def _stage_terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
-                     prefill_pairs: float, prefill_kv_read: float) -> tuple:
+                     prefill_pairs: float, prefill_kv_read: float) -> StepTerms:
         """One stage's pass over one (micro-)batch: the whole step when there is one stage."""
         q = self._q_per_seq
         dec_tokens = n_decode * q
@@ -338,14 +420,21 @@ class StepModel:
 
     def prefill_time_s(self, prompt_tokens: int, cached_tokens: int = 0, chunk_tokens: int | None = None) -> float:
         """Time to prefill a prompt alone (no decodes riding along), in chunks of ``chunk_tokens``."""
-        todo = max(prompt_tokens - cached_tokens, 0)
-        if todo == 0:
-            return 0.0
-        chunk = chunk_tokens or todo
-        t, done = 0.0, cached_tokens
-        while todo > 0:
-            n = min(chunk, todo)
-            t += self.step_time_s(0, 0.0, n, self.chunk_pairs(n, done), done)
-            done += n
-            todo -= n
-        return t
+        return chunked_prefill_time_s(self.step_time_s, prompt_tokens, cached_tokens, chunk_tokens)
+
+
+def chunked_prefill_time_s(step_time_s: Callable[..., float], prompt_tokens: int, cached_tokens: int = 0,
+                           chunk_tokens: int | None = None) -> float:
+    """A prompt prefilled alone in chunks of ``chunk_tokens``: the sum of ``step_time_s(0, 0,
+    chunk, pairs, prior)`` over its chunks (any ``StepCost``'s step times)."""
+    todo = max(prompt_tokens - cached_tokens, 0)
+    if todo == 0:
+        return 0.0
+    chunk = chunk_tokens or todo
+    t, done = 0.0, cached_tokens
+    while todo > 0:
+        n = min(chunk, todo)
+        t += step_time_s(0, 0.0, n, StepModel.chunk_pairs(n, done), done)
+        done += n
+        todo -= n
+    return t

@@ -33,7 +33,7 @@ from costmodel import SpecConfig, StepModel, efficiency_for, get_gpu, get_model 
 from costmodel.measured import MeasuredStepModel  # noqa: E402
 from costmodel.profile_table import ProfileRow  # noqa: E402
 from costmodel.requests import Requests  # noqa: E402
-from costmodel.simulate import SimConfig, _simulate, simulate_fleet  # noqa: E402
+from costmodel.simulate import SimConfig, simulate_replica, simulate_fleet  # noqa: E402
 
 FIXTURE = HERE / "data" / "sim_golden.json"
 H100 = get_gpu("h100-sxm")
@@ -151,7 +151,7 @@ def run_case(name: str) -> dict:
         res = simulate_fleet(step, make, cfg, replicas, rate, n, arrival, conc, seed)
     else:
         req = _requests(**rk)
-        res = _simulate(step, req, cfg, arrival, conc, rk["seed"], None, naive=naive)
+        res = simulate_replica(step, req, cfg, arrival, conc, rk["seed"], None, naive=naive)
     out = {k: _num(getattr(res, k)) for k in ("preemptions", "rejected", "makespan_s", "output_tok_s", "request_s",
                                                "slo_attainment", "steps", "events", "replicas", "reject_reason")}
     for k in ("arrival_s", "ttft_s", "tpot_s", "e2e_s", "met_slo", "measured", "output_tokens"):

@@ -13,7 +13,7 @@ from costmodel import SpecConfig, StepModel, efficiency_for, get_gpu, get_model
 from costmodel.errors import InputError
 from costmodel.requests import Requests
 from costmodel.sim_clock import DecodeClock
-from costmodel.simulate import (RESERVE_RATIO_DECAY_PER_STEP, RESERVE_RATIO_INIT, SimConfig, _simulate, simulate,
+from costmodel.simulate import (RESERVE_RATIO_DECAY_PER_STEP, RESERVE_RATIO_INIT, SimConfig, simulate_replica, simulate,
                                  simulate_fleet)
 
 H100 = get_gpu("h100-sxm")
@@ -139,8 +139,8 @@ def test_closed_form_matches_internal_naive_mode_with_prefix_and_spec(spec, rese
     grp = np.where(np.arange(120) % 3 == 0, 7, -1)
     req = Requests(**{**req.__dict__, "prefix_group": grp, "prefix_tokens": np.where(grp >= 0, 256, 0)})
     cfg = SimConfig(48, chunk_tokens=1024, output_reserve=reserve)
-    fast = _simulate(s, req, cfg, "trace", None, 1, None, naive=False)
-    slow = _simulate(s, req, cfg, "trace", None, 1, None, naive=True)
+    fast = simulate_replica(s, req, cfg, "trace", None, 1, None, naive=False)
+    slow = simulate_replica(s, req, cfg, "trace", None, 1, None, naive=True)
     assert fast.preemptions == slow.preemptions
     np.testing.assert_allclose(fast.e2e_s, slow.e2e_s, rtol=1e-9)
     np.testing.assert_allclose(fast.ttft_s, slow.ttft_s, rtol=1e-9)
@@ -160,8 +160,8 @@ def test_long_prompt_chunk_runs_match_naive_mode(model, tp, util, cap):
     grp = np.where(np.arange(60) % 4 == 0, 3, -1)
     req = Requests(**{**req.__dict__, "prefix_group": grp, "prefix_tokens": np.where(grp >= 0, 1500, 0)})
     cfg = SimConfig(cap, chunk_tokens=1024)
-    fast = _simulate(s, req, cfg, "trace", None, 1, None, naive=False)
-    slow = _simulate(s, req, cfg, "trace", None, 1, None, naive=True)
+    fast = simulate_replica(s, req, cfg, "trace", None, 1, None, naive=False)
+    slow = simulate_replica(s, req, cfg, "trace", None, 1, None, naive=True)
     if util < 0.5:
         assert slow.preemptions > 0, "the small-pool case should exercise preemption"
     assert fast.preemptions == slow.preemptions
