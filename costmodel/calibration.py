@@ -18,6 +18,7 @@ Shipped ones are found by name: ``GPU-ENGINE`` first, then ``GPU``.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from ._data import load_yaml, profiles_path
@@ -25,7 +26,8 @@ from .efficiency import IDEAL, PARAM_BOUNDS, Efficiency
 from .engines import ENGINE_NAMES, get_engine
 from .errors import InputError, ProfileDataMissing
 
-__all__ = ["load_calibration", "find_calibration", "efficiency_for", "ENGINES"]
+__all__ = ["load_calibration", "find_calibration", "calibration_path", "efficiency_for", "lookup_calibration",
+           "CalibrationChoice", "ENGINES"]
 
 ENGINES = ENGINE_NAMES  # the registered engines (costmodel.engines); llamacpp: llama.cpp's llama-server
 # parameters added after the first calibration files: absent means the value below
@@ -38,9 +40,14 @@ def _sha256(path: Path) -> str:
 
 
 def load_calibration(path: str | Path) -> Efficiency:
-    p = Path(path)
+    return _load(Path(path), str(path))[0]
+
+
+def _load(p: Path, given: str) -> tuple[Efficiency, str]:
+    """The calibration file's efficiency and its sha256 (read once)."""
     if not p.exists():
-        raise InputError(f"calibration {path}: no such file")
+        raise InputError(f"calibration {given}: no such file")
+    sha = _sha256(p)
     data = load_yaml(p)
     if not isinstance(data, dict) or not isinstance(data.get("params"), dict):
         raise InputError(f"calibration {p}: missing key 'params'")
@@ -60,17 +67,23 @@ def load_calibration(path: str | Path) -> Efficiency:
             raise InputError(f"calibration {p}: params.{key} must be a number, got {v!r}")
         values[key] = float(v)
     name = str(data.get("name", p.stem))
-    try:
-        shown = p.resolve().relative_to(profiles_path().parent)
-    except ValueError:
-        shown = p
-    source = f"calibrated: {name} ({shown}, sha256 {_sha256(p)[:12]})"
+    shown = shown_path(p)
+    source = f"calibrated: {name} ({shown}, sha256 {sha[:12]})"
     derived = data.get("derived_from")
     if isinstance(derived, dict):  # costmodel.derived: carried over from another GPU's calibration
-        source = (f"derived: {name} ({shown}, sha256 {_sha256(p)[:12]}) from {derived.get('name')} "
+        source = (f"derived: {name} ({shown}, sha256 {sha[:12]}) from {derived.get('name')} "
                   f"(sha256 {str(derived.get('sha256', ''))[:12]}): efficiencies carried to the {data.get('gpu')} "
                   f"datasheet, +/-{float(data.get('transfer_rel_sd', 0)):.0%} (1 sd) each, not measured on it")
-    return Efficiency(**values, model_comm=True, name=name, source=source)
+    return Efficiency(**values, model_comm=True, name=name, source=source), sha
+
+
+def shown_path(p: Path) -> Path:
+    """A calibration's path as outputs show it: relative to the repository (``profiles/...``) when
+    it is a shipped one, else as given."""
+    try:
+        return p.resolve().relative_to(profiles_path().parent)
+    except ValueError:
+        return p
 
 
 def find_calibration(gpu: str, engine: str | None = None) -> Path:
@@ -86,22 +99,51 @@ def find_calibration(gpu: str, engine: str | None = None) -> Path:
         f"and pass --calibration FILE")
 
 
-def efficiency_for(mode: str, gpu: str, calibration: str | Path | None = None,
-                   engine: str | None = None) -> Efficiency:
-    """The efficiency a command runs with: ideal, a given calibration file, or the shipped one."""
+def calibration_path(gpu: str, calibration: str | Path | None = None, engine: str | None = None) -> Path:
+    """The one calibration lookup: a given file, a shipped name (``h100-sxm-trtllm``), a
+    ``profiles/...`` path without its suffix, or (none given) the shipped one for the GPU and engine."""
+    if not calibration:
+        return find_calibration(gpu, engine)
+    p = Path(calibration)
+    if not p.exists() and not p.suffix:
+        named = profiles_path("calibrations", f"{calibration}.yaml")
+        if named.exists():
+            return named
+        if str(calibration).startswith("profiles/"):
+            return profiles_path(*Path(str(calibration)).parts[1:]).with_suffix(".yaml")
+    return p
+
+
+@dataclass(frozen=True)
+class CalibrationChoice:
+    """The efficiency a command runs with and where it came from (``path`` None: ideal)."""
+
+    efficiency: Efficiency
+    path: Path | None
+    sha256: str
+
+    def record(self) -> dict[str, str]:
+        """What outputs carry: ``{"name": "ideal"}`` or ``{name, path, sha256}``."""
+        if self.path is None:
+            return {"name": "ideal"}
+        return {"name": self.efficiency.name, "path": str(shown_path(self.path)), "sha256": self.sha256}
+
+
+def lookup_calibration(mode: str, gpu: str, calibration: str | Path | None = None,
+                       engine: str | None = None) -> CalibrationChoice:
+    """``efficiency_for`` with its provenance: the file it loaded and that file's sha256."""
     if mode == "ideal":
-        return IDEAL
+        return CalibrationChoice(IDEAL, None, "")
     if mode != "calibrated":
         raise InputError(f"mode must be ideal or calibrated, got {mode!r}")
     if engine is not None and engine not in ENGINES:
         raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if calibration:
-        p = Path(calibration)
-        if not p.exists() and not p.suffix:
-            named = profiles_path("calibrations", f"{calibration}.yaml")
-            if named.exists():
-                p = named
-            elif str(calibration).startswith("profiles/"):
-                p = profiles_path(*Path(str(calibration)).parts[1:]).with_suffix(".yaml")
-        return load_calibration(p)
-    return load_calibration(find_calibration(gpu, engine))
+    p = calibration_path(gpu, calibration, engine)
+    eff, sha = _load(p, str(p))
+    return CalibrationChoice(eff, p, sha)
+
+
+def efficiency_for(mode: str, gpu: str, calibration: str | Path | None = None,
+                   engine: str | None = None) -> Efficiency:
+    """The efficiency a command runs with: ideal, a given calibration file, or the shipped one."""
+    return lookup_calibration(mode, gpu, calibration, engine).efficiency

@@ -7,7 +7,7 @@ calibrated efficiencies come from a YAML file in ``profiles/calibrations/`` fitt
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from .errors import InputError
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from .efficiency import Efficiency
 from .errors import InputError
 from .hardware import GPU
+from .memory import GPU_MEM_UTIL
 from .models import ModelArch
 from .step import SpecConfig, StepModel
 
@@ -69,7 +70,7 @@ class Estimate:
 
 def estimate(model: ModelArch, gpu: GPU, tp: int, context: int, batches: list[int],
              weight_dtype: str = "bf16", kv_dtype: str = "bf16", efficiency: Efficiency | None = None,
-             gpu_mem_util: float = 0.9, spec: SpecConfig | None = None, mode: str = "ideal") -> Estimate:
+             gpu_mem_util: float = GPU_MEM_UTIL, spec: SpecConfig | None = None, mode: str = "ideal") -> Estimate:
     if context < 1:
         raise InputError(f"context must be >= 1 token, got {context}")
     for b in batches:

@@ -27,6 +27,7 @@ from .efficiency import PARAM_BOUNDS, Efficiency
 from .engines import REGISTRY
 from .errors import InputError
 from .hardware import GPU
+from .memory import GPU_MEM_UTIL
 from .models import get_model
 from .profile_table import ProfileRow
 from .step import StepModel
@@ -95,7 +96,7 @@ class RowPredictor:
     """
 
     def __init__(self, gpu: GPU, chunk_tokens: int = 8192, requests_per_client: int = 4,
-                 min_requests: int = 64, seed: int = 0, gpu_mem_util: float = 0.9,
+                 min_requests: int = 64, seed: int = 0, gpu_mem_util: float = GPU_MEM_UTIL,
                  stagger: bool | Collection[str] = False):
         # stagger: True / False for every row, or the engines whose rows' clients were staggered
         self.gpu, self.chunk_tokens, self.seed, self.stagger = gpu, chunk_tokens, seed, stagger
@@ -368,8 +369,8 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
         sig = np.full(len(visible), np.nan)
     unc = {n: 0.0 for n in PARAM_BOUNDS}
     unc.update({n: float(s) for n, s in zip(visible, sig)})
-    for n, x, l, h in zip(visible, sol.x, lo, hi):
-        if x <= l + 1e-6 * (h - l) or x >= h - 1e-6 * (h - l):
+    for n, x, x_lo, x_hi in zip(visible, sol.x, lo, hi):
+        if x <= x_lo + 1e-6 * (x_hi - x_lo) or x >= x_hi - 1e-6 * (x_hi - x_lo):
             notes.append(f"{n} ended on its bound {x * _SCALE[n]:.4g}: the data push it further than physics allows")
     pred0, pred1 = predict(rows, base), predict(rows, eff)
     pts = tuple(PointFit(rows[i].id, k, v, float(pred0[i][k]), float(pred1[i][k]), rows[i].engine, rows[i].model,

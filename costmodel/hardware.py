@@ -12,7 +12,7 @@ from functools import lru_cache
 from ._data import load_yaml, profiles_path
 from .errors import InputError
 
-__all__ = ["GPU", "get_gpu", "list_gpus", "load_gpu_file"]
+__all__ = ["GPU", "get_gpu", "list_gpus", "load_gpu_file", "resolve_gpu"]
 
 GB = 1e9  # decimal GB, as on the datasheets
 TB = 1e12
@@ -84,6 +84,22 @@ def get_gpu(name: str) -> GPU:
 
 _KEYS = ("display_name", "memory_gb", "hbm_tb_s", "bf16_tflops", "fp8_tflops", "interconnect_gb_s",
          "interconnect", "source")
+
+
+def resolve_gpu(gpu: str, gpu_file: str | None = None) -> GPU:
+    """The one rule for naming a GPU: ``gpu_file`` if given, a ``.yaml``/``.yml`` name as a hardware
+    file (``profiles/hardware-cpu-example.yaml``'s format), a catalog name (``h100-sxm``), else an
+    existing file of that name; otherwise the catalog's error (which lists the known names)."""
+    from pathlib import Path
+
+    if gpu_file:
+        return load_gpu_file(gpu_file)
+    if str(gpu).endswith((".yaml", ".yml")):
+        return load_gpu_file(gpu)
+    key = str(gpu).strip().lower()
+    if _ALIASES.get(key, key) not in _catalog() and Path(gpu).is_file():
+        return load_gpu_file(gpu)
+    return get_gpu(gpu)
 
 
 def load_gpu_file(path) -> GPU:

@@ -160,6 +160,10 @@ class MeasuredStepModel:
     def has_sliding_window(self) -> bool:
         return self.base.has_sliding_window
 
+    @property
+    def prefill_overhead_s(self) -> float:
+        return self.base.prefill_overhead_s
+
     def weight_read_bytes(self, n_tokens: float) -> float:
         return self.base.weight_read_bytes(n_tokens)
 

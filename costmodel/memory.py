@@ -29,7 +29,11 @@ from .models import DTYPE_BYTES, ModelArch
 from .parallel import SINGLE, Parallel
 
 __all__ = ["MemoryPlan", "weight_bytes", "weight_bytes_per_gpu", "attention_weight_bytes", "plan_memory",
-           "check_dtype", "gpus_to_hold"]
+           "check_dtype", "gpus_to_hold", "GPU_MEM_UTIL", "BLOCK_TOKENS"]
+
+# The defaults every command, the simulator and the launch settings share (one home each):
+GPU_MEM_UTIL = 0.9  # share of GPU memory the engine may use: vLLM's --gpu-memory-utilization default (vllm/engine/arg_utils.py)
+BLOCK_TOKENS = 16   # KV cache block, tokens: vLLM's --block-size default on CUDA (vllm/config CacheConfig)
 
 
 def check_dtype(value: str, what: str) -> str:
@@ -89,7 +93,7 @@ def gpus_to_hold(model: ModelArch, weight_dtype: str, usable_bytes: float, reser
 
 
 def plan_memory(model: ModelArch, gpu: GPU, tp: int, weight_dtype: str, kv_dtype: str,
-                gpu_mem_util: float = 0.9, activation_reserve_bytes: float = 0.0,
+                gpu_mem_util: float = GPU_MEM_UTIL, activation_reserve_bytes: float = 0.0,
                 parallel: Parallel | None = None) -> MemoryPlan:
     check_dtype(kv_dtype, "kv dtype")
     if not 0 < gpu_mem_util <= 1:
@@ -110,7 +114,7 @@ def plan_memory(model: ModelArch, gpu: GPU, tp: int, weight_dtype: str, kv_dtype
     # per token of a sequence this GPU holds: its stage's layers; DP attention: the whole (MLA) KV
     kv_gpu = (float(model.kv_bytes_per_token(kv_dtype)) if par.dp_attention
               else model.kv_bytes_per_token_per_gpu(kv_dtype, tp)) / par.pp
-    if pool <= kv_gpu * 16:  # not even one 16-token block of KV fits
+    if pool <= kv_gpu * BLOCK_TOKENS:  # not even one block of KV fits
         short_gb = (w_gpu + activation_reserve_bytes - usable) / 1e9
         need = gpus_to_hold(model, weight_dtype, usable, activation_reserve_bytes)
         hint = (f"; the weights need at least {need} GPUs per replica (tensor x pipeline parallel)"

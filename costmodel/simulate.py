@@ -68,6 +68,7 @@ from .engines import admission_for, scheduling_for
 from .engines.policies import (RESERVE_CLIP_TOKENS, RESERVE_RATIO_DECAY_PER_STEP, RESERVE_RATIO_INIT,  # noqa: F401
                                RESERVE_RATIO_MIN, RESERVE_RETRACT_STEPS)
 from .errors import InputError
+from .memory import BLOCK_TOKENS
 from .replica import Replica, ReplicaInputs
 from .requests import Requests
 from .step import StepCost
@@ -90,7 +91,7 @@ def default_warmup_frac(arrival: str) -> float:
 class SimConfig:
     batch_cap: int                 # max running sequences (vLLM max_num_seqs)
     chunk_tokens: int = 8192       # per-step token budget (vLLM max_num_batched_tokens)
-    block_tokens: int = 16         # KV block size (vLLM default 16)
+    block_tokens: int = BLOCK_TOKENS  # KV block size (costmodel.memory)
     prefix_caching: bool = True
     watermark_frac: float = 0.0    # share of the pool kept free at admission (vLLM V0 used 0.01)
     # SGLang's default scheduling (enable_mixed_chunk off): while prompts wait, a prefill-only batch

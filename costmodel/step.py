@@ -32,7 +32,7 @@ from typing import Callable, Protocol, runtime_checkable
 from .efficiency import IDEAL, Efficiency
 from .errors import InputError
 from .hardware import GPU
-from .memory import MemoryPlan, attention_weight_bytes, plan_memory, weight_bytes
+from .memory import GPU_MEM_UTIL, MemoryPlan, attention_weight_bytes, plan_memory, weight_bytes
 from .models import DTYPE_BYTES, ModelArch
 from .parallel import SINGLE, Parallel, all_to_all_s, allreduce_s, expert_load_imbalance, hop_s, micro_batches
 
@@ -132,6 +132,12 @@ class StepCost(Protocol):
         ...
 
     @property
+    def prefill_overhead_s(self) -> float:
+        """The fixed cost a step pays when it carries prompt tokens (engines replay a captured CUDA
+        graph for pure-decode batches and launch every kernel of a mixed one); in ``step_time_s``."""
+        ...
+
+    @property
     def closed_form_ok(self) -> bool:
         """Step times are a piecewise-linear function of context, so runs of decode steps may be
         summed in closed form (``costmodel.sim_clock``); False: the simulator times every step."""
@@ -174,7 +180,7 @@ class StepModel:
 
     def __init__(self, model: ModelArch, gpu: GPU, tp: int = 1, weight_dtype: str = "bf16",
                  kv_dtype: str = "bf16", efficiency: Efficiency = IDEAL, spec: SpecConfig | None = None,
-                 gpu_mem_util: float = 0.9, parallel: Parallel | None = None):
+                 gpu_mem_util: float = GPU_MEM_UTIL, parallel: Parallel | None = None):
         self.model, self.gpu, self.tp = model, gpu, tp
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
         self.eff = efficiency
@@ -248,6 +254,11 @@ class StepModel:
     def has_sliding_window(self) -> bool:
         """Whether some layers attend over a sliding window (KV reads not linear in context)."""
         return self._sliding
+
+    @property
+    def prefill_overhead_s(self) -> float:
+        """The fixed cost of a step that carries prompt tokens (already in ``step_time_s``)."""
+        return self._pf_overhead
 
     def step_terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
                    prefill_pairs: float, prefill_kv_read: float) -> StepTerms:

@@ -27,12 +27,13 @@ from costmodel.errors import DoesNotFit, InputError
 from costmodel.closed_loop import STAGGERED_ENGINES as _STAGGERED, canonical_engine
 from costmodel.fit import (FIT_PARAMS, METRICS, FitResult, FoldResult, PointFit, RowPredictor, cross_validate, evaluate,
                            fit_efficiency, measured_metrics, visible_params)
-from costmodel.hardware import GPU, get_gpu, load_gpu_file
+from costmodel.hardware import GPU, get_gpu
+from costmodel.memory import GPU_MEM_UTIL
 from costmodel.models import get_model
 from costmodel.step import StepModel
 from costmodel.profile_table import ProfileRow, read_table
 
-__all__ = ["TableInput", "load_tables", "resolve_gpu", "resolve_base", "select_rows", "calibrate",
+__all__ = ["TableInput", "load_tables", "resolve_base", "select_rows", "calibrate",
            "calibration_dict", "calibration_yaml", "fit_shipped"]
 
 
@@ -84,14 +85,6 @@ def check_row_formats(path: Path, rows: Sequence[ProfileRow]) -> None:
             if canonical_dtype(v) is None:
                 raise InputError(f"{path}: row {r.id}: {key} = {v!r} is not a format kvtune knows "
                                  f"(known: {', '.join(KNOWN_DTYPES)}; spellings such as f16, fp8_e4m3, Q4_K_M too)")
-
-
-def resolve_gpu(spec: str) -> GPU:
-    """A catalog name (``h100-sxm``) or a hardware YAML file (see profiles/hardware-cpu-example.yaml)."""
-    p = Path(spec)
-    if p.suffix in (".yaml", ".yml") or p.exists():
-        return load_gpu_file(p)
-    return get_gpu(spec)
 
 
 def resolve_base(spec: str, gpu: GPU, engine: str | None) -> Efficiency:
@@ -282,7 +275,7 @@ def _fit_pool_reserve(res: FitResult, pool_rows: Sequence[ProfileRow], rows: Seq
                      math.sqrt(sum(x * x for x in lr) / len(lr)))
 
 
-def pool_pressure(row: ProfileRow, gpu: GPU, eff: Efficiency, gpu_mem_util: float = 0.9) -> float:
+def pool_pressure(row: ProfileRow, gpu: GPU, eff: Efficiency, gpu_mem_util: float = GPU_MEM_UTIL) -> float:
     """Share of one replica's KV pool that a closed-loop row's clients fill with whole requests:
     concurrency x (input + output tokens) / pool tokens (0 for rows that are not closed loops)."""
     if not (row.concurrency and row.input_tokens and row.output_tokens):

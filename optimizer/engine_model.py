@@ -23,19 +23,20 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from costmodel import StepModel, get_gpu
-from costmodel._data import profiles_path
-from costmodel.calibration import efficiency_for, find_calibration
-from costmodel.efficiency import IDEAL, Efficiency
+from costmodel import StepModel
+from costmodel.calibration import lookup_calibration
+from costmodel.efficiency import Efficiency
 from costmodel.engines import ENGINE_NAMES, Engine, get_engine
 from costmodel.errors import InputError, ProfileDataMissing
-from costmodel.hardware import GPU, load_gpu_file
+from costmodel.hardware import GPU, resolve_gpu
 from costmodel.measured import MeasuredStepModel
+from costmodel.memory import BLOCK_TOKENS, GPU_MEM_UTIL
 from costmodel.models import ModelArch
 from costmodel.profile_table import ProfileRow, read_table
 from costmodel.step import SpecConfig
 
 __all__ = ["EngineModel", "MeasuredProfile", "engine_model", "resolve_gpu", "resolve_calibration", "load_profile"]
+# resolve_gpu: costmodel.hardware's, re-exported for the commands that build step models here
 
 MODES = ("calibrated", "ideal")
 
@@ -52,45 +53,16 @@ def _shown(p: Path, root: Path | None = None) -> str:
         return str(p)
 
 
-def resolve_gpu(gpu: str, gpu_file: str | None = None) -> GPU:
-    """A catalog GPU, or a hardware YAML file (``profiles/hardware-cpu-example.yaml``'s format)."""
-    if gpu_file:
-        return load_gpu_file(gpu_file)
-    if gpu.endswith((".yaml", ".yml")):
-        return load_gpu_file(gpu)
-    return get_gpu(gpu)
-
-
-def _calibration_path(gpu: str, calibration: str | None, engine: str | None) -> Path:
-    """The file ``costmodel.calibration.efficiency_for`` loads for these arguments (same lookup)."""
-    if not calibration:
-        return find_calibration(gpu, engine)
-    p = Path(calibration)
-    if not p.exists() and not p.suffix:
-        named = profiles_path("calibrations", f"{calibration}.yaml")
-        if named.exists():
-            return named
-        if str(calibration).startswith("profiles/"):
-            return profiles_path(*Path(str(calibration)).parts[1:]).with_suffix(".yaml")
-    return p
-
-
 def resolve_calibration(mode: str, gpu: str, calibration: str | None = None,
                         engine: str | None = None) -> tuple[Efficiency, dict]:
-    """The efficiency and its record: ``{"name": "ideal"}`` or ``{name, path, sha256}``.
-    ``calibration="ideal"`` is the same as ``mode="ideal"``."""
+    """The efficiency and its record: ``{"name": "ideal"}`` or ``{name, path, sha256}``
+    (``costmodel.calibration.lookup_calibration``). ``calibration="ideal"`` is ``mode="ideal"``."""
     if mode not in MODES:
         raise InputError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     if engine is not None and engine not in ENGINE_NAMES:
         raise InputError(f"--engine must be one of {', '.join(ENGINE_NAMES)}, got {engine!r}")
-    if mode == "ideal" or calibration == "ideal":
-        return IDEAL, {"name": "ideal"}
-    eff = efficiency_for("calibrated", gpu, calibration, engine)
-    p = _calibration_path(gpu, calibration, engine)
-    sha = _sha256(p)
-    if sha[:12] not in eff.source:  # the lookup above drifted from efficiency_for's: a bug
-        raise AssertionError(f"calibration record {p} does not match the loaded {eff.source}")
-    return eff, {"name": eff.name, "path": _shown(p, profiles_path().parent), "sha256": sha}
+    choice = lookup_calibration("ideal" if calibration == "ideal" else mode, gpu, calibration, engine)
+    return choice.efficiency, choice.record()
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,7 +121,7 @@ class EngineModel:
                                      f"weights {weight_dtype}{self._where()} (at any TP or KV dtype)")
 
     def step(self, model: ModelArch, tp: int = 1, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-             spec: SpecConfig | None = None, gpu_mem_util: float = 0.9, require_profile: bool = True,
+             spec: SpecConfig | None = None, gpu_mem_util: float = GPU_MEM_UTIL, require_profile: bool = True,
              parallel=None):
         """A ``StepModel`` (or ``MeasuredStepModel`` where the table has rows for this config).
         ``require_profile=False``: a config the table does not cover gets the calibrated model,
@@ -189,7 +161,7 @@ class EngineModel:
         """Whether this engine's admission holds pool room for the outputs (SGLang)."""
         return bool(self.engine) and self.engine_info.output_reserve
 
-    def sim_config(self, batch_cap: int, chunk_tokens: int, block_tokens: int = 16, prefix_caching: bool = True):
+    def sim_config(self, batch_cap: int, chunk_tokens: int, block_tokens: int = BLOCK_TOKENS, prefix_caching: bool = True):
         """The simulator's scheduler for this engine: mixed prefill chunks (as kvtune's launch lines
         configure every engine), with the engine's admission policy (SGLang's output reserve)."""
         from costmodel.simulate import SimConfig
@@ -220,7 +192,7 @@ class EngineModel:
 def engine_model(model: ModelArch, gpu: GPU, tp: int = 1, weight_dtype: str = "bf16", kv_dtype: str = "bf16", *,
                  mode: str = "calibrated", calibration: str | None = None, engine: str | None = None,
                  profile: str | Path | MeasuredProfile | None = None, spec: SpecConfig | None = None,
-                 gpu_mem_util: float = 0.9):
+                 gpu_mem_util: float = GPU_MEM_UTIL):
     """The step model for one configuration and the ``EngineModel`` that made it (its
     ``record()`` is the ``source``/``calibration``/``profile`` part of a command's JSON)."""
     em = EngineModel.build(gpu, mode, calibration, engine, profile)

@@ -99,11 +99,11 @@ def _ttft_grid(step: StepModel, w: WorkloadStats, n_decode: int, chunk_tokens: i
     average chunk, ``n_decode`` other sequences' decodes riding along. Attention pairs and KV
     reads are linear in the prior tokens, so the average chunk is exact for them."""
     ctx = w.mean_input_tokens + w.mean_output_tokens / 2
-    free = max(chunk_tokens - n_decode * step._q_per_seq, 1)
+    free = max(chunk_tokens - n_decode * step.verify_tokens_per_seq, 1)
     L = w.len_grid
     n_ch = np.ceil(L / free)
     n = L / n_ch
-    return getattr(step, "request_overhead_s", 0.0) + np.array([
+    return step.request_overhead_s + np.array([
         k * step.step_time_s(n_decode, n_decode * ctx, m, StepModel.chunk_pairs(m, (l - m) / 2), (l - m) / 2)
         for k, m, l in zip(n_ch, n, L)])
 
@@ -120,7 +120,7 @@ def _lumpy_step_s(step: StepModel, w: WorkloadStats, b: int, chunk_tokens: int, 
     alone still underestimates steps that carry several (the excess is superadditive), so both are
     lower bounds on the mean step and the screen takes the larger."""
     ctx = w.mean_input_tokens + w.mean_output_tokens / 2
-    free = max(chunk_tokens - b * step._q_per_seq, 1)
+    free = max(chunk_tokens - b * step.verify_tokens_per_seq, 1)
     L = w.len_grid
     n_ch = np.ceil(L / free)
     m = L / n_ch
@@ -132,11 +132,11 @@ def _lumpy_step_s(step: StepModel, w: WorkloadStats, b: int, chunk_tokens: int, 
 
 def _at_batch(step: StepModel, w: WorkloadStats, b: int, chunk_tokens: int):
     """Step time, TPOT, per-request TTFT and SLO share at ``b`` concurrent sequences."""
-    tps, q = step.tokens_per_step, step._q_per_seq
+    tps, q = step.tokens_per_step, step.verify_tokens_per_seq
     ctx = w.mean_input_tokens + w.mean_output_tokens / 2
     p = b * tps * w.mean_prefill_tokens / w.mean_output_tokens
     bd = step.breakdown(b, b * ctx, p, p * w.prefill_pairs_per_token, p * w.prefix_read_per_token)
-    pf_s = getattr(step, "_pf_overhead", 0.0)
+    pf_s = step.prefill_overhead_s
     if pf_s and p > 0:
         # the fluid step spreads prompts over every step, but only the steps that carry a chunk pay
         # the prefill overhead: b x tokens_per_step / O requests arrive per step, each in its chunks
@@ -160,7 +160,7 @@ def screen(step: StepModel, w: WorkloadStats, batch_cap: int, chunk_tokens: int)
     b_pool = int(pool // hold)
     limits = {"batch_cap": batch_cap, "kv_pool": b_pool}
     b_max = min(batch_cap, b_pool)
-    q = step._q_per_seq
+    q = step.verify_tokens_per_seq
     b_chunk = int(chunk_tokens // (q + step.tokens_per_step * w.mean_prefill_tokens / w.mean_output_tokens))
     limits["chunk"] = b_chunk
     bd1, tpot1, ttft1, share1, _ = _at_batch(step, w, 1, chunk_tokens)

@@ -1,6 +1,5 @@
 """Memory plan and step times: the seed arithmetic, hand-derived cases and property tests."""
 
-import math
 
 import pytest
 from hypothesis import given, settings

@@ -2,7 +2,6 @@
 errors are one line with the right exit status, nothing is half-written, one answer per storage."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -39,8 +39,9 @@ from ._common import dumps, echo_table, write_atomic
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, clients, max_nfev, output, name, as_json):
     """Fit bandwidth/FLOP efficiencies, step overhead and all-reduce cost to TABLES."""
+    from costmodel.hardware import resolve_gpu
     from optimizer.calibrate import (calibrate, calibration_dict, calibration_yaml, load_tables, resolve_base,
-                                     resolve_gpu, select_rows)
+                                     select_rows)
 
     out = Path(output)
     if not out.parent.exists():

@@ -8,6 +8,7 @@ import click
 
 from costmodel import SpecConfig, estimate, get_model
 from costmodel.engines import ENGINE_NAMES
+from costmodel.memory import GPU_MEM_UTIL
 
 from ._common import dumps, echo_table, parse_int_list
 
@@ -26,7 +27,7 @@ from ._common import dumps, echo_table, parse_int_list
               help="Pick the shipped calibration fitted for this engine.")
 @click.option("--profile", default=None,
               help="Measured profile table: its decode step times inside its range, the calibration outside.")
-@click.option("--gpu-mem-util", type=float, default=0.9, show_default=True)
+@click.option("--gpu-mem-util", type=float, default=GPU_MEM_UTIL, show_default=True)
 @click.option("--spec-k", type=int, default=0, show_default=True, help="Speculative draft length (0 = off).")
 @click.option("--spec-alpha", type=float, default=0.8, show_default=True, help="Per-token draft acceptance.")
 @click.option("--spec-draft-cost", type=float, default=0.05, show_default=True,
@@ -35,7 +36,8 @@ from ._common import dumps, echo_table, parse_int_list
 def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, calibration, engine, profile,
                  gpu_mem_util, spec_k, spec_alpha, spec_draft_cost, as_json):
     """What a decode step costs, how many sequences fit and the tokens per second."""
-    from optimizer.engine_model import EngineModel, resolve_gpu
+    from costmodel.hardware import resolve_gpu
+    from optimizer.engine_model import EngineModel
 
     batches = parse_int_list(batch, "batch")
     m, g = get_model(model), resolve_gpu(gpu)

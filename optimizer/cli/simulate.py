@@ -10,16 +10,16 @@ import click
 
 from costmodel import get_model
 from costmodel.closed_loop import CLIENT_STARTS, default_clients, run_closed_loop
-from costmodel.dtypes import KNOWN as DTYPE_NAMES
+from costmodel.dtypes import KNOWN as DTYPE_NAMES  # bf16, fp8, fp16, GGUF q8_0/q4_0/...
 from costmodel.engines import ENGINE_NAMES
 from costmodel.errors import Infeasible, InputError
 from costmodel.goodput import goodput
+from costmodel.memory import BLOCK_TOKENS
 from costmodel.simulate import simulate_fleet
 from costmodel.step import SpecConfig
 
 from ._common import dumps
 
-KV_DTYPES = DTYPE_NAMES  # bf16, fp8, fp16, GGUF q8_0/q4_0/... (costmodel.dtypes)
 
 
 class _OneLineCommand(click.Command):
@@ -82,12 +82,12 @@ def _config_options(f):
         click.argument("workload", type=click.Path(dir_okay=False)),
         click.option("--tp", type=_Int(1), default=1, show_default=True, help="Tensor-parallel size (GPUs per replica)."),
         click.option("--batch-cap", type=_Int(1), default=128, show_default=True, help="Max running sequences."),
-        click.option("--kv-dtype", type=_Choice(KV_DTYPES), default="bf16", show_default=True),
+        click.option("--kv-dtype", type=_Choice(DTYPE_NAMES), default="bf16", show_default=True),
         click.option("--spec-k", type=_Int(0), default=0, show_default=True, help="Speculative draft length (0 = off)."),
         click.option("--spec-alpha", type=_Float(0.0, 1.0), default=None,
                      help="Per-token acceptance (default: the workload's speculative.acceptance)."),
         click.option("--chunk-tokens", type=_Int(1), default=8192, show_default=True, help="Per-step token budget."),
-        click.option("--block-tokens", type=_Int(1), default=16, show_default=True, help="KV block size."),
+        click.option("--block-tokens", type=_Int(1), default=BLOCK_TOKENS, show_default=True, help="KV block size."),
         click.option("--no-prefix-caching", is_flag=True, help="Recompute shared prefixes."),
         click.option("--replicas", type=_Int(1), default=1, show_default=True, help="Replicas behind a random load balancer."),
         click.option("--seed", type=_Int(0), default=0, show_default=True),
@@ -115,7 +115,8 @@ def engine_choice(spec, calibration, engine, profile) -> tuple:
 
 
 def _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile):
-    from optimizer.engine_model import EngineModel, resolve_gpu
+    from costmodel.hardware import resolve_gpu
+    from optimizer.engine_model import EngineModel
     from optimizer.workload import load_workload
 
     spec = load_workload(workload)

@@ -26,7 +26,8 @@ from ._common import dumps, echo_table
 def validate_cmd(tables, calibration, engine, gpu, mode, worst, all_rows, as_json):
     """Predict every row of measured TABLES with the current model: measured vs predicted, per-metric
     MAPE and bias, the worst rows."""
-    from optimizer.calibrate import load_tables, resolve_gpu
+    from costmodel.hardware import resolve_gpu
+    from optimizer.calibrate import load_tables
     from optimizer.validate import validate_rows, validation_dict
 
     if calibration is not None and mode == "ideal":

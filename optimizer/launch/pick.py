@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from costmodel.memory import GPU_MEM_UTIL
+
 __all__ = ["LaunchPick", "MemoryFacts", "Unsupported", "SPEC_METHODS", "NGRAM_MATCH_TOKENS",
            "model_reference", "fp8_checkpoint", "build_pick"]
 
@@ -84,7 +86,7 @@ class LaunchPick:
     spec_method: str | None = None
     draft_model: str | None = None
     prefix_caching: bool = True
-    gpu_mem_util: float = 0.9
+    gpu_mem_util: float = GPU_MEM_UTIL
     replicas: int = 1
     pp: int = 1
     ep: int = 1                         # expert-parallel size; > 1 turns expert parallelism on
