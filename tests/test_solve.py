@@ -183,6 +183,7 @@ def test_json_has_the_contract_keys(tmp_path):
     assert "Recommendation:" in text and "vllm serve" in text
 
 
+@pytest.mark.slow
 def test_two_cli_processes_on_one_journal_give_one_answer(tmp_path):
     url = f"journal:{tmp_path / 'j.log'}"
     procs = [subprocess.Popen([sys.executable, "-c", "from optimizer.cli import main; main()", "solve",
