@@ -156,14 +156,18 @@ class RowPredictor:
         min_requests)`` identical ones."""
         from .requests import Requests
 
-        n = max(self.requests_per_client * row.concurrency, self.min_requests)
-        return Requests.uniform(n, row.input_tokens, row.output_tokens)
+        c, isl, osl = row.concurrency, row.input_tokens, row.output_tokens
+        if c is None or isl is None or osl is None:
+            raise InputError(f"row {row.id}: a closed-loop row needs concurrency, input_tokens and output_tokens")
+        return Requests.uniform(max(self.requests_per_client * c, self.min_requests), isl, osl)
 
     def _simulate(self, sm, row: ProfileRow) -> dict[str, float]:
         from .requests import Requests
         from .simulate import simulate
 
         isl, osl = row.input_tokens, row.output_tokens
+        if isl is None or osl is None:
+            raise InputError(f"row {row.id}: a request row needs input_tokens and output_tokens")
         if row.rate_req_s is not None and math.isinf(row.rate_req_s):
             n = row.num_requests or row.concurrency
             if not n:
@@ -300,7 +304,7 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     if not targets:
         raise InputError("calibrate: the rows hold no measured figure kvtune can predict (step_ms, ttft/tpot means, output_tok_s)")
     explicit = params is not None
-    names = list(params) if explicit else list(FIT_PARAMS)
+    names = list(params) if params is not None else list(FIT_PARAMS)
     for n in names:
         if n not in PARAM_BOUNDS:
             raise InputError(f"calibrate: --params: unknown parameter '{n}' (known: {', '.join(PARAM_BOUNDS)})")

@@ -101,7 +101,7 @@ class MeasuredStepModel:
                 f"KV {base.kv_dtype} spec_k {k}")
         dec = [r for r in mine if r.phase == "decode"]
         pre = [r for r in mine if r.phase == "prefill"]
-        self._dec = _Surface(np.array([r.batch for r in dec], float), np.array([max(r.context_tokens, 1) for r in dec], float),
+        self._dec = _Surface(np.array([r.batch for r in dec], float), np.array([max(r.context_tokens or 0, 1) for r in dec], float),
                              np.array([r.step_ms for r in dec], float)) if dec else None
         self._pre = _Surface(np.array([r.chunk_tokens or 1 for r in pre], float),
                              np.array([1.0 + (r.context_tokens or 0) for r in pre], float),

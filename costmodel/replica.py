@@ -344,11 +344,12 @@ class Replica:
                     m = self._first_short_step(total_blocks - alloc_pf - pinned, m)
                 if m == 1:
                     t += step_time(n_dec, ctx_sum)
-                elif len(pcs) == 1:
-                    _, a, b = pcs[0]
+                # m > 1 only where the clock gave pieces (pcs is not None above)
+                elif len(pcs) == 1:  # type: ignore[arg-type]
+                    _, a, b = pcs[0]  # type: ignore[index]
                     t += m * (a + b * ctx_sum) + b * G * m * (m - 1) * 0.5
                 else:
-                    t += time_of(pcs, ctx_sum, G, m)
+                    t += time_of(pcs, ctx_sum, G, m)  # type: ignore[arg-type]
                 gstep += m
                 ctx_sum += m * G
             else:
@@ -588,7 +589,7 @@ class Replica:
             running[i] = None
             res += own
             if kv:
-                kv_ready[i] = False  # if it is preempted, it recomputes here
+                kv_ready[i] = False  # type: ignore[index]  # kv: kv_ready is set; preempted, it recomputes here
                 used_ub += need
                 self._join_decode(i, target)
                 continue

@@ -205,7 +205,10 @@ def _spec_verify_steps(step: StepCost, out: np.ndarray, seed: int) -> np.ndarray
     a long segment is jumped over (``advance``), so memory stays bounded by the block whatever the
     outputs, and the draws are the same as drawing the whole stream at once."""
     need = np.maximum(out.astype(np.int64) - 1, 0)
-    k, a = step.spec.k, step.spec.acceptance
+    spec = step.spec
+    if spec is None:
+        raise ValueError("speculative verify steps asked of a step model without speculation")
+    k, a = spec.k, spec.acceptance
     total = int(need.sum())
     if total == 0:
         return need.copy()
@@ -223,7 +226,7 @@ def _spec_verify_steps(step: StepCost, out: np.ndarray, seed: int) -> np.ndarray
     i, n = 0, len(need)
     while i < n:
         if need[i] > SPEC_CLT_TOKENS:
-            rng.bit_generator.advance(int(need[i]))  # its segment, unread
+            rng.bit_generator.advance(int(need[i]))  # type: ignore[attr-defined]  # PCG64 (default_rng) has advance
             i += 1
             continue
         if need[i] > _SPEC_DRAWS_PER_BLOCK:
@@ -276,7 +279,7 @@ def _passes_of_long_segment(rng: np.random.Generator, need: int, k: int, a: floa
         got += int(c[-1])
         drawn += m
     if need > drawn:
-        rng.bit_generator.advance(need - drawn)
+        rng.bit_generator.advance(need - drawn)  # type: ignore[attr-defined]  # PCG64 has advance
     return passes
 
 
@@ -363,6 +366,7 @@ def simulate_replica(step: StepCost, requests: Requests, config: SimConfig, arri
     n_trace = n if arrival == "trace" else 0   # requests that arrive at their own arrival_s
     if arrival == "closed":
         # the clients' first send times: all at 0 (a cold-start burst) unless arrival_s staggers them
+        assert concurrency is not None  # checked above for arrival "closed"
         k0 = min(int(concurrency), n)
         starts = requests.arrival_s[:k0].astype(float)
         if k0 and starts.max() > 0:

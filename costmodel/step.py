@@ -222,7 +222,7 @@ class StepModel:
         self._pre_gemm_rate = peak * e.prefill_flops_efficiency
         self._pre_attn_rate = gpu.bf16_flops_per_s * e.prefill_flops_efficiency
         if tp > 1 and e.model_comm:
-            self._n_ar = 2 * model.n_layers
+            self._n_ar: float = 2 * model.n_layers  # all-reduces per step (float: divided by pp stages)
             self._ar_lat = e.allreduce_latency_s
             self._ar_s_per_token = 2 * (tp - 1) / tp * model.hidden * ACT_BYTES / (gpu.link_bytes_per_s * e.link_efficiency)
         else:

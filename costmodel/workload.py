@@ -416,6 +416,8 @@ class Workload:
 
     def _replay(self, n: int, rate: float | None) -> Requests:
         tr = self.trace
+        if tr is None:
+            raise InputError("workload: replay asked of a workload without a trace")
         rows = len(tr)
         idx = np.arange(n) % rows
         copy = np.arange(n) // rows
