@@ -62,8 +62,7 @@ class GPU:
 @lru_cache(maxsize=None)
 def _catalog() -> dict:
     data = load_yaml(profiles_path("hardware.yaml"))
-    if not isinstance(data, dict):
-        raise InputError(f"{profiles_path('hardware.yaml')}: expected a mapping of GPU names")
+    assert isinstance(data, dict), "the shipped GPU catalog is a mapping of GPU names"
     return {k.lower(): v for k, v in data.items()}
 
 
