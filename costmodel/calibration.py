@@ -40,14 +40,9 @@ def _sha256(path: Path) -> str:
 
 
 def load_calibration(path: str | Path) -> Efficiency:
-    return _load(Path(path), str(path))[0]
-
-
-def _load(p: Path, given: str) -> tuple[Efficiency, str]:
-    """The calibration file's efficiency and its sha256 (read once)."""
+    p = Path(path)
     if not p.exists():
-        raise InputError(f"calibration {given}: no such file")
-    sha = _sha256(p)
+        raise InputError(f"calibration {path}: no such file")
     data = load_yaml(p)
     if not isinstance(data, dict) or not isinstance(data.get("params"), dict):
         raise InputError(f"calibration {p}: missing key 'params'")
@@ -67,14 +62,17 @@ def _load(p: Path, given: str) -> tuple[Efficiency, str]:
             raise InputError(f"calibration {p}: params.{key} must be a number, got {v!r}")
         values[key] = float(v)
     name = str(data.get("name", p.stem))
-    shown = shown_path(p)
-    source = f"calibrated: {name} ({shown}, sha256 {sha[:12]})"
+    try:
+        shown = p.resolve().relative_to(profiles_path().parent)
+    except ValueError:
+        shown = p
+    source = f"calibrated: {name} ({shown}, sha256 {_sha256(p)[:12]})"
     derived = data.get("derived_from")
     if isinstance(derived, dict):  # costmodel.derived: carried over from another GPU's calibration
-        source = (f"derived: {name} ({shown}, sha256 {sha[:12]}) from {derived.get('name')} "
+        source = (f"derived: {name} ({shown}, sha256 {_sha256(p)[:12]}) from {derived.get('name')} "
                   f"(sha256 {str(derived.get('sha256', ''))[:12]}): efficiencies carried to the {data.get('gpu')} "
                   f"datasheet, +/-{float(data.get('transfer_rel_sd', 0)):.0%} (1 sd) each, not measured on it")
-    return Efficiency(**values, model_comm=True, name=name, source=source), sha
+    return Efficiency(**values, model_comm=True, name=name, source=source)
 
 
 def shown_path(p: Path) -> Path:
@@ -139,8 +137,7 @@ def lookup_calibration(mode: str, gpu: str, calibration: str | Path | None = Non
     if engine is not None and engine not in ENGINES:
         raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     p = calibration_path(gpu, calibration, engine)
-    eff, sha = _load(p, str(p))
-    return CalibrationChoice(eff, p, sha)
+    return CalibrationChoice(load_calibration(p), p, _sha256(p))
 
 
 def efficiency_for(mode: str, gpu: str, calibration: str | Path | None = None,
