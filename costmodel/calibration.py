@@ -18,6 +18,7 @@ Shipped ones are found by name: ``GPU-ENGINE`` first, then ``GPU``.
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 from ._data import load_yaml, profiles_path
@@ -39,11 +40,11 @@ def load_calibration(path: str | Path) -> Efficiency:
     p = Path(path)
     if not p.exists():
         raise InputError(f"calibration {path}: no such file")
-    data = load_yaml(p)
+    data = load_yaml(p, "calibration file")
     if not isinstance(data, dict) or not isinstance(data.get("params"), dict):
         raise InputError(f"calibration {p}: missing key 'params'")
     params = data["params"]
-    unknown = set(params) - set(PARAM_BOUNDS)
+    unknown = [str(k) for k in params if k not in PARAM_BOUNDS]
     if unknown:
         raise InputError(f"calibration {p}: params: unknown key '{sorted(unknown)[0]}'")
     values = {}
@@ -54,8 +55,11 @@ def load_calibration(path: str | Path) -> Efficiency:
         if key not in params:
             raise InputError(f"calibration {p}: params: missing key '{key}'")
         v = params[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise InputError(f"calibration {p}: params.{key} must be a number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InputError(f"calibration {p}: params.{key} must be a finite number, got {v!r}")
+        lo, hi = PARAM_BOUNDS[key]
+        if not lo <= v <= hi:
+            raise InputError(f"calibration {p}: params.{key} = {v!r}: outside its bounds [{lo:g}, {hi:g}]")
         values[key] = float(v)
     name = str(data.get("name", p.stem))
     try:
