@@ -32,7 +32,7 @@ from pathlib import Path
 from ._data import load_yaml, read_text
 from .errors import InputError
 
-__all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS", "check_value"]
+__all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS", "check_value", "contradictions"]
 
 METADATA_COLUMNS = ("gpu", "engine", "engine_version", "model", "weight_dtype", "kv_dtype", "tp", "date", "source")
 STEP_COLUMNS = ("phase", "batch", "context_tokens", "chunk_tokens", "spec_k", "step_ms")
@@ -211,3 +211,33 @@ def _read_rows(p: Path, text: str, meta: dict) -> list[ProfileRow]:
     if not rows:
         raise InputError(f"{p}: no rows")
     return rows
+
+
+# Columns that say what was measured (the rest of a row, less its id, date and provenance).
+_MEASURED = tuple(c for c in _FLOAT if c != "rate_req_s")
+_NOT_CONFIG = set(_MEASURED) | {"id", "date", "source", "num_requests", "engine_version"}
+# Two runs of one configuration differing by more than this factor are not noise: run-to-run
+# spread of serving benchmarks is a few percent (vLLM's own CI tolerates 5-10%).
+CONTRADICTION_RATIO = 2.0
+
+
+def contradictions(rows: list[ProfileRow], ratio: float = CONTRADICTION_RATIO) -> list[str]:
+    """Rows that describe the same configuration but disagree on a measurement by more than
+    ``ratio`` times: one line each (the worst pair per configuration and measured column)."""
+    groups: dict[tuple, list[ProfileRow]] = {}
+    for r in rows:
+        key = tuple((c, getattr(r, c)) for c in COLUMNS if c not in _NOT_CONFIG)
+        groups.setdefault(key, []).append(r)
+    out = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        for col in _MEASURED:
+            vals = [(getattr(r, col), r.id) for r in members if getattr(r, col) is not None]
+            if len(vals) < 2:
+                continue
+            (lo, lo_id), (hi, hi_id) = min(vals), max(vals)
+            if lo > 0 and hi / lo > ratio:
+                out.append(f"rows {lo_id} and {hi_id} describe the same configuration but measured {col} "
+                           f"{lo:.4g} and {hi:.4g} ({hi / lo:.1f}x apart)")
+    return out

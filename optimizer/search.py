@@ -39,6 +39,7 @@ from costmodel import SpecConfig, StepModel, get_model
 from costmodel.errors import DoesNotFit, InputError
 
 from .engine_model import EngineModel, resolve_gpu
+from .storage import check_storage_url
 from .screen import WorkloadStats, screen
 
 __all__ = ["SolveContext", "evaluate", "make_storage", "open_study", "run_search", "grid_space",
@@ -277,6 +278,7 @@ def make_sampler(name: str, ctx: SolveContext, seed: int) -> optuna.samplers.Bas
 # ---- storage and study ------------------------------------------------------------------------
 def make_storage(url: str | None):
     """None: in memory; ``journal:PATH``: a journal file; anything else: an RDB URL (sqlite:///...)."""
+    check_storage_url(url)  # missing folders, damaged journals and SQLite files: one line, nothing written
     if not url:
         return None
     if url.startswith("journal:"):

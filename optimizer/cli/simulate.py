@@ -28,6 +28,11 @@ class _OneLineCommand(click.Command):
             raise InputError(f"kvtune {self.name}: {exc.format_message()}") from None
 
 
+def _flag(param) -> str:
+    """The flag as the user types it (``--requests``, not the parameter's name ``n_requests``)."""
+    return max(param.opts, key=len) if getattr(param, "opts", None) else f"--{param.name.replace('_', '-')}"
+
+
 class _Int(click.ParamType):
     name = "integer"
 
@@ -38,9 +43,9 @@ class _Int(click.ParamType):
         try:
             v = int(str(value))
         except ValueError:
-            raise InputError(f"--{param.name.replace('_', '-')}: {value!r} is not a whole number") from None
+            raise InputError(f"{_flag(param)}: {value!r} is not a whole number") from None
         if v < self.minimum:
-            raise InputError(f"--{param.name.replace('_', '-')}: {v} must be >= {self.minimum}")
+            raise InputError(f"{_flag(param)}: {v} must be >= {self.minimum}")
         return v
 
 
@@ -51,7 +56,7 @@ class _Float(click.ParamType):
         self.lo, self.hi, self.allow_inf = lo, hi, allow_inf
 
     def convert(self, value, param, ctx):
-        flag = f"--{param.name.replace('_', '-')}"
+        flag = _flag(param)
         try:
             v = float(str(value))
         except ValueError:
@@ -69,7 +74,7 @@ class _Choice(click.ParamType):
 
     def convert(self, value, param, ctx):
         if value not in self.choices:
-            raise InputError(f"--{param.name.replace('_', '-')}: {value!r} is not one of {', '.join(self.choices)}")
+            raise InputError(f"{_flag(param)}: {value!r} is not one of {', '.join(self.choices)}")
         return value
 
 
