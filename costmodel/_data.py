@@ -115,8 +115,9 @@ def _clip(s: str) -> str:
 
 def parse_yaml(text: str, shown: str) -> object:
     """Parse one YAML document; every fault is one ``InputError`` naming ``shown`` and the line."""
-    loader = _StrictLoader(text)
+    loader = None
     try:
+        loader = _StrictLoader(text)  # its reader refuses control characters here
         node = loader.get_single_node()
         if node is None:
             return None
@@ -130,7 +131,8 @@ def parse_yaml(text: str, shown: str) -> object:
     except RecursionError:
         raise InputError(f"{shown}: invalid YAML: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_yaml(path: Path, what: str = "YAML file") -> object:

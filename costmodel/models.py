@@ -235,7 +235,7 @@ def _get(cfg: dict, where: str, *keys, default=None, required=True):
     return default
 
 
-def _int(cfg: dict, where: str, *keys, default=None, required=True) -> int:
+def _int(cfg: dict, where: str, *keys, default=None, required=True, lo: int = 0) -> int:
     v = _get(cfg, where, *keys, default=default, required=required)
     if v is None:
         return 0
@@ -243,8 +243,8 @@ def _int(cfg: dict, where: str, *keys, default=None, required=True) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)) \
             or int(v) != v:
         raise InputError(f"{where}: key '{key}' must be a whole number, got {_clip(v)}")
-    if not 0 <= v <= MAX_DIM:
-        raise InputError(f"{where}: key '{key}' = {_clip(v)} must be in 0..{MAX_DIM}")
+    if not lo <= v <= MAX_DIM:
+        raise InputError(f"{where}: key '{key}' = {_clip(v)} must be in {lo}..{MAX_DIM}")
     return int(v)
 
 
@@ -287,11 +287,11 @@ def model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None =
         merged = dict(cfg["text_config"])
         merged.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
         cfg = merged
-    hidden = _int(cfg, where, "hidden_size", "d_model", "n_embd")
-    n_heads = _int(cfg, where, "num_attention_heads", "n_head")
-    n_kv = _int(cfg, where, "num_key_value_heads", default=n_heads)
-    head_dim = _int(cfg, where, "head_dim", default=hidden // n_heads if n_heads else 0)
-    n_layers = _int(cfg, where, "num_hidden_layers", "n_layer")
+    hidden = _int(cfg, where, "hidden_size", "d_model", "n_embd", lo=1)
+    n_heads = _int(cfg, where, "num_attention_heads", "n_head", lo=1)
+    n_kv = _int(cfg, where, "num_key_value_heads", default=n_heads, lo=1)
+    head_dim = _int(cfg, where, "head_dim", default=hidden // n_heads, lo=1)
+    n_layers = _int(cfg, where, "num_hidden_layers", "n_layer", lo=1)
     n_experts = _int(cfg, where, "num_local_experts", "num_experts", "n_routed_experts", default=0, required=False)
     mtype = str(cfg.get("model_type", ""))
     sliding = 0
@@ -312,6 +312,17 @@ def model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None =
     if sliding and "max_window_layers" in cfg and not ("layer_types" in cfg or mtype.startswith(("gemma2", "gemma3"))):
         n_sliding = max(n_layers - _int(cfg, where, "max_window_layers", default=0, required=False), 0)
     n_sliding = min(n_sliding, n_layers)
+    try:
+        return _arch(cfg, where, name, hf_id, published_params, hidden, n_heads, n_kv, head_dim, n_layers, n_experts,
+                     mtype, sliding, n_sliding, kv_lora)
+    except InputError as exc:
+        if str(exc).startswith(f"{where}:"):
+            raise
+        raise InputError(f"{where}: {exc}") from None
+
+
+def _arch(cfg, where, name, hf_id, published_params, hidden, n_heads, n_kv, head_dim, n_layers, n_experts, mtype,
+          sliding, n_sliding, kv_lora) -> ModelArch:
     return ModelArch(
         name=name,
         hf_id=hf_id,
@@ -320,8 +331,8 @@ def model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None =
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
-        intermediate=_int(cfg, where, "intermediate_size", "ffn_dim", default=4 * hidden),
-        vocab=_int(cfg, where, "vocab_size"),
+        intermediate=_int(cfg, where, "intermediate_size", "ffn_dim", default=4 * hidden, lo=1),
+        vocab=_int(cfg, where, "vocab_size", lo=1),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe"))),
         qk_norm=mtype in ("qwen3", "qwen3_moe"),

@@ -308,7 +308,7 @@ def _length(r: _Reader, v, key: str, floor: int = 0) -> LengthDist:
     if _is_num(v) and not isinstance(v, dict):
         if not _is_int(v) or v < 1:
             raise r.bad(key, v, "a length must be a whole number >= 1 token")
-        return LengthDist.fixed(int(v))
+        return LengthDist.fixed(r.int_(v, key, 1))
     if not isinstance(v, dict):
         raise r.bad(key, v, "must be a whole number of tokens or {dist: fixed|uniform|lognormal|normal, ...}")
     if "dist" not in v:
@@ -330,16 +330,24 @@ def _length(r: _Reader, v, key: str, floor: int = 0) -> LengthDist:
         val = v["value"]
         if not _is_int(val) or val < 1:
             raise r.bad(f"{key}.value", val, "a length must be a whole number >= 1 token")
-        return LengthDist("fixed", (int(val),), lo or 1, hi)
+        r.int_(val, f"{key}.value", 1)
+        return _dist(r, key, v, "fixed", (int(val),), lo or 1, hi)
     if d == "uniform":
-        return LengthDist.uniform(lo, hi)
-    r.num(v["mean"], f"{key}.mean", 0, lo_open=True)
-    r.num(v[names[1]], f"{key}.{names[1]}", 0)
+        return _dist(r, key, v, "uniform", (lo, hi), lo, hi)
+    r.num(v["mean"], f"{key}.mean", 0, MAX_LENGTH_TOKENS, lo_open=True)
+    r.num(v[names[1]], f"{key}.{names[1]}", 0, MAX_LENGTH_TOKENS)
     if lo is None and floor:
         if hi is not None and hi < floor:
             raise r.bad(f"{key}.max", hi, f"is shorter than the class's prefix_tokens ({floor})")
         lo = floor
-    return LengthDist(d, (float(v["mean"]), float(v[names[1]])), lo or 1, hi)
+    return _dist(r, key, v, d, (float(v["mean"]), float(v[names[1]])), lo or 1, hi)
+
+
+def _dist(r: _Reader, key: str, given, dist: str, params: tuple, lo: int, hi: int | None) -> LengthDist:
+    try:
+        return LengthDist(dist, params, lo, hi)
+    except InputError as exc:
+        raise r.wrap(key, given, exc) from None
 
 
 def _classes(r: _Reader, v) -> tuple[RequestClass, ...]:
@@ -506,7 +514,7 @@ def _model(r: _Reader, v) -> tuple[str, ModelArch]:
 CONTEXT_QUANTILE = 0.999
 
 
-def _check_context(r: _Reader, wl: Workload, arch: ModelArch) -> None:
+def _check_context(r: _Reader, wl: Workload, arch: ModelArch, trace_given=None) -> None:
     """Every request fits the model's context: prompt + output <= max_context_tokens (an engine
     refuses longer ones: vLLM answers HTTP 400 "maximum context length"). A distribution without
     ``max`` is held to its 99.9th percentile."""
@@ -519,7 +527,7 @@ def _check_context(r: _Reader, wl: Workload, arch: ModelArch) -> None:
         over = total > limit
         if over.any():
             i = int(total.argmax())
-            raise r.bad("workload.trace", wl.trace.source.split(" (")[0],
+            raise r.bad("workload.trace", trace_given,
                         f"{int(over.sum())} requests exceed {where}; the longest holds "
                         f"{int(wl.trace.input_tokens[i]):,} prompt + {int(wl.trace.output_tokens[i]):,} output tokens")
         return
@@ -586,7 +594,7 @@ def load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
     speculative = _speculative(r, data["speculative"]) if data.get("speculative") is not None else None
     search = _search(r, data.get("search"), hardware, speculative)
     workload = _workload(r, data["workload"], slo, objective)
-    _check_context(r, workload, arch)
+    _check_context(r, workload, arch, data["workload"].get("trace"))
     return WorkloadSpec(path=str(path), model=model, weights=weights, engine=engine, calibration=calibration,
                         profile=profile, gpu_mem_util=gpu_mem_util, hardware=hardware, workload=workload, slo=slo,
                         speculative=speculative, objective=objective, search=search)
