@@ -288,8 +288,13 @@ class _Reader:
             raise self.bad(key, v, "lo must be <= hi")
         return lo, hi
 
-    def local_path(self, value: str) -> Path:
-        p = Path(value).expanduser()
+    def local_path(self, value: str, key: str = "path") -> Path:
+        if "\x00" in value:
+            raise self.bad(key, value, "a path cannot hold a NUL character")
+        try:
+            p = Path(value).expanduser()
+        except RuntimeError:  # ~user of a user this machine does not have
+            raise self.bad(key, value, "names the home folder of an unknown user") from None
         return p if p.is_absolute() else self.base / p
 
     def wrap(self, key: str, value, exc: KvtuneError) -> KvtuneError:
@@ -407,7 +412,7 @@ def _workload(r: _Reader, v, slo: SLO, objective: str) -> Workload:
         if rate is not None:
             raise r.bad("workload.time_scale", wl["time_scale"], "give time_scale or rate_req_s, not both")
     given = r.str_(wl["trace"], "workload.trace")
-    p = r.local_path(given)
+    p = r.local_path(given, "workload.trace")
     if not p.is_file():
         raise r.bad("workload.trace", given, f"no such file ({p})")
     trace = read_trace(p, shown=str(p))
@@ -431,7 +436,7 @@ def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
     gpu_file = None
     try:
         if name.endswith((".yaml", ".yml")):
-            p = r.local_path(name)
+            p = r.local_path(name, "hardware.gpu")
             if not p.is_file():
                 raise r.bad("hardware.gpu", name, f"no such hardware file ({p})")
             gpu, gpu_file = load_gpu_file(p), str(p)
@@ -501,7 +506,7 @@ def _search(r: _Reader, v, hw: HardwareSpec, spec: SpeculativeSpec | None) -> Se
 
 def _model(r: _Reader, v) -> tuple[str, ModelArch]:
     given = r.str_(v, "model")
-    p = r.local_path(given)
+    p = r.local_path(given, "model")
     model = str(p) if given.endswith(".json") or p.exists() else given
     try:
         arch = get_model(model)
@@ -552,7 +557,7 @@ def _check_context(r: _Reader, wl: Workload, arch: ModelArch, trace_given=None) 
 
 def _calibration(r: _Reader, v, gpu: str, engine: str | None) -> str:
     given = r.str_(v, "calibration")
-    p = r.local_path(given)
+    p = r.local_path(given, "calibration")
     cal = str(p) if p.is_file() else given
     try:
         efficiency_for("calibrated", gpu, cal, engine)
@@ -567,7 +572,7 @@ def _calibration(r: _Reader, v, gpu: str, engine: str | None) -> str:
 
 def _profile(r: _Reader, v) -> str:
     given = r.str_(v, "profile")
-    p = r.local_path(given)
+    p = r.local_path(given, "profile")
     if not p.is_file():
         raise r.bad("profile", given, f"no such profile table ({p})")
     return str(p)
