@@ -737,6 +737,19 @@ def _flag_cases() -> None:
     case("solve-json-folder-missing", k, ["solve", "{d}/w.yaml", "--quiet", "--json", "{d}/nofolder/r.json"],
          {"w.yaml": wl_text()}, ("--json", "nofolder"))
     case("unknown-command", k, ["tune"], {}, ("tune",))
+    # output paths that cannot be written: checked before the work starts
+    case("solve-json-is-folder", k, ["solve", "{d}/w.yaml", "--quiet", "--json", "{d}/out/jdir"],
+         {"w.yaml": wl_text(), "out/jdir/x": "1"}, ("--json", "jdir", "folder"))
+    case("solve-report-is-file", k, ["solve", "{d}/w.yaml", "--quiet", "--report", "{d}/out/rep"],
+         {"w.yaml": wl_text(), "out/rep": "a file"}, ("--report", "rep", "not a folder"))
+    case("solve-json-nul", k, ["solve", "{d}/w.yaml", "--quiet", "--json", "{d}/out/r\x00.json"],
+         {"w.yaml": wl_text()}, ("--json",))
+    case("calibrate-output-is-folder", k, ["calibrate", "{d}/t.csv", "-o", "{d}/out/cdir"],
+         {"t.csv": STEP_TABLE, "out/cdir/x": "1"}, ("-o", "cdir", "folder"))
+    case("import-output-is-folder", k, ["profile", "import", "{d}/r.json", "-o", "{d}/out/tdir"],
+         {"r.json": (DATA / "import_vllm_result.json").read_text(), "out/tdir/x": "1"}, ("-o", "tdir", "directory"))
+    case("run-output-is-folder", k, ["profile", "run", "--url", "http://127.0.0.1:9/v1", "--model", "m", "-o",
+                                     "{d}/out/tdir"], {"out/tdir/x": "1"}, ("-o", "tdir", "directory"))
 
 
 # ---- storage faults --------------------------------------------------------------------------------

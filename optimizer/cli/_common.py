@@ -49,16 +49,34 @@ def dumps(obj) -> str:
     return json.dumps(to_jsonable(obj), indent=2, sort_keys=False)
 
 
+def check_output_path(path: str | Path, flag: str = "") -> None:
+    """An output file can be written there: its folder exists and it is not itself a folder.
+    Commands call this before their work, so a bad path costs nothing."""
+    path = Path(path)
+    where = f"{flag} {path}" if flag else str(path)
+    if "\x00" in str(path):
+        raise InputError(f"{where}: a path cannot hold a NUL character")
+    if not path.parent.exists():
+        raise InputError(f"{where}: folder {path.parent} does not exist")
+    if not path.parent.is_dir():
+        raise InputError(f"{where}: {path.parent} is not a folder")
+    if path.is_dir():
+        raise InputError(f"{where}: is a folder; give a file name")
+
+
 def write_atomic(path: str | Path, text: str) -> None:
     """Write a file whole or not at all: a temporary file in the same folder, then rename."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise InputError(f"{path}: folder {path.parent} does not exist")
+    check_output_path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -11,7 +11,7 @@ from costmodel.errors import InputError
 from costmodel.fit import RowPredictor
 from costmodel.profile_table import contradictions
 
-from ._common import dumps, echo_table, write_atomic
+from ._common import check_output_path, dumps, echo_table, write_atomic
 
 
 @click.command("calibrate")
@@ -43,6 +43,7 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
     out = Path(output)
     if not out.parent.exists():
         raise InputError(f"-o {output}: folder {out.parent} does not exist")
+    check_output_path(out, "-o")
     names = [p.strip() for p in params.split(",") if p.strip()] if params else None
     if params is not None and not names:
         raise InputError("--params: empty list")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
 from costmodel.errors import Infeasible, InputError
 
-from ._common import dumps, parse_int, write_atomic
+from ._common import check_output_path, dumps, parse_int, write_atomic
 
 SAMPLER_NAMES = ("tpe", "grid", "nsga2")
 
@@ -66,10 +67,12 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     top = _int_opt(verify_top, "--verify-top", 1)
     extra = {} if top is None else {"verify_top": top}
     if json_path:
-        from pathlib import Path
         parent = Path(json_path).parent
         if not parent.exists():
             raise InputError(f"--json {json_path}: folder {parent} does not exist")
+        check_output_path(json_path, "--json")
+    if report_dir and Path(report_dir).exists() and not Path(report_dir).is_dir():
+        raise InputError(f"--report {report_dir}: exists and is not a folder")
     spec = load_workload(workload)
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=storage,
