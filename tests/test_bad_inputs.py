@@ -711,6 +711,10 @@ def _flag_cases() -> None:
         ("spec-without-section", ["--spec-k", "3"], ("--spec-k", "speculative")),
         ("tp-3", ["--tp", "3"], ("tp 3",)),
         ("unknown-flag", ["--turbo"], ("--turbo",)),
+        ("rate-1e400", ["--rate", "1e400"], ("--rate", "1e400")),
+        ("requests-1e20", ["--requests", "1" + "0" * 20], ("--requests", "1" + "0" * 20)),
+        ("spec-k-100", ["--spec-k", "100", "--spec-alpha", "0.5"], ("--spec-k", "100")),
+        ("concurrency-0", ["--concurrency", "0"], ("--concurrency", "0")),
     ]:
         case(f"simulate-{cid}", k, sim + extra, {"w.yaml": wl_text()}, names)
     gp = ["goodput", "{d}/w.yaml"]
@@ -721,6 +725,7 @@ def _flag_cases() -> None:
         ("rel-tol-1", ["--rel-tol", "1"], ("--rel-tol", "1")),
         ("mode-fast", ["--mode", "fast"], ("--mode", "fast")),
         ("engine-tgi", ["--engine", "tgi"], ("--engine", "tgi")),
+        ("replicas-1e6", ["--replicas", "1000000"], ("--replicas", "1000000")),
     ]:
         case(f"goodput-{cid}", k, gp + extra, {"w.yaml": wl_text()}, names)
     so = ["solve", "{d}/w.yaml", "--quiet", "--json", "{d}/out/r.json", "--report", "{d}/out/rep"]
@@ -728,6 +733,7 @@ def _flag_cases() -> None:
         ("trials-0", ["--trials", "0"], ("--trials", "0")),
         ("trials-text", ["--trials", "ten"], ("--trials", "ten")),
         ("seed-neg", ["--seed", "-1"], ("--seed", "-1")),
+        ("seed-2to40", ["--seed", str(2**40)], ("--seed", str(2**40))),
         ("sampler-random", ["--sampler", "random"], ("--sampler", "random")),
         ("verify-top-0", ["--verify-top", "0"], ("--verify-top", "0")),
         ("engine-tgi", ["--engine", "tgi"], ("tgi",)),

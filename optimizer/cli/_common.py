@@ -12,16 +12,22 @@ from pathlib import Path
 import click
 
 from costmodel.errors import InputError
+from optimizer.workload import MAX_SEED  # noqa: F401 (the seed bound of --seed flags)
 
 
-def parse_int(value: str, flag: str, minimum: int) -> int:
+
+
+def parse_int(value: str, flag: str, minimum: int, maximum: int | None = None) -> int:
     """One integer option checked here (not by click), so a bad value is one ``Error:`` line."""
+    text = str(value).strip()
     try:
-        v = int(str(value).strip())
+        v = int(text)
     except ValueError:
-        raise InputError(f"{flag}: {str(value).strip()!r} is not an integer") from None
+        raise InputError(f"{flag}: {text[:40]!r} is not an integer") from None
     if v < minimum:
         raise InputError(f"{flag}: {v} must be >= {minimum}")
+    if maximum is not None and v > maximum:
+        raise InputError(f"{flag}: {text[:40]} must be <= {maximum}")
     return v
 
 

@@ -9,13 +9,13 @@ import click
 
 from costmodel.errors import Infeasible, InputError
 
-from ._common import check_output_path, dumps, parse_int, write_atomic
+from ._common import MAX_SEED, check_output_path, dumps, parse_int, write_atomic
 
 SAMPLER_NAMES = ("tpe", "grid", "nsga2")
 
 
-def _int_opt(value: str | None, flag: str, minimum: int) -> int | None:
-    return None if value is None else parse_int(value, flag, minimum)
+def _int_opt(value: str | None, flag: str, minimum: int, maximum: int | None = None) -> int | None:
+    return None if value is None else parse_int(value, flag, minimum, maximum)
 
 
 class _Progress:
@@ -63,7 +63,7 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     if sampler not in SAMPLER_NAMES:
         raise InputError(f"--sampler must be one of {', '.join(SAMPLER_NAMES)}, got {sampler!r}")
     n_trials = _int_opt(trials, "--trials", 1)
-    seed_v = _int_opt(seed, "--seed", 0)
+    seed_v = _int_opt(seed, "--seed", 0, MAX_SEED)
     top = _int_opt(verify_top, "--verify-top", 1)
     extra = {} if top is None else {"verify_top": top}
     if json_path:
