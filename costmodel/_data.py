@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
-from .errors import InputError
+from .errors import InputError, KvtuneError
 
-__all__ = ["PROFILES_DIR", "profiles_path", "load_yaml", "parse_yaml", "read_text", "FLOAT_MAX"]
+__all__ = ["PROFILES_DIR", "profiles_path", "load_yaml", "parse_yaml", "read_text", "reading", "FLOAT_MAX", "UNFORESEEN"]
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 FLOAT_MAX = 1.7976931348623157e308  # largest finite IEEE 754 double (sys.float_info.max)
@@ -138,3 +139,21 @@ def parse_yaml(text: str, shown: str) -> object:
 def load_yaml(path: Path, what: str = "YAML file") -> object:
     """Read and parse a YAML file (``read_text`` then ``parse_yaml``)."""
     return parse_yaml(read_text(path, what), str(path))
+
+
+# The last net under every reader of a user's file: a fault the reader's own checks did not
+# foresee still reaches the user as one line naming the file, not as a traceback. The readers'
+# tests and fuzzers assert that this net is never what catches a fault (UNFORESEEN marks it).
+UNFORESEEN = "unforeseen fault"
+
+
+@contextmanager
+def reading(path, what: str):
+    try:
+        yield
+    except KvtuneError:
+        raise
+    except (ValueError, TypeError, OverflowError, KeyError, IndexError, AttributeError, RecursionError,
+            UnicodeError) as exc:
+        first = (str(exc).splitlines() or [""])[0][:120]
+        raise InputError(f"{path}: cannot read this {what} ({UNFORESEEN}: {type(exc).__name__}: {first})") from exc

@@ -21,7 +21,7 @@ import hashlib
 import math
 from pathlib import Path
 
-from ._data import load_yaml, profiles_path
+from ._data import load_yaml, profiles_path, reading
 from .efficiency import IDEAL, PARAM_BOUNDS, Efficiency
 from .errors import InputError, ProfileDataMissing
 
@@ -37,6 +37,13 @@ def _sha256(path: Path) -> str:
 
 
 def load_calibration(path: str | Path) -> Efficiency:
+    """A calibration file loaded into ``Efficiency``; every fault is one line naming the file (one
+    the checks did not foresee too: ``costmodel._data.reading``)."""
+    with reading(path, "calibration file"):
+        return _load_calibration(path)
+
+
+def _load_calibration(path: str | Path) -> Efficiency:
     p = Path(path)
     if not p.exists():
         raise InputError(f"calibration {path}: no such file")

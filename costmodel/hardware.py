@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ._data import load_yaml, profiles_path
+from ._data import load_yaml, profiles_path, reading
 from .errors import InputError
 
 __all__ = ["GPU", "get_gpu", "list_gpus", "load_gpu_file"]
@@ -85,7 +85,14 @@ _KEYS = ("display_name", "memory_gb", "hbm_tb_s", "bf16_tflops", "fp8_tflops", "
 
 
 def load_gpu_file(path) -> GPU:
-    """A user hardware file: one entry in ``profiles/hardware.yaml``'s format (``NAME: {keys}``)."""
+    """A user hardware file: one entry in ``profiles/hardware.yaml``'s format (``NAME: {keys}``).
+    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    """
+    with reading(path, "hardware file"):
+        return _load_gpu_file(path)
+
+
+def _load_gpu_file(path) -> GPU:
     from pathlib import Path
 
     p = Path(path)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from ._data import load_yaml, profiles_path, read_text
+from ._data import load_yaml, profiles_path, read_text, reading
 from .errors import InputError
 
 __all__ = ["ModelArch", "get_model", "list_models", "model_from_config", "DTYPE_BYTES"]
@@ -279,7 +279,15 @@ def _is_num(v) -> bool:
 
 def model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None = None,
                       published_params: float = 0.0) -> ModelArch:
-    """Build a ModelArch from a Hugging Face config.json dictionary."""
+    """Build a ModelArch from a Hugging Face config.json dictionary.
+    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    """
+    with reading(where or name, "model config"):
+        return _model_from_config(cfg, name, hf_id, where, published_params)
+
+
+def _model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None = None,
+                      published_params: float = 0.0) -> ModelArch:
     where = where or name
     if not isinstance(cfg, dict):
         raise InputError(f"{where}: config must be a JSON object")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from costmodel._data import reading
 from costmodel.errors import InputError
 from costmodel.workload import MAX_LENGTH_TOKENS, Trace
 
@@ -298,7 +299,14 @@ def read_trace(path: str | Path, shown: str | None = None) -> Trace:
     """Read a trace file (format detected from its first line) into a ``Trace``.
 
     ``shown`` is how the file is named in messages (default: the path as given).
+
+    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
     """
+    with reading(shown or path, "trace"):
+        return _read_trace(path, shown)
+
+
+def _read_trace(path: str | Path, shown: str | None = None) -> Trace:
     p = Path(path)
     shown = shown or str(path)
     fmt = _format_of(_first_line(p), shown)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel import get_gpu, get_model
-from costmodel._data import FLOAT_MAX, parse_yaml, profiles_path, read_text
+from costmodel._data import FLOAT_MAX, parse_yaml, profiles_path, read_text, reading
 from costmodel.calibration import ENGINES, efficiency_for
 from costmodel.errors import InputError, KvtuneError
 from costmodel.hardware import load_gpu_file
@@ -581,7 +581,14 @@ def _profile(r: _Reader, v) -> str:
 # ---- entry points ------------------------------------------------------------------------------
 
 def load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
-    """Check a parsed workload document; ``path`` names it in errors and anchors relative paths."""
+    """Check a parsed workload document; ``path`` names it in errors and anchors relative paths.
+    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    """
+    with reading(path, "workload"):
+        return _load_workload_dict(data, path)
+
+
+def _load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
     r = _Reader(str(path))
     if not isinstance(data, dict):
         raise InputError(f"{path}: must be a mapping with keys {', '.join(_TOP)}")
@@ -606,7 +613,14 @@ def load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
 
 
 def load_workload(path: str | Path) -> WorkloadSpec:
-    """Read and check a workload YAML file."""
+    """Read and check a workload YAML file.
+    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    """
+    with reading(path, "workload file"):
+        return _load_workload(path)
+
+
+def _load_workload(path: str | Path) -> WorkloadSpec:
     data = parse_yaml(read_text(path, "workload file"), str(path))
     if data is None:
         raise InputError(f"{path}: empty workload file")

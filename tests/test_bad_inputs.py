@@ -22,6 +22,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from costmodel._data import UNFORESEEN
 from optimizer.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -856,6 +857,7 @@ def test_bad_input(c: Case, tmp_path: Path) -> None:
     assert len(err_lines) == 1, shown
     assert "Traceback" not in res.stderr + res.stdout, shown
     line = err_lines[0]
+    assert UNFORESEEN not in line, f"caught only by the readers' last net\n{shown}"
     for piece in c.names:
         assert piece.replace("{d}/", "").lower() in line.lower(), f"{piece!r} not named\n{shown}"
     for rel in c.outputs:

@@ -22,6 +22,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from costmodel._data import UNFORESEEN
 from costmodel.errors import KvtuneError
 from costmodel.models import get_model, model_from_config
 from costmodel.profile_table import read_table
@@ -108,6 +109,8 @@ def _ours(fn, *args):
     except KvtuneError as exc:
         msg = str(exc)
         assert msg and "\n" not in msg.strip(), f"not one line: {msg!r}"
+        # the readers' last net (costmodel._data.reading) must not be what caught it
+        assert UNFORESEEN not in msg, msg
         return None
 
 
