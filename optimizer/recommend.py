@@ -30,6 +30,7 @@ import optuna
 from costmodel import __version__
 
 from .launch import launch_settings
+from .layouts import gpus_per_replica, layout_params
 from .search import SolveContext, completed_evals, config_key, evaluate, grid_space, open_study, run_search
 from .search import _size as size_deployment
 
@@ -72,7 +73,7 @@ def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: f
     from costmodel.goodput import goodput
     from costmodel.simulate import simulate
 
-    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
+    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"], params.get("layout"))
     spec, seed = ctx.spec, ctx.workload_seed
     cfg = _sim_config(ctx, params)
     n = sim_requests(spec.slo.attainment, operating_batch)
@@ -88,10 +89,10 @@ def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: f
     if per_replica <= 0:
         return out | {"feasible": False, "reason": g.reason or "simulated SLO attainment misses the target even at a trickle"}
     if spec.objective == "max_goodput":
-        replicas = ctx.max_gpus // params["tp"]
+        replicas = ctx.max_gpus // gpus_per_replica(params)
     else:
         replicas = math.ceil(ctx.rate_req_s / per_replica * (1 - 1e-12))
-    gpus = replicas * params["tp"]
+    gpus = replicas * gpus_per_replica(params)
     nodes = math.ceil(gpus / h.gpus_per_node)
     load = ctx.rate_req_s / replicas if spec.objective == "min_cost" else min(ctx.rate_req_s / replicas, per_replica)
     res = simulate(sm, make(load, n, seed + 1), cfg, arrival="trace", seed=seed)
@@ -130,7 +131,7 @@ def _meets_at(ctx: SolveContext, study, ev: dict, rate_req_s: float) -> dict:
     key = f"challenge:{config_key(params)}@{rate_req_s:.9g}"
     got = study.user_attrs.get(key) if study is not None else None
     if got is None:
-        sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
+        sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"], params.get("layout"))
         n = sim_requests(ctx.spec.slo.attainment, int(ev.get("batch") or 1))
         seed = ctx.workload_seed
         res = simulate(sm, ctx.spec.requests(n, seed, rate_req_s=rate_req_s), _sim_config(ctx, params), "trace", seed=seed)
@@ -168,13 +169,13 @@ def _challenge_or_verify(ctx: SolveContext, study, ev: dict, ok: list[dict]) -> 
     best = min(ok, key=lambda v: _rank(ctx, v))
     same = [v for v in ok if v["params"]["kv_dtype"] == ev["params"]["kv_dtype"]]
     rival = min(same, key=lambda v: _rank(ctx, v)) if same else None
-    bar = _bar_req_s(ctx, ev["params"]["tp"], best, rival)
+    bar = _bar_req_s(ctx, gpus_per_replica(ev["params"]), best, rival)
     if bar is not None:
         c = _meets_at(ctx, study, ev, bar)
         if c["meets"]:
             return _verified(ctx, study, ev)
         # name the config that set the bar: the cheapest, or its own KV dtype's best at that cost
-        tp = ev["params"]["tp"]
+        tp = gpus_per_replica(ev["params"])
         by_rival = (rival is not None and rival is not best and best["gpus"] % tp == 0
                     and bar == rival["goodput_req_s"] * (1 + REL_TOL) / (best["gpus"] // tp))
         beat = rival if by_rival else best
@@ -189,7 +190,7 @@ def _rank(ctx: SolveContext, v: dict) -> tuple:
     """Verified configs, best first; the config key last so the order never depends on which
     search proposed them or in what order."""
     if ctx.spec.objective == "max_goodput":
-        return (-v["per_replica_goodput_req_s"] / v["params"]["tp"], v["usd_per_hour"], config_key(v["params"]))
+        return (-v["per_replica_goodput_req_s"] / gpus_per_replica(v["params"]), v["usd_per_hour"], config_key(v["params"]))
     return (v["usd_per_hour"], -v["goodput_req_s"], v["params"]["kv_dtype"] != "bf16", v["params"]["tp"],
             config_key(v["params"]))
 
@@ -214,7 +215,7 @@ def _could_cost(ctx: SolveContext, ev: dict) -> float:
     pessimistic about its goodput."""
     if ctx.spec.objective != "min_cost":
         return ev["usd_per_hour"]
-    return size_deployment(ctx, ev["params"]["tp"], ev["per_replica_goodput_req_s"] * SCREEN_SLACK, None)["usd_per_hour"]
+    return size_deployment(ctx, gpus_per_replica(ev["params"]), ev["per_replica_goodput_req_s"] * SCREEN_SLACK, None)["usd_per_hour"]
 
 
 def _diversified(level: list[dict]) -> list[dict]:
@@ -428,7 +429,9 @@ def _ok(ctx, pick, ev, evals, verified, notes) -> dict:
     detail = ev.get("detail", {})
     return {
         "status": "ok",
-        "recommendation": {**{k: p[k] for k in _PARAM_KEYS}, "replicas": pick["replicas"], "gpus": pick["gpus"],
+        "recommendation": {**{k: p[k] for k in _PARAM_KEYS}, **layout_params(p, spec.hardware.gpus_per_node),
+                           **({"layout": p["layout"]} if p.get("layout") else {}),
+                           "replicas": pick["replicas"], "gpus": pick["gpus"],
                            "nodes": pick["nodes"], "gpu": ctx.gpu.name, "model": ctx.model.name},
         "predicted": {"goodput_req_s": pick["goodput_req_s"], "per_replica_goodput_req_s": pick["per_replica_goodput_req_s"],
                       "slo_attainment": pick["slo_attainment"], "ttft_ms": pick["ttft_ms"], "tpot_ms": pick["tpot_ms"],
@@ -447,7 +450,8 @@ def _ok(ctx, pick, ev, evals, verified, notes) -> dict:
         "verified": [{"config": v["params"], "feasible": v["feasible"], "usd_per_hour": v.get("usd_per_hour"),
                       "goodput_req_s": v.get("goodput_req_s"), "dominated": bool(v.get("dominated")),
                       "simulations": v.get("simulations", 0), "reason": v.get("reason", "")} for v in verified],
-        "launch": launch_settings(model_id, p, pick["replicas"], spec.gpu_mem_util, sdict,
+        "launch": launch_settings(model_id, {**p, **layout_params(p, spec.hardware.gpus_per_node)},
+                                  pick["replicas"], spec.gpu_mem_util, sdict,
                                   name=f"kvtune-{ctx.model.name}"),
         "notes": notes,
     }
