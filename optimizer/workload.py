@@ -450,12 +450,13 @@ def _gpu_choices(r: _Reader, h: dict, weights: str) -> tuple[tuple[str, float], 
         raise r.bad("hardware.gpu", h["gpu"], "must list at least one GPU type")
     usd = h["usd_per_gpu_hour"]
     if not isinstance(usd, dict):
-        price = r.num(usd, "hardware.usd_per_gpu_hour", 0, lo_open=True)
+        price = r.num(usd, "hardware.usd_per_gpu_hour", 0, MAX_USD_PER_GPU_HOUR, lo_open=True)
         return tuple((n, price) for n in names)
     prices = {}
     for k, v in usd.items():
         try:
-            prices[get_gpu(str(k)).name] = r.num(v, f"hardware.usd_per_gpu_hour.{k}", 0, lo_open=True)
+            prices[get_gpu(str(k)).name] = r.num(v, f"hardware.usd_per_gpu_hour.{k}", 0, MAX_USD_PER_GPU_HOUR,
+                                                 lo_open=True)
         except InputError as exc:
             if str(exc).startswith(f"{r.path}:"):
                 raise
@@ -476,8 +477,8 @@ def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
         choices = _gpu_choices(r, h, weights)
         return HardwareSpec(
             gpu=choices[0][0], usd_per_gpu_hour=choices[0][1],
-            gpus_per_node=r.int_(h.get("gpus_per_node", 8), "hardware.gpus_per_node", 1),
-            max_nodes=r.int_(h.get("max_nodes", 1), "hardware.max_nodes", 1),
+            gpus_per_node=r.int_(h.get("gpus_per_node", 8), "hardware.gpus_per_node", 1, MAX_GPUS_PER_NODE),
+            max_nodes=r.int_(h.get("max_nodes", 1), "hardware.max_nodes", 1, MAX_NODES),
             choices=choices if len(choices) > 1 else ())
     if isinstance(h["usd_per_gpu_hour"], dict):
         raise r.bad("hardware.usd_per_gpu_hour", h["usd_per_gpu_hour"],

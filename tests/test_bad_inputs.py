@@ -206,6 +206,16 @@ def _workload_cases() -> None:
         ("calibration-missing", {"calibration": "nope.yaml"}, ("calibration", "nope.yaml")),
         ("profile-missing", {"profile": "nope.csv"}, ("profile", "nope.csv")),
         ("hardware-file-missing", {"hardware.gpu": "nope.yaml"}, ("hardware.gpu", "nope.yaml")),
+        ("gpu-list-unknown", {"hardware.gpu": ["h100-sxm", "tpu-v9"]}, ("hardware.gpu[1]", "tpu-v9")),
+        ("gpu-list-price-nan", {"hardware.gpu": ["h100-sxm", "h200"],
+                                "hardware.usd_per_gpu_hour": {"h100-sxm": 3, "h200": math.nan}},
+         ("hardware.usd_per_gpu_hour.h200", "nan")),
+        ("gpu-list-price-inf", {"hardware.gpu": ["h100-sxm", "h200"], "hardware.usd_per_gpu_hour": math.inf},
+         ("hardware.usd_per_gpu_hour", "inf")),
+        ("gpu-list-empty", {"hardware.gpu": []}, ("hardware.gpu", "[]")),
+        ("gpu-list-nested", {"hardware.gpu": [["h100-sxm"]]}, ("hardware.gpu[0]",)),
+        ("gpu-list-nodes-huge", {"hardware.gpu": ["h100-sxm", "h200"], "hardware.max_nodes": 10**9},
+         ("hardware.max_nodes", "1000000000")),
     ]
     for i, (cid, edits, names) in enumerate(bad):
         # every command reads workloads the same way: rotate through them, and run the first few
@@ -814,7 +824,7 @@ def _infeasible_cases() -> None:
         ("rate-1e12", {"workload.rate_req_s": RAW}, "1e12", ("1e+12 req/s", "max_nodes")),
         ("prompt-100k-ttft-50ms", {"workload.classes[0].input_tokens": 100_000, "slo.ttft_ms": 50}, None,
          ("TTFT", "100k")),
-        ("one-node-no-fit", {"model": "llama-3.1-405b", "search.tp": [1, 2]}, None, ("405b",)),
+        ("405b-tpot-50ms", {"model": "llama-3.1-405b", "search.tp": [1, 2]}, None, ("TPOT",)),
     ]:
         case(cid, k, argv, {"w.yaml": wl_text(edits, raw)}, names, code=3, whole=("r.json", "rep"))
 

@@ -130,6 +130,11 @@ WORKLOAD = {"model": "llama-3.1-8b",
                        "chunk_tokens": [512, 8192], "trials": 5, "seed": 0}}
 
 
+# hardware.gpu as a list of types, each with its price (the GPU type is searched)
+WORKLOAD_TYPES = {**copy.deepcopy(WORKLOAD), "hardware": {"gpu": ["h100-sxm", "h200"], "gpus_per_node": 8,
+                                                          "usd_per_gpu_hour": {"h100-sxm": 3.0, "h200": 4.0}}}
+
+
 def check_workload_dict(doc) -> None:
     COUNTS["workload"] += 1
     spec = _ours(load_workload_dict, doc, str(_DIR / "w.yaml"))
@@ -145,7 +150,7 @@ def check_workload_dict(doc) -> None:
 
 
 @FUZZ
-@given(mutated(WORKLOAD))
+@given(st.one_of(mutated(WORKLOAD), mutated(WORKLOAD_TYPES)))
 def test_fuzz_workload_dict(doc):
     check_workload_dict(doc)
 
