@@ -895,10 +895,31 @@ def corpus_counts() -> tuple[Counter, Counter]:
     return kinds, commands
 
 
+FAULTS = {  # a case's fault, from a keyword in its id (first match wins)
+    "not UTF-8 / binary": ("utf8", "utf16", "binary", "latin1"),
+    "beyond float range / non-finite": ("nan", "inf", "1e400", "digits", "1e23", "1e20", "1e300", "1e999", "huge",
+                                        "1e12", "2to40", "1e6", "1e20"),
+    "storage": ("journal", "sqlite", "scheme", "rdb"),
+    "context length": ("300k", "prompt-plus-output", "llama2-8k", "uniform-max", "open-tail", "output-long",
+                       "context-beyond"),
+}
+
+
+def fault_of(c: Case) -> str:
+    for name, words in FAULTS.items():
+        if any(w in c.id for w in words):
+            return name
+    return "other (structure, range, type, missing, flags)"
+
+
 if __name__ == "__main__":
     k, c = corpus_counts()
-    print(f"{len(CASES)} cases")
+    print(f"{len(CASES)} cases\nby kind (the file or flag at fault):")
     for name, n in sorted(k.items()):
         print(f"  {name:<20} {n}")
+    print("by command:")
     for name, n in sorted(c.items()):
         print(f"  {name:<20} {n}")
+    print("by fault (keyword in the case id):")
+    for name, n in Counter(fault_of(x) for x in CASES).most_common():
+        print(f"  {name:<48} {n}")

@@ -28,6 +28,7 @@ REACHED_BY = {
     "costmodel/fit.py": ("calibrate",),
     "optimizer/calibrate.py": ("calibrate",),
     "optimizer/search.py": ("solve",),
+    "optimizer/storage.py": ("solve",),
     "optimizer/recommend.py": ("solve",),
     "optimizer/report.py": ("solve",),
     "optimizer/gpu_choice.py": ("solve",),
