@@ -9,6 +9,9 @@ damaged file is never written to.
   again under the journal's own lock before it is reported.
 - ``sqlite:///PATH``: the folder must exist; an existing file must be an SQLite database that
   passes ``PRAGMA quick_check`` (opened read-only, so the check writes nothing).
+- While a run goes on, ``journal_backend``'s appends check the journal's end under the lock: if
+  another process was killed mid-record since, the append is refused (one line) rather than
+  glued onto the partial record.
 - Other RDB URLs are left to optuna and SQLAlchemy (``optimizer.search.make_storage`` turns
   their failures into one line).
 """
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from costmodel.errors import InputError
 
-__all__ = ["check_storage_url", "check_journal", "check_sqlite", "SQLITE_HEADER"]
+__all__ = ["check_storage_url", "check_journal", "check_sqlite", "SQLITE_HEADER", "journal_backend"]
 
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 file (sqlite.org/fileformat.html)
 _LOCK_GRACE_S = 5  # as optimizer.search.JOURNAL_LOCK_GRACE_S: a lock older than this was left by a killed process
@@ -140,3 +143,35 @@ def check_sqlite(path: Path, url: str) -> None:
     result = "; ".join(str(r[0]) for r in rows[:3])
     if result != "ok":
         raise InputError(f"--storage {url!r}: {path} is a damaged SQLite database (quick_check: {result[:200]})")
+
+
+def journal_backend(path: str, lock):
+    """optuna's journal file backend whose every append first checks, under the journal's lock,
+    that the file ends with a whole record (see the module docstring)."""
+    import os
+
+    from optuna.storages.journal import JournalFileBackend
+
+    class _CheckedJournalFileBackend(JournalFileBackend):
+        def append_logs(self, logs):
+            lock.acquire()
+            try:
+                with open(path, "rb") as f:
+                    f.seek(0, os.SEEK_END)
+                    size = f.tell()
+                    if size:
+                        f.seek(size - 1)
+                        if f.read(1) != b"\n":
+                            raise InputError(f"--storage 'journal:{path}': journal {path}: its last record was cut "
+                                             f"short while this run went on (another process killed mid-write?); "
+                                             f"nothing appended")
+                # the record format of optuna's JournalFileBackend.append_logs (optuna 4.x)
+                text = "\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n"
+                with open(path, "ab") as f:
+                    f.write(text.encode("utf-8"))
+                    f.flush()
+                    os.fsync(f.fileno())
+            finally:
+                lock.release()
+
+    return _CheckedJournalFileBackend(path, lock_obj=lock)

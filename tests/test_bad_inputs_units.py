@@ -212,3 +212,20 @@ def test_context_follows_rope_scaling_as_vllm_reads_it():
     assert model_from_config(linear, "x").max_context_tokens == 8192
     none = {k: v for k, v in cfg.items() if k != "max_position_embeddings"}
     assert model_from_config(none, "x").max_context_tokens == 0               # not stated: not checked
+
+
+def test_a_journal_cut_short_during_a_run_is_not_appended_to(tmp_path):
+    import optuna
+
+    from optimizer.search import make_storage
+
+    j = tmp_path / "j.log"
+    storage = make_storage(f"journal:{j}")
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.enqueue_trial({"x": 1})
+    with j.open("ab") as f:           # another process killed mid-record
+        f.write(b'{"op_code": 4, "wor')
+    cut = j.read_bytes()
+    with pytest.raises(InputError, match=r"cut short while this run went on.*nothing appended"):
+        study.enqueue_trial({"x": 2})
+    assert j.read_bytes() == cut
