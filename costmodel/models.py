@@ -325,25 +325,12 @@ def _model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None 
         elif mtype.startswith("gemma2") or mtype.startswith("gemma3"):
             n_sliding = n_layers // 2  # Gemma 2 alternates local (sliding) and global layers
         elif "max_window_layers" in cfg:
-            n_sliding = 0  # set below, once max_window_layers is checked
+            n_sliding = max(n_layers - _int(cfg, where, "max_window_layers", default=0, required=False), 0)
         else:
             n_sliding = n_layers  # Mistral-style: every layer uses the window
-    kv_lora = _int(cfg, where, "kv_lora_rank", default=0, required=False)
-    if sliding and "max_window_layers" in cfg and not ("layer_types" in cfg or mtype.startswith(("gemma2", "gemma3"))):
-        n_sliding = max(n_layers - _int(cfg, where, "max_window_layers", default=0, required=False), 0)
     n_sliding = min(n_sliding, n_layers)
-    try:
-        return _arch(cfg, where, name, hf_id, published_params, hidden, n_heads, n_kv, head_dim, n_layers, n_experts,
-                     mtype, sliding, n_sliding, kv_lora)
-    except InputError as exc:
-        if str(exc).startswith(f"{where}:"):
-            raise
-        raise InputError(f"{where}: {exc}") from None
-
-
-def _arch(cfg, where, name, hf_id, published_params, hidden, n_heads, n_kv, head_dim, n_layers, n_experts, mtype,
-          sliding, n_sliding, kv_lora) -> ModelArch:
-    return ModelArch(
+    kv_lora = _int(cfg, where, "kv_lora_rank", default=0, required=False)
+    fields = dict(
         name=name,
         hf_id=hf_id,
         n_layers=n_layers,
@@ -373,6 +360,10 @@ def _arch(cfg, where, name, hf_id, published_params, hidden, n_heads, n_kv, head
         source=where,
         max_context_tokens=_max_context(cfg, where),
     )
+    try:
+        return ModelArch(**fields)
+    except InputError as exc:  # a rule across keys (heads, experts): name the file too
+        raise InputError(f"{where}: {exc}") from None
 
 
 @lru_cache(maxsize=None)
