@@ -60,6 +60,8 @@ def main() -> int:
     print(f"{'all':<20}{sum(fz.COUNTS.values()):>10}{sum(fz.ACCEPTED.values()):>10}{total_t:>9.1f}")
     for name, exc in failed:
         print(f"FAILED {name}: {type(exc).__name__}: {exc}")
+        for note in getattr(exc, "__notes__", []):
+            print(f"    {note[:2000]}")
     return 1 if failed else 0
 
 

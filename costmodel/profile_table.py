@@ -97,8 +97,8 @@ class ProfileRow:
                 out[c] = "inf"
             elif isinstance(v, float):
                 out[c] = f"{v:.6g}"
-            else:
-                out[c] = str(v)
+            else:  # a line break inside a cell would split the row when read back
+                out[c] = str(v).replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
         return out
 
 

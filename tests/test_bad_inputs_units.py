@@ -229,3 +229,14 @@ def test_a_journal_cut_short_during_a_run_is_not_appended_to(tmp_path):
     with pytest.raises(InputError, match=r"cut short while this run went on.*nothing appended"):
         study.enqueue_trial({"x": 2})
     assert j.read_bytes() == cut
+
+
+def test_an_imported_model_name_with_a_line_break_reads_back(tmp_path):
+    """Found by bench/fuzz_readers.py: a model_id of "\\r" split the written row in two."""
+    d = json.loads((ROOT / "tests" / "data" / "import_vllm_result.json").read_text())
+    d["model_id"] = "meta-llama\r\nLlama\r-3.1\n8B"
+    (tmp_path / "r.json").write_text(json.dumps(d))
+    res = _run(["profile", "import", tmp_path / "r.json", "-o", tmp_path / "t.csv"])
+    assert res.exit_code == 0, res.stderr
+    (row,) = read_table(tmp_path / "t.csv")
+    assert row.model == "meta-llama Llama -3.1 8B"
