@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -155,7 +156,12 @@ def test_fuzz_workload_dict(doc):
     check_workload_dict(doc)
 
 
+def _yaml(doc) -> str:
+    return yaml.safe_dump(doc, allow_unicode=True)
+
+
 workload_text = st.one_of(
+    st.one_of(mutated(WORKLOAD), mutated(WORKLOAD_TYPES)).map(_yaml),   # YAML the checks then read
     st.binary(max_size=200),
     st.text(max_size=200),
     st.lists(st.sampled_from(["model: llama-3.1-8b", "hardware: {gpu: h100-sxm, usd_per_gpu_hour: 3}",
