@@ -23,7 +23,7 @@ import yaml
 
 from .errors import InputError, KvtuneError
 
-__all__ = ["PROFILES_DIR", "profiles_path", "load_yaml", "parse_yaml", "read_text", "reading", "FLOAT_MAX", "UNFORESEEN"]
+__all__ = ["PROFILES_DIR", "profiles_path", "load_yaml", "parse_yaml", "read_text", "reading", "path_kind", "FLOAT_MAX", "UNFORESEEN"]
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 FLOAT_MAX = 1.7976931348623157e308  # largest finite IEEE 754 double (sys.float_info.max)
@@ -157,3 +157,16 @@ def reading(path, what: str):
             UnicodeError) as exc:
         first = (str(exc).splitlines() or [""])[0][:120]
         raise InputError(f"{path}: cannot read this {what} ({UNFORESEEN}: {type(exc).__name__}: {first})") from exc
+
+
+def path_kind(path) -> str | None:
+    """``"file"``, ``"dir"``, ``"other"`` or None (nothing there, or a name no file can have: too long,
+    a NUL inside). Never raises: pathlib's ``exists()`` raises on a name longer than the system's limit."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else "other"

@@ -21,7 +21,7 @@ import hashlib
 import math
 from pathlib import Path
 
-from ._data import load_yaml, profiles_path, reading
+from ._data import load_yaml, path_kind, profiles_path, reading
 from .efficiency import IDEAL, PARAM_BOUNDS, Efficiency
 from .errors import InputError, ProfileDataMissing
 
@@ -45,7 +45,7 @@ def load_calibration(path: str | Path) -> Efficiency:
 
 def _load_calibration(path: str | Path) -> Efficiency:
     p = Path(path)
-    if not p.exists():
+    if not path_kind(p):
         raise InputError(f"calibration {path}: no such file")
     data = load_yaml(p, "calibration file")
     if not isinstance(data, dict) or not isinstance(data.get("params"), dict):
@@ -87,7 +87,7 @@ def find_calibration(gpu: str, engine: str | None = None) -> Path:
     names = ([f"{gpu}-{engine}"] if engine else []) + [gpu]
     for n in names:
         p = profiles_path("calibrations", f"{n}.yaml")
-        if p.exists():
+        if path_kind(p) == "file":
             return p
     raise ProfileDataMissing(
         f"no shipped calibration for gpu {gpu}{' engine ' + engine if engine else ''}: "
@@ -106,9 +106,9 @@ def efficiency_for(mode: str, gpu: str, calibration: str | Path | None = None,
         raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if calibration:
         p = Path(calibration)
-        if not p.exists() and not p.suffix:
+        if not path_kind(p) and not p.suffix:
             named = profiles_path("calibrations", f"{calibration}.yaml")
-            if named.exists():
+            if path_kind(named) == "file":
                 p = named
             elif str(calibration).startswith("profiles/"):
                 p = profiles_path(*Path(str(calibration)).parts[1:]).with_suffix(".yaml")

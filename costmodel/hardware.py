@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ._data import load_yaml, profiles_path, reading
+from ._data import load_yaml, path_kind, profiles_path, reading
 from .errors import InputError
 
 __all__ = ["GPU", "get_gpu", "list_gpus", "load_gpu_file"]
@@ -103,7 +103,7 @@ def _load_gpu_file(path) -> GPU:
     from pathlib import Path
 
     p = Path(path)
-    if not p.exists():
+    if not path_kind(p):
         raise InputError(f"hardware file {p}: no such file")
     data = load_yaml(p, "hardware file")
     if not isinstance(data, dict) or len(data) != 1 or not isinstance(next(iter(data.values())), dict):

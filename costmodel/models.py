@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from ._data import load_yaml, profiles_path, read_text, reading
+from ._data import load_yaml, path_kind, profiles_path, read_text, reading
 from .errors import InputError
 
 __all__ = ["ModelArch", "get_model", "list_models", "model_from_config", "DTYPE_BYTES"]
@@ -412,10 +412,11 @@ def get_model(name: str) -> ModelArch:
     if not name or not str(name).strip():
         raise InputError("model name is empty")
     p = Path(name)
-    if p.suffix == ".json" or p.is_dir() or p.exists():
-        if p.is_dir():
+    kind = path_kind(p)
+    if p.suffix == ".json" or kind:
+        if kind == "dir":
             p = p / "config.json"
-        if not p.exists():
+        if not path_kind(p):
             raise InputError(f"model config {p}: no such file")
         return model_from_config(_read_config(p), name=p.parent.name or p.stem, where=str(p))
     short = _lookup(str(name))

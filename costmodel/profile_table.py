@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ._data import load_yaml, read_text, reading
+from ._data import load_yaml, path_kind, read_text, reading
 from .errors import InputError
 
 __all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS", "check_value", "contradictions"]
@@ -152,10 +152,10 @@ def read_table(path: str | Path) -> list[ProfileRow]:
 
 def _read_table(path: str | Path) -> list[ProfileRow]:
     p = Path(path)
-    if not p.exists():
+    if not path_kind(p):
         raise InputError(f"profile table {p}: no such file")
     meta_path = p.with_suffix(".meta.yaml")
-    meta = load_yaml(meta_path, "table sidecar") if meta_path.exists() else {}
+    meta = load_yaml(meta_path, "table sidecar") if path_kind(meta_path) else {}
     if meta is None:
         meta = {}
     if not isinstance(meta, dict):

@@ -23,6 +23,7 @@ import sqlite3
 import urllib.parse
 from pathlib import Path
 
+from costmodel._data import path_kind
 from costmodel.errors import InputError
 
 __all__ = ["check_storage_url", "check_journal", "check_sqlite", "SQLITE_HEADER", "journal_backend"]
@@ -62,12 +63,14 @@ def _sqlite_path(url: str) -> Path | None:
 
 
 def _check_folder(path: Path, url: str) -> None:
-    parent = path.parent
-    if not parent.exists():
-        raise InputError(f"--storage {url!r}: folder {parent} does not exist")
-    if not parent.is_dir():
-        raise InputError(f"--storage {url!r}: {parent} is not a folder")
-    if path.exists() and not path.is_file():
+    parent = path_kind(path.parent)
+    if not parent:
+        raise InputError(f"--storage {url!r}: folder {path.parent} does not exist")
+    if parent != "dir":
+        raise InputError(f"--storage {url!r}: {path.parent} is not a folder")
+    if len(path.name.encode()) > 255:  # NAME_MAX of Linux and macOS file systems
+        raise InputError(f"--storage {url!r}: the file name is longer than 255 bytes")
+    if path_kind(path) not in (None, "file"):
         raise InputError(f"--storage {url!r}: {path} is not a file")
 
 

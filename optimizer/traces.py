@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel._data import reading
+from costmodel._data import path_kind, reading
 from costmodel.errors import InputError
 from costmodel.workload import MAX_LENGTH_TOKENS, Trace
 
@@ -145,7 +145,7 @@ def detect_format(path: str | Path) -> str:
 
 
 def _first_line(p: Path) -> str:
-    if not p.exists():
+    if not path_kind(p):
         raise InputError(f"{p}: no such trace file")
     try:
         with p.open(encoding="utf-8-sig", newline="") as f:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel import get_gpu, get_model
-from costmodel._data import FLOAT_MAX, parse_yaml, profiles_path, read_text, reading
+from costmodel._data import FLOAT_MAX, parse_yaml, path_kind, profiles_path, read_text, reading
 from costmodel.calibration import ENGINES, efficiency_for
 from costmodel.errors import InputError, KvtuneError
 from costmodel.hardware import load_gpu_file
@@ -416,7 +416,7 @@ def _workload(r: _Reader, v, slo: SLO, objective: str) -> Workload:
             raise r.bad("workload.time_scale", wl["time_scale"], "give time_scale or rate_req_s, not both")
     given = r.str_(wl["trace"], "workload.trace")
     p = r.local_path(given, "workload.trace")
-    if not p.is_file():
+    if path_kind(p) != "file":
         raise r.bad("workload.trace", given, f"no such file ({p})")
     trace = read_trace(p, shown=str(p))
     return Workload(trace=trace, rate_req_s=rate, slo=slo, time_scale=scale)
@@ -488,7 +488,7 @@ def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
     try:
         if name.endswith((".yaml", ".yml")):
             p = r.local_path(name, "hardware.gpu")
-            if not p.is_file():
+            if path_kind(p) != "file":
                 raise r.bad("hardware.gpu", name, f"no such hardware file ({p})")
             gpu, gpu_file = load_gpu_file(p), str(p)
         else:
@@ -558,7 +558,7 @@ def _search(r: _Reader, v, hw: HardwareSpec, spec: SpeculativeSpec | None) -> Se
 def _model(r: _Reader, v) -> tuple[str, ModelArch]:
     given = r.str_(v, "model")
     p = r.local_path(given, "model")
-    model = str(p) if given.endswith(".json") or p.exists() else given
+    model = str(p) if given.endswith(".json") or path_kind(p) else given
     try:
         arch = get_model(model)
     except InputError as exc:
@@ -609,7 +609,7 @@ def _check_context(r: _Reader, wl: Workload, arch: ModelArch, trace_given=None) 
 def _calibration(r: _Reader, v, gpu: str, engine: str | None) -> str:
     given = r.str_(v, "calibration")
     p = r.local_path(given, "calibration")
-    cal = str(p) if p.is_file() else given
+    cal = str(p) if path_kind(p) == "file" else given
     try:
         efficiency_for("calibrated", gpu, cal, engine)
     except KvtuneError as exc:
@@ -624,7 +624,7 @@ def _calibration(r: _Reader, v, gpu: str, engine: str | None) -> str:
 def _profile(r: _Reader, v) -> str:
     given = r.str_(v, "profile")
     p = r.local_path(given, "profile")
-    if not p.is_file():
+    if path_kind(p) != "file":
         raise r.bad("profile", given, f"no such profile table ({p})")
     return str(p)
 

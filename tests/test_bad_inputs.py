@@ -754,6 +754,21 @@ def _flag_cases() -> None:
     case("solve-json-folder-missing", k, ["solve", "{d}/w.yaml", "--quiet", "--json", "{d}/nofolder/r.json"],
          {"w.yaml": wl_text()}, ("--json", "nofolder"))
     case("unknown-command", k, ["tune"], {}, ("tune",))
+    # names no file system holds (over 255 bytes; found by bench/fuzz_readers.py as a workload's model)
+    long = "1" * 400
+    case("estimate-model-name-too-long", k, ["estimate", "--model", long], {}, (long,))
+    case("estimate-profile-name-too-long", k, ["estimate", "--model", "llama-3.1-8b", "--profile", long], {}, (long,))
+    case("calibrate-gpu-name-too-long", k, ["calibrate", "{d}/t.csv", "--gpu", long, "-o", "{d}/out/c.yaml"],
+         {"t.csv": STEP_TABLE}, (long,), outputs=("out/c.yaml",))
+    case("solve-json-name-too-long", k, ["solve", "{d}/w.yaml", "--json", "{d}/out/" + long + ".json"],
+         {"w.yaml": wl_text()}, ("--json", "255 bytes"))
+    case("solve-storage-name-too-long", k, ["solve", "{d}/w.yaml", "--storage", "journal:{d}/" + long],
+         {"w.yaml": wl_text()}, ("--storage", "255 bytes"))
+    case("import-name-too-long", k, ["profile", "import", "{d}/" + long, "-o", "{d}/out/t.csv"], {}, (long,),
+         outputs=("out/t.csv",))
+    for i, cmd in enumerate(COMMANDS):
+        key = ("model", "calibration", "profile")[i]
+        wl_case(f"{key}-name-too-long", k, wl_text({key: long}), (key, long[:30]), cmds=(cmd,))
     # output paths that cannot be written: checked before the work starts
     case("solve-json-is-folder", k, ["solve", "{d}/w.yaml", "--quiet", "--json", "{d}/out/jdir"],
          {"w.yaml": wl_text(), "out/jdir/x": "1"}, ("--json", "jdir", "folder"))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from costmodel._data import path_kind
 from costmodel.errors import InputError
 from optimizer.workload import MAX_SEED  # noqa: F401 (the seed bound of --seed flags)
 
@@ -62,12 +63,15 @@ def check_output_path(path: str | Path, flag: str = "") -> None:
     where = f"{flag} {path}" if flag else str(path)
     if "\x00" in str(path):
         raise InputError(f"{where}: a path cannot hold a NUL character")
-    if not path.parent.exists():
+    parent = path_kind(path.parent)
+    if not parent:
         raise InputError(f"{where}: folder {path.parent} does not exist")
-    if not path.parent.is_dir():
+    if parent != "dir":
         raise InputError(f"{where}: {path.parent} is not a folder")
-    if path.is_dir():
+    if path_kind(path) == "dir":
         raise InputError(f"{where}: is a folder; give a file name")
+    if len(path.name.encode()) > 255:  # NAME_MAX of Linux and macOS file systems
+        raise InputError(f"{where}: the file name is longer than 255 bytes")
 
 
 def write_atomic(path: str | Path, text: str) -> None:
