@@ -70,6 +70,7 @@ class ModelArch:
     n_sliding_layers: int = 0
     published_params: float = 0.0  # published size in parameters, 0 when not known
     source: str = ""
+    n_mtp_layers: int = 0  # multi-token-prediction heads shipped with the model (DeepSeek num_nextn_predict_layers)
     # The longest sequence (prompt + output) the model serves, tokens; 0 when the config does not say
     max_context_tokens: int = 0
 
@@ -80,7 +81,7 @@ class ModelArch:
                 raise InputError(f"model {self.name}: {f} must be a whole number in 1..{MAX_DIM}, got {v!r}")
         for f in ("n_experts", "n_active_experts", "moe_intermediate", "n_shared_experts", "n_dense_layers",
                   "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                  "sliding_window", "n_sliding_layers", "max_context_tokens"):
+                  "sliding_window", "n_sliding_layers", "n_mtp_layers", "max_context_tokens"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_DIM:
                 raise InputError(f"model {self.name}: {f} must be a whole number in 0..{MAX_DIM}, got {v!r}")
@@ -358,6 +359,7 @@ def _model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None 
         n_sliding_layers=n_sliding,
         published_params=published_params,
         source=where,
+        n_mtp_layers=_int(cfg, where, "num_nextn_predict_layers", default=0, required=False),
         max_context_tokens=_max_context(cfg, where),
     )
     try:

@@ -24,12 +24,14 @@ import math
 import numpy as np
 
 import contextlib
+import dataclasses
 
 import optuna
 
 from costmodel import __version__
 
 from .launch import launch_settings
+from .launch import scheduling as launch_scheduling
 from .layouts import gpus_per_replica, layout_params
 from .search import SolveContext, completed_evals, config_key, evaluate, grid_space, open_study, run_search
 from .search import _size as size_deployment
@@ -47,7 +49,12 @@ _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
 
 def _sim_config(ctx: SolveContext, params: dict):
     if ctx.engine is not None:
-        return ctx.engine.sim_config(params["batch_cap"], params["chunk_tokens"])
+        cfg = ctx.engine.sim_config(params["batch_cap"], params["chunk_tokens"])
+        # simulate the scheduling the launch settings give (SGLang: prefill-first under NGRAM/STANDALONE)
+        s = ctx.spec.speculative
+        if launch_scheduling(ctx.engine.engine, s.method if s else None, params.get("spec_k", 0)) == "prefill_first":
+            cfg = dataclasses.replace(cfg, prefill_first=True)
+        return cfg
     from costmodel.simulate import SimConfig
     return SimConfig(batch_cap=int(params["batch_cap"]), chunk_tokens=int(params["chunk_tokens"]))
 
@@ -413,7 +420,6 @@ def _ok(ctx, pick, ev, evals, verified, notes) -> dict:
     out_tok_s = ctx.rate_req_s * ctx.stats.mean_output_tokens if spec.objective == "min_cost" else pick["output_tok_s"]
     usd = pick["usd_per_hour"]
     tpot_mean = pick["tpot_ms"]["mean"]
-    model_id = ctx.model.hf_id or ctx.model.name
     sdict = None
     if spec.speculative is not None:
         s = spec.speculative
@@ -450,9 +456,11 @@ def _ok(ctx, pick, ev, evals, verified, notes) -> dict:
         "verified": [{"config": v["params"], "feasible": v["feasible"], "usd_per_hour": v.get("usd_per_hour"),
                       "goodput_req_s": v.get("goodput_req_s"), "dominated": bool(v.get("dominated")),
                       "simulations": v.get("simulations", 0), "reason": v.get("reason", "")} for v in verified],
-        "launch": launch_settings(model_id, {**p, **layout_params(p, spec.hardware.gpus_per_node)},
+        "launch": launch_settings(ctx.model.hf_id or spec.model, {**p, **layout_params(p, spec.hardware.gpus_per_node)},
                                   pick["replicas"], spec.gpu_mem_util, sdict,
-                                  name=f"kvtune-{ctx.model.name}"),
+                                  name=f"kvtune-{ctx.model.name}", arch=ctx.model, gpu=ctx.gpu,
+                                  weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
+                                  gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine),
         "notes": notes,
     }
 
