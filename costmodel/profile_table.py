@@ -176,7 +176,7 @@ def _read_rows(p: Path, text: str, meta: dict) -> list[ProfileRow]:
         raise InputError(f"{p}: empty file (no header)")
     unknown = [c for c in reader.fieldnames if c not in COLUMNS]
     if unknown:
-        raise InputError(f"{p}: unknown column '{unknown[0]}' (columns: {', '.join(COLUMNS)})")
+        raise InputError(f"{p}: unknown column {unknown[0]!r} (columns: {', '.join(COLUMNS)})")
     for c in ("kind",):
         if c not in reader.fieldnames:
             raise InputError(f"{p}: missing column '{c}'")

@@ -23,7 +23,8 @@ class KvtuneGroup(click.Group):
         except KvtuneError as exc:
             if debug:
                 raise
-            click.echo(f"Error: {exc}", err=True)
+            # one line, whatever a message quotes from the input (a key or value with a line break)
+            click.echo("Error: " + str(exc).replace("\r", "\\r").replace("\n", "\\n"), err=True)
             sys.exit(exc.exit_code)
         except OSError as exc:
             # A path no file system can hold (a name over 255 bytes) is the user's input, not a bug;
