@@ -515,7 +515,7 @@ def _table_cases() -> None:
         ("no-kind", STEP_TABLE.replace("kind", "sort"), ("t.csv", "sort")),
         ("header-only", STEP_TABLE.splitlines()[0] + "\n", ("t.csv", "no rows")),
         ("huge-field", STEP_TABLE + 'd,step,h100-sxm,"' + "x" * 200_000 + '",1,decode,1,512,3\n', ("t.csv", "CSV")),
-        ("folder", None, ("t.csv", "folder")),
+        ("folder", None, ("t.csv",)),
     ]
     for i, (cid, text, names) in enumerate(whole):
         files = {"t.csv/x": "1"} if text is None else {"t.csv": text}
