@@ -440,23 +440,30 @@ def _hardware_cases() -> None:
          ("w.yaml", "hardware.gpu", "hw.yaml", "FP8"))
 
 
-CAL = (ROOT / "profiles" / "calibrations" / "h100-sxm.yaml").read_text()
+CAL = yaml.safe_load((ROOT / "profiles" / "calibrations" / "h100-sxm.yaml").read_text())
+
+
+def cal_text(params: dict | None = None, drop: str | None = None, raw: str | None = None) -> str:
+    """The shipped calibration with ``params`` set (``drop`` removed); RAW replaced by ``raw``."""
+    d = {**CAL, "params": {**CAL["params"], **(params or {})}}
+    if drop:
+        del d["params"][drop]
+    text = yaml.safe_dump(d, sort_keys=False)
+    return text.replace(f"'{RAW}'", raw).replace(RAW, raw) if raw is not None else text
 
 
 def _calibration_cases() -> None:
     k = "calibration-file"
     edits = [
-        ("param-nan", CAL.replace("bw_efficiency: 0.78842", "bw_efficiency: .nan"), ("bw_efficiency", "nan")),
-        ("param-inf", CAL.replace("bw_efficiency: 0.78842", "bw_efficiency: .inf"), ("bw_efficiency", "inf")),
-        ("param-str", CAL.replace("bw_efficiency: 0.78842", "bw_efficiency: high"), ("bw_efficiency", "high")),
-        ("param-out-of-bounds", CAL.replace("bw_efficiency: 0.78842", "bw_efficiency: 7"), ("bw_efficiency", "7")),
-        ("param-1e400", CAL.replace("step_overhead_s: 2.1021e-05", "step_overhead_s: 1e400"),
-         ("step_overhead_s", "1e400")),
-        ("param-unknown", CAL.replace("bw_efficiency: 0.78842", "bw_efficiency: 0.78842, warp_speed: 9"),
-         ("warp_speed",)),
-        ("param-missing", CAL.replace("bw_efficiency: 0.78842, ", ""), ("bw_efficiency",)),
+        ("param-nan", cal_text({"bw_efficiency": math.nan}), ("bw_efficiency", "nan")),
+        ("param-inf", cal_text({"bw_efficiency": math.inf}), ("bw_efficiency", "inf")),
+        ("param-str", cal_text({"bw_efficiency": "high"}), ("bw_efficiency", "high")),
+        ("param-out-of-bounds", cal_text({"bw_efficiency": 7}), ("bw_efficiency", "7")),
+        ("param-1e400", cal_text({"step_overhead_s": RAW}, raw="1e400"), ("step_overhead_s", "1e400")),
+        ("param-unknown", cal_text({"warp_speed": 9}), ("warp_speed",)),
+        ("param-missing", cal_text(drop="bw_efficiency"), ("bw_efficiency",)),
         ("no-params", "name: x\n", ("params",)),
-        ("not-utf8", CAL.encode().replace(b"name: h100-sxm", b"name: h\xffsxm"), ("UTF-8",)),
+        ("not-utf8", cal_text().encode().replace(b"name: h100-sxm", b"name: h\xffsxm"), ("UTF-8",)),
         ("not-yaml", "params: [\n", ("invalid YAML",)),
     ]
     for i, (cid, text, names) in enumerate(edits):
