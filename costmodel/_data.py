@@ -23,10 +23,15 @@ import yaml
 
 from .errors import InputError, KvtuneError
 
-__all__ = ["PROFILES_DIR", "profiles_path", "load_yaml", "parse_yaml", "read_text", "reading", "path_kind", "FLOAT_MAX", "UNFORESEEN"]
+__all__ = ["PROFILES_DIR", "printable", "profiles_path", "load_yaml", "parse_yaml", "read_text", "reading", "path_kind", "FLOAT_MAX", "UNFORESEEN"]
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 FLOAT_MAX = 1.7976931348623157e308  # largest finite IEEE 754 double (sys.float_info.max)
+
+
+def printable(text: str) -> str:
+    """``text`` as one printable line: control characters (a line break in a key) escaped."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def profiles_path(*parts: str) -> Path:
@@ -67,7 +72,8 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
             raise yaml.constructor.ConstructorError(None, None, "a key must be a plain value, not a list or mapping",
                                                     key_node.start_mark) from None
         if dup:
-            raise yaml.constructor.ConstructorError(None, None, f"key '{key}' given twice", key_node.start_mark)
+            raise yaml.constructor.ConstructorError(None, None, f"key '{printable(str(key))}' given twice",
+                                                    key_node.start_mark)
     return loader.construct_mapping(node, deep)
 
 
@@ -99,7 +105,8 @@ def _check_numbers(node, key: str, shown: str) -> None:
         except ValueError:
             return
         if not math.isfinite(v):
-            raise InputError(f"{shown}: line {node.start_mark.line + 1}: {key or 'value'} = {_clip(node.value)}: "
+            raise InputError(f"{shown}: line {node.start_mark.line + 1}: {printable(key or 'value')} = "
+                             f"{printable(_clip(node.value))}: "
                              f"beyond the range of a number (about 1.8e308)")
     elif isinstance(node, yaml.SequenceNode):
         for i, child in enumerate(node.value):
@@ -128,7 +135,7 @@ def parse_yaml(text: str, shown: str) -> object:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InputError(f"{shown}:{where} invalid YAML: {problem}") from None
+        raise InputError(f"{shown}:{where} invalid YAML: {printable(problem)}") from None
     except RecursionError:
         raise InputError(f"{shown}: invalid YAML: nested too deeply") from None
     finally:

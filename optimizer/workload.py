@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel import get_gpu, get_model
-from costmodel._data import FLOAT_MAX, parse_yaml, path_kind, profiles_path, read_text, reading
+from costmodel._data import FLOAT_MAX, parse_yaml, path_kind, printable, profiles_path, read_text, reading
 from costmodel.calibration import ENGINES, efficiency_for
 from costmodel.errors import InputError, KvtuneError
 from costmodel.hardware import load_gpu_file
@@ -214,11 +214,6 @@ def _is_int(v) -> bool:
     return _is_num(v) and math.isfinite(v) and int(v) == v
 
 
-def _printable(key: str) -> str:
-    """A key path as one printable line (a key may hold a newline or other control characters)."""
-    return key if key.isprintable() else key.encode("unicode_escape").decode("ascii")
-
-
 def _show(v) -> str:
     s = repr(v)
     return s if len(s) <= 60 else s[:57] + "..."
@@ -232,10 +227,10 @@ class _Reader:
         self.base = Path(path).parent if path != "<dict>" else Path(".")
 
     def bad(self, key: str, value, why: str) -> InputError:
-        return InputError(f"{self.path}: {_printable(key)} = {_show(value)}: {why}")
+        return InputError(f"{self.path}: {printable(key)} = {_show(value)}: {why}")
 
     def bad_key(self, key: str, why: str) -> InputError:
-        return InputError(f"{self.path}: {_printable(key)}: {why}")
+        return InputError(f"{self.path}: {printable(key)}: {why}")
 
     def mapping(self, v, key: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
         if not isinstance(v, dict):
