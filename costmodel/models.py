@@ -23,12 +23,14 @@ from functools import lru_cache
 from pathlib import Path
 
 from ._data import load_yaml, path_kind, profiles_path, read_text, reading
+from .dtypes import BYTES_PER_ELEMENT
 from .errors import InputError
 
 __all__ = ["ModelArch", "get_model", "list_models", "model_from_config", "DTYPE_BYTES"]
 
-# Bytes per element of the formats kvtune models (bf16/fp16: 2 bytes; fp8 e4m3/e5m2: 1 byte).
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+# Bytes per element of the formats kvtune models (bf16/fp16: 2 bytes; fp8 e4m3/e5m2: 1 byte; GGUF
+# block formats fractional): one home, costmodel.dtypes.
+DTYPE_BYTES = BYTES_PER_ELEMENT
 # The largest size a config.json dimension may state. The biggest real ones are vocabularies of
 # ~256k entries and contexts of ~10M tokens; 2**31 - 1 keeps every product of three dimensions
 # (parameter counts) exactly representable as a float and far from overflow.

@@ -177,7 +177,7 @@ def _workload_cases() -> None:
         ("hardware-missing", {"hardware": DELETE}, ("hardware",)),
         ("model-unknown", {"model": "gpt-17"}, ("model", "gpt-17")),
         ("model-number", {"model": 8}, ("model", "8")),
-        ("weights-int8", {"weights": "int8"}, ("weights", "int8")),
+        ("weights-int3", {"weights": "int3"}, ("weights", "int3")),
         ("engine-tgi", {"engine": "tgi"}, ("engine", "tgi")),
         ("engine-list", {"engine": ["vllm"]}, ("engine", "['vllm']")),
         ("gpu-mem-util-0", {"gpu_mem_util": 0}, ("gpu_mem_util", "0")),
