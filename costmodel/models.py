@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from ._data import load_yaml, path_kind, profiles_path, read_text, reading
 from .dtypes import BYTES_PER_ELEMENT
@@ -191,7 +192,7 @@ class ModelArch:
             return self.kv_lora_rank + self.qk_rope_head_dim
         return 2 * self.n_kv_heads * self.head_dim
 
-    def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> float:
         """Whole-model KV bytes per token of context, all layers (full-attention accounting)."""
         return self.n_layers * self.kv_elements_per_token_per_layer() * DTYPE_BYTES[kv_dtype]
 
@@ -280,7 +281,7 @@ def _max_context(cfg: dict, where: str) -> int:
     rs = cfg.get("rope_scaling")
     if isinstance(rs, dict):
         kind = str(rs.get("rope_type", rs.get("type", "")))
-        factor = rs.get("factor")
+        factor: Any = rs.get("factor")
         if kind not in ("", "default", "su", "longrope", "llama3", "mrope") and _is_num(factor) and factor >= 1:
             if kind == "yarn" and cfg["rope_scaling"].get("original_max_position_embeddings") is not None:
                 n = _int(rs, f"{where}: rope_scaling", "original_max_position_embeddings")
@@ -333,7 +334,7 @@ def _model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None 
             n_sliding = n_layers  # Mistral-style: every layer uses the window
     n_sliding = min(n_sliding, n_layers)
     kv_lora = _int(cfg, where, "kv_lora_rank", default=0, required=False)
-    fields = dict(
+    fields: dict[str, Any] = dict(
         name=name,
         hf_id=hf_id,
         n_layers=n_layers,
@@ -372,7 +373,9 @@ def _model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None 
 
 @lru_cache(maxsize=None)
 def _catalog() -> dict:
-    return load_yaml(profiles_path("models.yaml"))
+    data = load_yaml(profiles_path("models.yaml"))
+    assert isinstance(data, dict), "the shipped model catalog is a mapping of model names"
+    return data
 
 
 def list_models() -> list[str]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from ._data import load_yaml, path_kind, read_text, reading
@@ -194,7 +194,7 @@ def _read_rows(p: Path, text: str, meta: dict) -> list[ProfileRow]:
         vals.setdefault("id", f"{p.stem}:{i}")
         kind = vals.get("kind")
         if kind == "step":
-            need = ("phase", "batch", "context_tokens", "step_ms")
+            need: tuple[str, ...] = ("phase", "batch", "context_tokens", "step_ms")
             if vals.get("phase") not in ("decode", "prefill"):
                 raise InputError(f"{p}: line {i}: column phase = {vals.get('phase', '')!r}, expected decode or prefill")
         elif kind == "request":

@@ -186,7 +186,7 @@ def _load_records(path: Path) -> list[_Rec]:
             except (ValueError, RecursionError) as e:  # an integer of over 4300 digits; nesting too deep
                 raise InputError(f"{path}: line {i}: not JSON ({str(e).splitlines()[0][:80]})") from None
             if not isinstance(obj, dict):
-                raise InputError(f"{path}: line {i}: expected a JSON object, got {type(obj).__name__}")
+                raise InputError(f"{path}: line {i}: expected a JSON object, got {type(obj).__name__}") from None
             recs.append(_Rec(obj, f"{path}: line {i}"))
         return recs
     except ValueError as exc:  # an integer of over 4300 digits

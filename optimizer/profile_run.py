@@ -75,7 +75,7 @@ class RunSpec:
     def __post_init__(self):
         u = urllib.parse.urlsplit(self.url)
         try:
-            u.port  # urllib checks the port's range only when asked
+            u.port  # noqa: B018  # urllib checks the port's range only when asked
         except ValueError as exc:
             raise InputError(f"--url {self.url!r}: {exc}") from None
         if u.scheme not in ("http", "https") or not u.hostname:

@@ -263,7 +263,7 @@ def _yaml_text_cases() -> None:
     for i, (cid, text, names) in enumerate(texts):
         wl_case(cid, k, text, names, cmds=(COMMANDS[i % 3],))
     # the workload file itself: missing, a folder
-    for i, cmd in enumerate(COMMANDS):
+    for cmd in COMMANDS:
         case(f"workload-missing-{cmd}", "workload-file", wl_argv(cmd, "nope.yaml"), {}, ("nope.yaml", "no such"),
              outputs=WL_OUT if cmd == "solve" else ())
         case(f"workload-folder-{cmd}", "workload-file", wl_argv(cmd, "adir"), {"adir/x": "1"}, ("adir", "directory"),
@@ -402,7 +402,7 @@ def _model_cases() -> None:
          ("config.json", "JSON")),
         ("deep", "[" * 100_000 + "]" * 100_000, ("config.json", "JSON")),
     ]
-    for i, (cid, text, names) in enumerate(texts):
+    for cid, text, names in texts:
         case(f"{cid}-estimate", k, ["estimate", "--model", "{d}/m/config.json"], {"m/config.json": text}, names)
     case("folder-without-config", k, ["estimate", "--model", "{d}/m"], {"m/x.txt": "1"}, ("config.json", "no such"))
 

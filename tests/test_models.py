@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from costmodel import InputError, get_model, list_models, model_from_config
+from costmodel import InputError, get_model, list_models
 
 
 @pytest.mark.parametrize("name", list_models())
