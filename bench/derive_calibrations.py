@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from costmodel import get_gpu, list_gpus  # noqa: E402
-from costmodel._data import load_yaml, profiles_path  # noqa: E402
+from costmodel.files import load_yaml, profiles_path  # noqa: E402
 from costmodel.calibration import ENGINES  # noqa: E402
 from costmodel.derived import BASE_GPU, derive_calibration, sha256_file  # noqa: E402
 

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._data import load_yaml, path_kind, profiles_path, reading
+from .files import load_yaml, path_kind, profiles_path, reading
 from .efficiency import IDEAL, PARAM_BOUNDS, Efficiency
 from .engines import ENGINE_NAMES, get_engine
 from .errors import InputError, ProfileDataMissing
@@ -42,7 +42,7 @@ def _sha256(path: Path) -> str:
 
 def load_calibration(path: str | Path) -> Efficiency:
     """A calibration file loaded into ``Efficiency``; every fault is one line naming the file (one
-    the checks did not foresee too: ``costmodel._data.reading``)."""
+    the checks did not foresee too: ``costmodel.files.reading``)."""
     with reading(path, "calibration file"):
         return _load_calibration(path)
 

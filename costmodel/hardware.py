@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ._data import load_yaml, path_kind, profiles_path, reading
+from .files import load_yaml, path_kind, profiles_path, reading
 from .errors import InputError
 
 __all__ = ["GPU", "get_gpu", "list_gpus", "load_gpu_file", "resolve_gpu"]
@@ -108,7 +108,7 @@ def resolve_gpu(gpu: str, gpu_file: str | None = None) -> GPU:
 
 def load_gpu_file(path) -> GPU:
     """A user hardware file: one entry in ``profiles/hardware.yaml``'s format (``NAME: {keys}``).
-    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    A fault the checks did not foresee is still one line (``costmodel.files.reading``).
     """
     with reading(path, "hardware file"):
         return _load_gpu_file(path)

@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ._data import load_yaml, path_kind, profiles_path, read_text, reading
+from .files import load_yaml, path_kind, profiles_path, read_text, reading
 from .dtypes import BYTES_PER_ELEMENT
 from .errors import InputError
 
@@ -296,7 +296,7 @@ def _is_num(v) -> bool:
 def model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None = None,
                       published_params: float = 0.0) -> ModelArch:
     """Build a ModelArch from a Hugging Face config.json dictionary.
-    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    A fault the checks did not foresee is still one line (``costmodel.files.reading``).
     """
     with reading(where or name, "model config"):
         return _model_from_config(cfg, name, hf_id, where, published_params)

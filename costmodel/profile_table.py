@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._data import load_yaml, path_kind, read_text, reading
+from .files import load_yaml, path_kind, read_text, reading
 from .errors import InputError
 
 __all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS", "check_value", "contradictions"]
@@ -144,7 +144,7 @@ def _convert(path: Path, line: int, key: str, raw: str):
 
 def read_table(path: str | Path) -> list[ProfileRow]:
     """Read a profile table (and its ``.meta.yaml`` sidecar if present); check every row.
-    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    A fault the checks did not foresee is still one line (``costmodel.files.reading``).
     """
     with reading(path, "profile table"):
         return _read_table(path)

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from costmodel.errors import InputError
-from costmodel._data import FLOAT_MAX, read_text, reading
+from costmodel.files import FLOAT_MAX, read_text, reading
 from costmodel.profile_table import COLUMNS, METADATA_COLUMNS, ProfileRow, check_value
 
 __all__ = ["FORMATS", "Metadata", "detect_format", "import_file", "import_files", "latency_summary",
@@ -464,7 +464,7 @@ def import_file(path: str | Path, fmt: str | None = None, meta: Metadata | None 
     """Rows (``kind=request``) from one benchmark output. Values in the file win over ``meta``,
     which fills what the file lacks. Raises ``InputError`` naming the file and key on bad input.
 
-    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    A fault the checks did not foresee is still one line (``costmodel.files.reading``).
     """
     with reading(path, "benchmark output"):
         return _import_file(path, fmt, meta)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel._data import path_kind, reading
+from costmodel.files import path_kind, reading
 from costmodel.errors import InputError
 from costmodel.workload import MAX_LENGTH_TOKENS, Trace
 
@@ -300,7 +300,7 @@ def read_trace(path: str | Path, shown: str | None = None) -> Trace:
 
     ``shown`` is how the file is named in messages (default: the path as given).
 
-    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    A fault the checks did not foresee is still one line (``costmodel.files.reading``).
     """
     with reading(shown or path, "trace"):
         return _read_trace(path, shown)

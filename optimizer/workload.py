@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from costmodel import get_gpu, get_model
-from costmodel._data import FLOAT_MAX, parse_yaml, path_kind, printable, profiles_path, read_text, reading
+from costmodel.files import FLOAT_MAX, parse_yaml, path_kind, printable, profiles_path, read_text, reading
 from costmodel.calibration import ENGINES, efficiency_for
 from costmodel.dtypes import KNOWN as _DTYPE_NAMES
 from costmodel.errors import InputError, KvtuneError
@@ -652,7 +652,7 @@ def _profile(r: _Reader, v) -> str:
 
 def load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
     """Check a parsed workload document; ``path`` names it in errors and anchors relative paths.
-    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    A fault the checks did not foresee is still one line (``costmodel.files.reading``).
     """
     with reading(path, "workload"):
         return _load_workload_dict(data, path)
@@ -684,7 +684,7 @@ def _load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
 
 def load_workload(path: str | Path) -> WorkloadSpec:
     """Read and check a workload YAML file.
-    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    A fault the checks did not foresee is still one line (``costmodel.files.reading``).
     """
     with reading(path, "workload file"):
         return _load_workload(path)

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from costmodel._data import UNFORESEEN
+from costmodel.files import UNFORESEEN
 from optimizer.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent

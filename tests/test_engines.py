@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel import calibration, fit
-from costmodel._data import profiles_path
+from costmodel.files import profiles_path
 from costmodel.engines import (ENGINE_NAMES, REGISTRY, MixedChunkedPrefill, OutputReserveAdmission, PrefillFirst,
                                PromptAdmission, admission_for, get_engine, scheduling_for)
 from costmodel.errors import InputError

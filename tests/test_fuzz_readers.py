@@ -23,7 +23,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from costmodel._data import UNFORESEEN
+from costmodel.files import UNFORESEEN
 from costmodel.errors import KvtuneError
 from costmodel.models import get_model, model_from_config
 from costmodel.profile_table import read_table
@@ -110,7 +110,7 @@ def _ours(fn, *args):
     except KvtuneError as exc:
         msg = str(exc)
         assert msg and "\n" not in msg.strip(), f"not one line: {msg!r}"
-        # the readers' last net (costmodel._data.reading) must not be what caught it
+        # the readers' last net (costmodel.files.reading) must not be what caught it
         assert UNFORESEEN not in msg, msg
         return None
 

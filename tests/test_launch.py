@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from costmodel import get_gpu, get_model
-from costmodel._data import profiles_path
+from costmodel.files import profiles_path
 from costmodel.memory import weight_bytes
 from optimizer.launch import (ENGINE_VERSIONS, FLAGS, SPEC_METHODS, TRTLLM_KEYS, argv_of, build_pick,
                               launch_for_pick, launch_settings, scheduling)
