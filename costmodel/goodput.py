@@ -24,7 +24,7 @@ no zero-load probe is needed; misses: steps 1-3 run below it), then ``GUESS_HI``
 x1.25 until it misses (never above the bound). A good guess saves the zero-load probe and the geometric phase.
 
 Every rate uses the same seed: ``make_requests(rate, n, seed)`` should draw the same requests with
-arrival times scaled by 1/rate (common random numbers; ``costmodel.workload`` does), so the
+arrival times scaled by 1/rate (common random numbers; ``costmodel.traffic`` does), so the
 attainment curve is monotone up to scheduling noise and the bisection compares like with like.
 
 How many requests: with attainment target ``a`` the misses allowed are the ``1 - a`` tail; to

@@ -1,6 +1,6 @@
 """A batch of requests for the simulator: columns of numpy arrays, one row per request.
 
-Produced by ``costmodel.workload`` (sampling request classes or replaying a trace) and consumed
+Produced by ``costmodel.traffic`` (sampling request classes or replaying a trace) and consumed
 by ``costmodel.simulate``. Times in seconds, lengths in tokens.
 """
 

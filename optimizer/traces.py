@@ -1,4 +1,4 @@
-"""Reading recorded request traces into ``costmodel.workload.Trace``; the format is detected from
+"""Reading recorded request traces into ``costmodel.traffic.Trace``; the format is detected from
 the file's first line.
 
     Azure LLM inference CSV   TIMESTAMP, ContextTokens, GeneratedTokens
@@ -31,7 +31,7 @@ import numpy as np
 
 from costmodel.files import path_kind, reading
 from costmodel.errors import InputError
-from costmodel.workload import MAX_LENGTH_TOKENS, Trace
+from costmodel.traffic import MAX_LENGTH_TOKENS, Trace
 
 __all__ = ["read_trace", "detect_format", "FORMATS", "MOONCAKE_BLOCK_TOKENS"]
 

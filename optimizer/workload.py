@@ -51,7 +51,7 @@ from costmodel.memory import GPU_MEM_UTIL
 from costmodel.models import ModelArch
 from costmodel.requests import Requests
 from costmodel.step import SpecConfig
-from costmodel.workload import DISTS, MAX_LENGTH_TOKENS, SLO, LengthDist, RequestClass, Workload
+from costmodel.traffic import DISTS, MAX_LENGTH_TOKENS, SLO, LengthDist, RequestClass, Workload
 
 from .traces import read_trace
 
@@ -164,7 +164,7 @@ class WorkloadSpec:
     search: SearchSpec = field(default_factory=SearchSpec)
 
     def requests(self, n: int, seed: int, rate_req_s: float | None = None) -> Requests:
-        """``n`` requests of this workload (see ``costmodel.workload.Workload.requests``)."""
+        """``n`` requests of this workload (see ``costmodel.traffic.Workload.requests``)."""
         return self.workload.requests(n, seed, rate_req_s)
 
     def to_dict(self) -> dict:

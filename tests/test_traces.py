@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from costmodel.errors import InputError
-from costmodel.workload import Workload
+from costmodel.traffic import Workload
 from optimizer.traces import detect_format, read_trace
 
 SAMPLES = Path(__file__).parent.parent / "examples" / "traces"

@@ -1,4 +1,4 @@
-"""Workload sampling (costmodel.workload) and the workload YAML (optimizer.workload)."""
+"""Workload sampling (costmodel.traffic) and the workload YAML (optimizer.workload)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.errors import InputError
-from costmodel.workload import SLO, LengthDist, RequestClass, Trace, Workload
+from costmodel.traffic import SLO, LengthDist, RequestClass, Trace, Workload
 from costmodel.dtypes import KNOWN as DTYPE_NAMES
 from optimizer.workload import SearchSpec, load_workload, load_workload_dict
 

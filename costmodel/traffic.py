@@ -1,5 +1,6 @@
-"""Workloads: request classes (length distributions, mix shares, shared prefixes) or a recorded
-trace, an arrival rate and SLOs; sampled into a ``Requests`` batch for the simulator.
+"""The traffic model: request classes (length distributions, mix shares, shared prefixes) or a
+recorded trace, an arrival rate and SLOs (``Workload``); sampled into a ``Requests`` batch for the
+simulator. (``optimizer.workload`` reads the workload YAML file into one of these.)
 
 Lengths are whole tokens >= 1. A length distribution is one of
 
