@@ -32,83 +32,15 @@ from costmodel import __version__
 from .launch import launch_settings
 from .search import SolveContext, completed_evals, config_key, evaluate, grid_space, open_study, run_search
 from .search import _size as size_deployment
+from .verify import MAX_SIM_REQUESTS, REL_TOL, sim_config, sim_requests, verify
 
 __all__ = ["solve", "verify", "recommend", "pareto_front", "sim_requests"]
 
-MAX_SIM_REQUESTS = 6000  # cap on requests per simulated rate (simulation time)
-REL_TOL = 0.005        # goodput bisection tolerance: two configs compared at 1% need a finer step
 VERIFY_TOP = 6         # distinct configs verified at the cheapest screened cost (and per level after)
 MAX_VERIFY = 18        # verifications in all, cheapest levels first
 POLISH_STEPS = 10      # neighbours of the pick challenged with the simulator (batch cap, chunk x/÷ 2, 4)
 SCREEN_SLACK = 1.15    # the screen may underestimate simulated goodput by this much (seen: up to ~13%)
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
-
-
-def _sim_config(ctx: SolveContext, params: dict):
-    if ctx.engine is not None:
-        return ctx.engine.sim_config(params["batch_cap"], params["chunk_tokens"])
-    from costmodel.simulate import SimConfig
-    return SimConfig(batch_cap=int(params["batch_cap"]), chunk_tokens=int(params["chunk_tokens"]))
-
-
-def _pct(summary: dict, key: str) -> dict:
-    d = summary.get(key, {})
-    return {p: float(d.get(p, float("nan"))) for p in ("p50", "p90", "p99")} | {"mean": float(d.get("mean", float("nan")))}
-
-
-def sim_requests(attainment: float, operating_batch: int) -> int:
-    """Requests per simulated rate: goodput's default (>= 100 in the allowed-miss tail, and several
-    times the concurrency the screen expects: fewer requests than the KV pool holds sequences
-    would all be admitted at once and never queue), capped for simulation time."""
-    from costmodel.goodput import default_n_requests
-    return int(min(default_n_requests(attainment, max_concurrency=operating_batch),
-                   MAX_SIM_REQUESTS))
-
-
-def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: float | None = None) -> dict:
-    """Simulated per-replica goodput, sizing and latencies at the target load for one config.
-    ``guess_req_s`` (the screened goodput) starts the goodput bracket; it does not bias the answer
-    beyond the bisection tolerance."""
-    from costmodel.goodput import goodput
-    from costmodel.simulate import simulate
-
-    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
-    spec, seed = ctx.spec, ctx.workload_seed
-    cfg = _sim_config(ctx, params)
-    n = sim_requests(spec.slo.attainment, operating_batch)
-
-    def make(rate, n, s):
-        return spec.requests(n, s, rate_req_s=rate)
-
-    g = goodput(sm, make, cfg, spec.slo.attainment, n_requests=n, seed=seed, rel_tol=REL_TOL,
-                guess_req_s=guess_req_s)
-    per_replica = float(g.goodput_req_s)
-    h = spec.hardware
-    out = {"params": dict(params), "per_replica_goodput_req_s": per_replica, "simulations": g.iterations}
-    if per_replica <= 0:
-        return out | {"feasible": False, "reason": g.reason or "simulated SLO attainment misses the target even at a trickle"}
-    if spec.objective == "max_goodput":
-        replicas = ctx.max_gpus // params["tp"]
-    else:
-        replicas = math.ceil(ctx.rate_req_s / per_replica * (1 - 1e-12))
-    gpus = replicas * params["tp"]
-    nodes = math.ceil(gpus / h.gpus_per_node)
-    load = ctx.rate_req_s / replicas if spec.objective == "min_cost" else min(ctx.rate_req_s / replicas, per_replica)
-    res = simulate(sm, make(load, n, seed + 1), cfg, arrival="trace", seed=seed)
-    summ = res.summary()
-    out |= {"replicas": replicas, "gpus": gpus, "nodes": nodes, "usd_per_hour": gpus * h.usd_per_gpu_hour,
-            "goodput_req_s": per_replica * replicas, "load_per_replica_req_s": load,
-            "slo_attainment": float(res.slo_attainment), "ttft_ms": _pct(summ, "ttft_ms"),
-            "tpot_ms": _pct(summ, "tpot_ms"), "output_tok_s": float(res.output_tok_s) * replicas,
-            "preemptions": int(getattr(res, "preemptions", 0)), "sim_requests": n,
-            "simulations": g.iterations + 1}
-    out["feasible"] = nodes <= h.max_nodes and out["slo_attainment"] >= spec.slo.attainment - 1e-9
-    if nodes > h.max_nodes:
-        out["reason"] = f"needs {nodes} nodes > max_nodes {h.max_nodes} at {per_replica:.2f} req/s per replica (simulated)"
-    elif not out["feasible"]:
-        out["reason"] = (f"simulated SLO attainment {out['slo_attainment']:.3f} < {spec.slo.attainment:g} "
-                         f"at {load:.2f} req/s per replica")
-    return out
 
 
 def _verified(ctx: SolveContext, study, ev: dict) -> dict:
@@ -133,7 +65,7 @@ def _meets_at(ctx: SolveContext, study, ev: dict, rate_req_s: float) -> dict:
         sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
         n = sim_requests(ctx.spec.slo.attainment, int(ev.get("batch") or 1))
         seed = ctx.workload_seed
-        res = simulate(sm, ctx.spec.requests(n, seed, rate_req_s=rate_req_s), _sim_config(ctx, params), "trace", seed=seed)
+        res = simulate(sm, ctx.spec.requests(n, seed, rate_req_s=rate_req_s), sim_config(ctx, params), "trace", seed=seed)
         got = {"rate_req_s": rate_req_s, "slo_attainment": float(res.slo_attainment),
                "meets": bool(res.slo_attainment >= ctx.spec.slo.attainment)}
         if study is not None:
