@@ -116,7 +116,7 @@ class GoodputResult:
 
 
 def _zero_load_reason(res: SimResult, req: Requests, attainment: float) -> str:
-    m = res.measured
+    m = res.measured & ~np.isinf(res.ttft_s)  # latencies of the served requests
     ttft, tpot = res.ttft_s[m], res.tpot_s[m]
     miss_ttft = ~(ttft <= req.ttft_slo_s[m])
     miss_tpot = (req.output_tokens[m] > 1) & ~(tpot <= req.tpot_slo_s[m])
@@ -130,7 +130,7 @@ def _zero_load_reason(res: SimResult, req: Requests, attainment: float) -> str:
         parts.append(f"TPOT at zero load: p{q:g} {np.percentile(tp, q) * 1e3:.1f} ms (batch-1 decode step) vs target "
                      f"{np.median(req.tpot_slo_s[m]) * 1e3:.1f} ms; {miss_tpot.mean():.0%} of requests miss it")
     if res.rejected:
-        parts.append(f"{res.rejected} requests do not fit the KV pool ({res.rejected / len(res.ttft_s):.0%})")
+        parts.append(res.reject_reason)
     return "; ".join(parts) or f"attainment {res.slo_attainment:.3f} below {attainment:g} at zero load"
 
 
@@ -159,14 +159,45 @@ def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests
     if n < 1:
         raise InputError(f"n_requests must be >= 1, got {n_requests!r}")
     history: list[tuple[float, float]] = []
+    ub = capacity_bound_req_s(step, mean_in, mean_out, config.batch_cap)
 
     def run(rate: float) -> tuple[SimResult, Requests]:
         req = make_requests(rate, n, seed)
         res = simulate(step, req, config, "trace", seed=seed, warmup_frac=wf)
         history.append((rate, res.slo_attainment))
+        if res.rejected:
+            best = _best_attainment(res)
+            if best < attainment:  # requests that never fit miss at every rate
+                raise _Unreachable(GoodputResult(
+                    0.0, res.slo_attainment, attainment, res.summary(), len(history), (0.0, rate), rel_tol, n, ub,
+                    f"{res.reject_reason}: at most {best:.3f} of the measured requests can meet the SLOs at any "
+                    f"rate, below the target {attainment:g}", tuple(history)))
         return res, req
 
-    ub = capacity_bound_req_s(step, mean_in, mean_out, config.batch_cap)
+    try:
+        return _bisect(run, attainment, n, rel_tol, wf, max_iterations, guess_req_s, ub, history)
+    except _Unreachable as exc:
+        return exc.result
+
+
+class _Unreachable(Exception):
+    """Raised inside the bisection when rejected requests alone put the target out of reach."""
+
+    def __init__(self, result: GoodputResult):
+        super().__init__(result.reason)
+        self.result = result
+
+
+def _best_attainment(res: SimResult) -> float:
+    """Attainment if every served measured request met its SLOs (rejected ones never do)."""
+    m = res.measured
+    if not m.any():
+        return 0.0
+    return float((m & ~np.isinf(res.ttft_s)).sum() / m.sum())
+
+
+def _bisect(run, attainment: float, n: int, rel_tol: float, wf: float, max_iterations: int,
+            guess_req_s: float | None, ub: float, history: list) -> GoodputResult:
     guess = guess_req_s if guess_req_s is not None and math.isfinite(guess_req_s) and guess_req_s > 0 else None
     res_lo = res_hi = None
     if guess is not None:

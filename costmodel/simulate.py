@@ -118,8 +118,8 @@ class SimConfig:
 
 def _pcts(x: np.ndarray, scale: float) -> dict:
     x = x[~np.isnan(x)]
-    if x.size == 0:
-        return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
+    if x.size == 0:  # nothing to take a percentile of (JSON has no NaN): null
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
     if not np.all(np.isfinite(x)):
         p = np.percentile(x, [50, 90, 99], method="linear") if np.isfinite(x).any() else [math.inf] * 3
         return {"mean": math.inf, "p50": float(p[0]) * scale, "p90": float(p[1]) * scale, "p99": float(p[2]) * scale}
@@ -138,7 +138,7 @@ class SimResult:
     measured: np.ndarray     # past warm-up: used by the statistics below
     output_tokens: np.ndarray
     preemptions: int
-    rejected: int            # requests larger than the whole KV pool
+    rejected: int            # requests larger than the whole KV pool (never served)
     makespan_s: float        # first arrival -> last completion
     output_tok_s: float      # all served output tokens / makespan (x replicas for a fleet)
     request_s: float         # served requests / makespan (x replicas for a fleet)
@@ -149,12 +149,18 @@ class SimResult:
     warmup_frac: float
     replicas: int = 1
     sim_wall_s: float = 0.0  # wall time of the simulation (not part of the results' determinism)
+    # why requests were rejected: the tokens the largest one needs against the pool's ("" if none)
+    reject_reason: str = ""
 
     def summary(self) -> dict:
-        m = self.measured
+        """Counts, and latency percentiles over the measured requests that were served (a rejected
+        request has no latency; it counts as a miss in ``slo_attainment``)."""
+        m = self.measured & ~np.isinf(self.ttft_s)
         return {
             "requests": int(len(self.ttft_s)),
-            "measured_requests": int(m.sum()),
+            "measured_requests": int(self.measured.sum()),
+            "served_requests": int(len(self.ttft_s) - self.rejected),
+            "percentiles_over": "measured served requests",
             "ttft_ms": _pcts(self.ttft_s[m], 1e3),
             "tpot_ms": _pcts(self.tpot_s[m], 1e3),
             "e2e_ms": _pcts(self.e2e_s[m], 1e3),
@@ -163,6 +169,7 @@ class SimResult:
             "request_s": self.request_s,
             "preemptions": self.preemptions,
             "rejected": self.rejected,
+            "rejected_reason": self.reject_reason,
             "makespan_s": self.makespan_s,
             "steps": self.steps,
             "replicas": self.replicas,
@@ -301,6 +308,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     rejected_mask = -(-(inp_a + out_a + 1) // bt) > total_blocks - watermark_blocks
     rejected = rejected_mask.tolist()
     any_rejected = bool(rejected_mask.any())
+    reject_reason = _reject_reason(inp_a, out_a, rejected_mask, total_blocks, watermark_blocks, bt) if any_rejected else ""
 
     step_time = step.step_time_s
     # runs of identical prompt chunks beside a fixed decode set are summed in closed form too:
@@ -512,6 +520,12 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
             while used > total_blocks and running:
                 used -= preempt()
                 preempted_now = True
+            if not running and pinned:
+                # the last request alone did not fit beside the pinned prefixes: an empty engine
+                # drops the prefix cache (as at admission) and may admit at once
+                pinned = 0
+                cached_groups.clear()
+                preempted_now = False
             if reserve and preempted_now:
                 nt_r0, nt_s0 = retract_ratio(), gstep
         # ---- prefill work for this step -----------------------------------------------------------
@@ -745,4 +759,18 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
         arrival_s=arr_s, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, met_slo=met, measured=measured,
         output_tokens=out_c, preemptions=preemptions, rejected=int(rej.sum()), makespan_s=makespan,
         output_tok_s=out_tok_s, request_s=req_s, slo_attainment=att, steps=gstep, events=events,
-        arrival=arrival, warmup_frac=float(warmup_frac), sim_wall_s=time.perf_counter() - wall0)
+        arrival=arrival, warmup_frac=float(warmup_frac), sim_wall_s=time.perf_counter() - wall0,
+        reject_reason=reject_reason)
+
+
+def _reject_reason(inp: np.ndarray, out: np.ndarray, mask: np.ndarray, total_blocks: int, watermark_blocks: int,
+                   bt: int) -> str:
+    """One line: how many requests can never fit the KV pool, and the largest one's tokens against
+    the pool's (a sequence holds its prompt, its output and the slot of the token being computed)."""
+    idx = np.flatnonzero(mask)
+    j = idx[np.argmax(inp[idx] + out[idx])]
+    pool = (total_blocks - watermark_blocks) * bt
+    held = f" ({watermark_blocks * bt:,} held back by the watermark)" if watermark_blocks else ""
+    return (f"{len(idx)} of {len(mask)} requests can never fit the KV pool: the largest needs "
+            f"{int(inp[j]) + int(out[j]) + 1:,} tokens (prompt {int(inp[j]):,} + output {int(out[j]):,} + 1) "
+            f"against {pool:,} pool tokens{held}")

@@ -8,7 +8,7 @@ import time
 import click
 
 from costmodel import get_model
-from costmodel.errors import InputError
+from costmodel.errors import Infeasible, InputError
 from costmodel.goodput import goodput
 from costmodel.simulate import simulate_fleet
 from costmodel.step import SpecConfig
@@ -171,6 +171,8 @@ def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_to
     t0 = time.perf_counter()
     res = simulate_fleet(step, make, cfg, replicas, rate_used, n_requests, arrival, concurrency, seed)
     wall = time.perf_counter() - t0
+    if res.rejected:  # this config cannot serve the workload at any load
+        raise Infeasible(f"{workload}: TP{tp}, KV {kv_dtype}: {res.reject_reason}")
     out = res.summary()
     out["sim_wall_s"] = wall
     out = {**out, "arrival": arrival, "rate_req_s": rate_used, "concurrency": concurrency,
