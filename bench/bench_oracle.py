@@ -38,12 +38,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from optimizer.verify import verify  # noqa: E402
+from optimizer.verify import verify_config  # noqa: E402
 from optimizer.search import SolveContext, config_key, evaluate, grid_space  # noqa: E402
 from optimizer.workload import load_workload  # noqa: E402
 
 CODE_FILES = ("costmodel/simulate.py", "costmodel/goodput.py", "costmodel/step.py", "costmodel/memory.py",
-              "costmodel/sim_clock.py", "optimizer/verify.py", "optimizer/screen.py")
+              "costmodel/sim_clock.py", "costmodel/workload.py", "optimizer/verify.py", "optimizer/screen.py")
 MAX_GOODPUT_PASS = 0.98  # issue 11: max_goodput must reach 98% of the oracle's goodput per $
 
 
@@ -83,7 +83,7 @@ def _oracle_one(args) -> tuple[str, dict]:
     if not ev["fits"]:
         return config_key(params), {"fits": False, "reason": ev["reason"]}
     try:
-        v = verify(ctx, params, int(ev.get("batch") or 1), ev.get("per_replica_goodput_req_s") or None)
+        v = verify_config(ctx, params)
     except Exception as exc:  # recorded and counted, never the optimum
         return config_key(params), {"fits": True, "crash": f"{exc.__class__.__name__}: {exc}",
                                     "seconds": time.perf_counter() - t0}

@@ -369,7 +369,7 @@ def fail_stale_trials(study: optuna.Study) -> int:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _is_stale(t):
             try:
-                study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                study.tell(t.number, state=TrialState.FAIL)
                 n += 1
             except Exception:  # another process finished or failed it first
                 pass

@@ -10,7 +10,7 @@ import math
 
 from .search import SolveContext
 
-__all__ = ["verify", "sim_requests", "sim_config", "MAX_SIM_REQUESTS", "REL_TOL"]
+__all__ = ["verify", "verify_config", "sim_requests", "config_requests", "sim_config", "MAX_SIM_REQUESTS", "REL_TOL"]
 
 MAX_SIM_REQUESTS = 6000  # cap on requests per simulated rate (simulation time)
 REL_TOL = 0.005        # goodput bisection tolerance: two configs compared at 1% need a finer step
@@ -25,7 +25,9 @@ def sim_config(ctx: SolveContext, params: dict):
 
 def _pct(summary: dict, key: str) -> dict:
     d = summary.get(key, {})
-    return {p: float(d.get(p, float("nan"))) for p in ("p50", "p90", "p99")} | {"mean": float(d.get("mean", float("nan")))}
+    def num(x):
+        return float("nan") if x is None else float(x)  # null: no measured request was served
+    return {p: num(d.get(p)) for p in ("p50", "p90", "p99")} | {"mean": num(d.get("mean"))}
 
 
 def sim_requests(attainment: float, operating_batch: int) -> int:
@@ -35,6 +37,28 @@ def sim_requests(attainment: float, operating_batch: int) -> int:
     from costmodel.goodput import default_n_requests
     return int(min(default_n_requests(attainment, max_concurrency=operating_batch),
                    MAX_SIM_REQUESTS))
+
+
+def slots(ctx: SolveContext, params: dict) -> int:
+    """Sequences the batch cap and the KV pool admit at once on a workload's mean request
+    (``costmodel.goodput``'s own measure of the in-flight set); 0 if the pool is too small."""
+    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
+    per_seq = max(ctx.stats.mean_input_tokens + ctx.stats.mean_output_tokens, 1.0)
+    return int(min(params["batch_cap"], sm.memory.kv_pool_tokens // per_seq))
+
+
+def config_requests(ctx: SolveContext, params: dict) -> int:
+    """Requests per simulated rate for one config: a function of the config alone (its
+    ``slots``), so every stage of the search, and the oracle, simulate it on the same requests."""
+    return sim_requests(ctx.spec.slo.attainment, max(slots(ctx, params), 1))
+
+
+def verify_config(ctx: SolveContext, params: dict) -> dict:
+    """``verify`` one config the way the search and the oracle both do: ``config_requests``
+    requests, the bisection started at the screened goodput."""
+    from .search import evaluate
+    ev = evaluate(ctx, params)
+    return verify(ctx, params, max(slots(ctx, params), 1), ev.get("per_replica_goodput_req_s") or None)
 
 
 def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: float | None = None) -> dict:
@@ -65,11 +89,16 @@ def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: f
         replicas = math.ceil(ctx.rate_req_s / per_replica * (1 - 1e-12))
     gpus = replicas * params["tp"]
     nodes = math.ceil(gpus / h.gpus_per_node)
-    load = ctx.rate_req_s / replicas if spec.objective == "min_cost" else min(ctx.rate_req_s / replicas, per_replica)
+    if spec.objective == "min_cost":
+        load = ctx.rate_req_s / replicas
+    else:  # max_goodput: at the target rate, or at the goodput when there is no target or it is higher
+        load = per_replica if not math.isfinite(ctx.rate_req_s) else min(ctx.rate_req_s / replicas, per_replica)
     res = simulate(sm, make(load, n, seed + 1), cfg, arrival="trace", seed=seed)
     summ = res.summary()
     out |= {"replicas": replicas, "gpus": gpus, "nodes": nodes, "usd_per_hour": gpus * h.usd_per_gpu_hour,
             "goodput_req_s": per_replica * replicas, "load_per_replica_req_s": load,
+            # output tokens per second when the fleet serves its goodput (what max_goodput is priced at)
+            "output_tok_s_at_goodput": per_replica * replicas * ctx.stats.mean_output_tokens,
             "slo_attainment": float(res.slo_attainment), "ttft_ms": _pct(summ, "ttft_ms"),
             "tpot_ms": _pct(summ, "tpot_ms"), "output_tok_s": float(res.output_tok_s) * replicas,
             "preemptions": int(getattr(res, "preemptions", 0)), "sim_requests": n,
