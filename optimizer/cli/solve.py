@@ -38,10 +38,10 @@ class _Progress:
 @click.argument("workload", type=click.Path(dir_okay=False))
 @click.option("--trials", default=None, help="Trials to run (default: search.trials; grid: the whole grid).")
 @click.option("--seed", default=None, help="Sampler seed (default: search.seed; the simulated requests always follow search.seed).")
-@click.option("--sampler", default="tpe", show_default=True, help="tpe | grid (exhaustive, for checking) | nsga2 (cost/goodput Pareto).")
+@click.option("--sampler", default="tpe", show_default=True, help="tpe | grid | nsga2: the sampler of the analytic screen's trials (the study; the simulator race that picks covers the whole lattice whatever the sampler).")
 @click.option("--storage", default=None, help="Optuna storage: sqlite:///kvtune.db, journal:./kvtune.log or an RDB URL (default: in memory).")
 @click.option("--study-name", default=None, help="Study to create or resume in --storage (default: derived from the workload).")
-@click.option("--verify-top", default=None, help="Configs to verify with the simulator per screened cost level (default 6).")
+@click.option("--verify-top", default=None, help="max_goodput: configs fully verified before the simulator race (default 4).")
 @click.option("--calibration", default=None,
               help="Calibration file, shipped name or 'ideal' (default: the workload's calibration:, else the shipped one).")
 @click.option("--engine", default=None,
