@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from optimizer.simsearch import never_fit_reason  # noqa: E402
 from optimizer.verify import verify_config  # noqa: E402
 from optimizer.search import SolveContext, config_key, evaluate, grid_space  # noqa: E402
 from optimizer.workload import load_workload  # noqa: E402
@@ -122,8 +123,10 @@ def _write(path: Path, blob: dict) -> None:
     os.replace(tmp, path)
 
 
-def oracle_best(spec, results: dict) -> dict | None:
-    ok = [r for r in results.values() if r.get("feasible")]
+def oracle_best(spec, results: dict, ctx: SolveContext) -> dict | None:
+    """The best feasible config; like solve, never one on which some of the workload's requests
+    can never fit the KV pool (``optimizer.simsearch.never_fit_reason``)."""
+    ok = [r for r in results.values() if r.get("feasible") and not never_fit_reason(ctx, r["params"])]
     if not ok:
         return None
     if spec.objective == "max_goodput":
@@ -170,7 +173,7 @@ def main() -> int:
         cpu = sum(r.get("seconds", 0.0) for r in res.values())
         fit = sum(1 for r in res.values() if r.get("fits"))
         crash = sum(1 for r in res.values() if r.get("crash"))
-        best = oracle_best(spec, res)
+        best = oracle_best(spec, res, _ctx(path))
         o = (f"{_cfg(best['params'])} | {best['gpus']} | {best['usd_per_hour']:.0f} | {best['goodput_req_s']:.2f}"
              if best else "infeasible | | | ")
         if a.oracle_only:

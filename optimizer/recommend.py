@@ -144,13 +144,17 @@ def _infeasible(ctx, r: Race) -> dict:
     """Why nothing qualifies, from the simulator: every config misses even at zero load (the
     closest group's miss), or none serves the target within the node budget (the closest)."""
     spec = ctx.spec
-    alive = [o for o in r.outcomes if o.status != "zero_load"]
+    alive = [o for o in r.outcomes if o.status not in ("zero_load", "never_fits")]
     base = {"status": "infeasible", "verified": [_verified_row(v) for v in r.verified],
             "race": [{k: o.to_json()[k] for k in ("config", "status", "reason", "simulations")} for o in r.outcomes]}
     if not r.outcomes:
         why = r.no_fit[0][1] if r.no_fit else "the search space is empty"
         return base | {"reason": f"no configuration of the search space fits in GPU memory: {why}",
                        "closest": {"config": None, "miss": why} if r.no_fit else None}
+    if not alive and not r.zero_load:
+        o = r.outcomes[-1]
+        reason = f"in every configuration that fits in memory, {o.reason}"
+        return base | {"reason": reason, "closest": {"config": o.config, "miss": o.reason}}
     if not alive:
         pr = max(r.zero_load, key=lambda p: (p.attainment, p.config))
         o = next(o for o in r.outcomes if config_key(o.config) == pr.config)

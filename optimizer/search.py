@@ -72,6 +72,7 @@ class SolveContext:
     stats: WorkloadStats = None
     rate_req_s: float = 0.0
     engine: EngineModel = None         # builds the step models; records calibration and profile use
+    memo: dict = field(default_factory=dict)  # results derived from this context alone (simsearch's never-fit check)
     _steps: dict = field(default_factory=dict)
 
     @classmethod

@@ -77,7 +77,9 @@ class Probe:
 @dataclass(frozen=True)
 class Outcome:
     """What the race concluded about one config: ``verified`` (``verification`` holds
-    ``optimizer.verify.verify``'s record), or out with a reason: ``zero_load`` (misses even alone),
+    ``optimizer.verify.verify``'s record), ``sized`` (min_cost: met the target on its replicas,
+    beaten later), or out with a reason: ``never_fits`` (some requests exceed its whole KV pool),
+    ``zero_load`` (misses even alone),
     ``pruned`` (cannot beat the best, by its capacity bound or its TP), ``beaten`` (misses the
     rate it would need, simulated)."""
 
@@ -251,6 +253,39 @@ class LocalRunner:
         self.close()
 
 
+# ---- requests that can never fit -------------------------------------------------------------------
+NEVER_FIT_SAMPLE = 6000  # requests drawn to find the workload's largest (the most any simulation here uses)
+NEVER_FIT_CHECK = 4      # the largest this many (prompt + output) are run alone through the simulator
+
+
+def _largest_requests(ctx: SolveContext):
+    from dataclasses import replace
+    req = ctx.spec.requests(NEVER_FIT_SAMPLE, ctx.workload_seed, rate_req_s=1.0)
+    k = min(NEVER_FIT_CHECK, len(req))
+    idx = np.sort(np.argsort(req.input_tokens + req.output_tokens, kind="stable")[-k:])
+    cols = {f: getattr(req, f)[idx] for f in ("input_tokens", "output_tokens", "ttft_slo_s", "tpot_slo_s", "class_idx")}
+    return replace(req, arrival_s=np.arange(k, dtype=float) * 1e6, prefix_tokens=np.zeros(k, dtype=np.int64),
+                   prefix_group=np.full(k, -1, dtype=np.int64), **cols)
+
+
+def never_fit_reason(ctx: SolveContext, params: dict) -> str:
+    """Why some of the workload's requests can never be served on this config (their prompt plus
+    output exceed the whole KV pool, so the engine refuses them), or "" if all fit: the largest
+    requests of a ``NEVER_FIT_SAMPLE`` draw, run alone through the simulator. Such a config is
+    never recommended, whatever its attainment: a deployment would refuse those requests."""
+    from costmodel.simulate import simulate
+    key = ("never_fit", params["tp"], params["kv_dtype"], params["spec_k"])
+    cache = ctx.memo
+    if key not in cache:
+        if "largest" not in cache:
+            cache["largest"] = _largest_requests(ctx)
+        sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
+        res = simulate(sm, cache["largest"], sim_config(ctx, params), "trace", seed=ctx.workload_seed, warmup_frac=0.0)
+        cache[key] = (f"the workload's largest requests can never fit the KV pool ({res.reject_reason}; of "
+                      f"{NEVER_FIT_SAMPLE:,} drawn)") if res.rejected else ""
+    return cache[key]
+
+
 # ---- the candidates and their order --------------------------------------------------------------
 def lattice_configs(ctx: SolveContext) -> list[dict]:
     space = grid_space(ctx)
@@ -408,6 +443,10 @@ class _State:
         ctx, a = self.ctx, self.a
         groups: dict[tuple, list[dict]] = {}
         for ev in fit:
+            why = never_fit_reason(ctx, ev["params"])
+            if why:
+                self.out(ev, "never_fits", why)
+                continue
             p = ev["params"]
             groups.setdefault((p["tp"], p["kv_dtype"], p["spec_k"], p["chunk_tokens"]), []).append(ev)
         # a short probe first; the full one only where the short one is not clearly in or out
@@ -488,9 +527,16 @@ class _State:
             for ev, bar, r, why in self.meets_bar(self.screen_bar(todo[i:i + BATCH])):
                 p = ev["params"]
                 bar2, r2, why2 = bar_req_s(ctx, p, self.best)
-                if bar2 is None or r2 < r:           # an earlier winner of this batch is cheaper
-                    self.out(ev, "beaten", f"meets {bar:.3g} req/s per replica, but {why2 if bar2 is None else 'a cheaper config was found'}")
+                if bar2 is None:                      # an earlier winner of this batch is cheaper
+                    self.out(ev, "beaten", f"meets {bar:.3g} req/s per replica, but {why2}")
                     continue
+                if r2 < r:                            # ... so it must serve more per replica
+                    pr = self.probe([(p, bar2, _n(ctx, ev))])[0]
+                    if not pr.meets:
+                        self.out(ev, "beaten", f"attainment {pr.attainment:.3f} at {bar2:.3g} req/s per replica: "
+                                               f"cannot beat {why2}")
+                        continue
+                    r = r2
                 while r > 1:                          # fewer replicas?
                     pr = self.probe([(p, ctx.rate_req_s / (r - 1), _n(ctx, ev))])[0]
                     if not pr.meets:

@@ -47,7 +47,7 @@ def test_race_finds_the_exhaustive_simulated_optimum(objective):
         assert pick["goodput_req_s"] / pick["usd_per_hour"] >= 0.98 * best
     # the race simulated fewer configs fully than the lattice holds
     assert len(r.verified) < len(lattice_configs(ctx))
-    assert {o.status for o in r.outcomes} <= {"verified", "sized", "beaten", "pruned", "zero_load"}
+    assert {o.status for o in r.outcomes} <= {"verified", "sized", "beaten", "pruned", "zero_load", "never_fits"}
 
 
 def test_bars_hand_cases():
@@ -122,7 +122,7 @@ def test_requests_that_never_fit_the_pool_rule_a_config_out_with_the_reason():
         slo={"ttft_ms": 20000, "tpot_ms": 100, "attainment": 0.9}, gpu_mem_util=0.25)
     ctx = SolveContext.build(spec)
     r = race(ctx)
-    never = [o for o in r.outcomes if o.status == "zero_load" and "never fit the KV pool" in o.reason]
+    never = [o for o in r.outcomes if o.status == "never_fits" and "never fit the KV pool" in o.reason]
     assert never, [o.reason for o in r.outcomes][:3]
     ok = [v for v in r.verified if v["feasible"]]
     if ok:

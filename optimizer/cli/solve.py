@@ -172,7 +172,7 @@ def summary_text(r: dict, storage: str | None) -> str:
     if v.get("outcomes"):
         o = v["outcomes"]
         lines.append(f"  simulator race: {v['simulations']} simulations; {o.get('verified', 0)} configs verified, "
-                     + ", ".join(f"{o[k]} {k.replace('_', ' ')}" for k in ("sized", "beaten", "pruned", "zero_load") if o.get(k)))
+                     + ", ".join(f"{o[k]} {k.replace('_', ' ')}" for k in ("sized", "beaten", "pruned", "zero_load", "never_fits") if o.get(k)))
     lines.append("Launch (vLLM):")
     lines.append("  " + r["launch"]["vllm"].replace("\n", "\n  "))
     lines.append("  (SGLang, TensorRT-LLM and a Kubernetes Deployment are in --json under 'launch')")
