@@ -112,6 +112,11 @@ def test_max_goodput_is_feasible_where_a_target_rate_is_not_met():
     assert c["priced_at"] == "goodput"
     assert c["usd_per_million_output_tokens"] == pytest.approx(c["usd_per_hour"] / (p["goodput_req_s"] * 200 * 3600) * 1e6)
     assert all(x["evidence"] == "simulated" for x in r["pareto"])
+    from optimizer.cli.solve import summary_text
+    text = summary_text(r, None)
+    assert "at the goodput" in text
+    front = [ln for ln in text.splitlines() if "cost/goodput front" in ln]
+    assert not front or front[0].count("simulated") == min(len(r["pareto"]), 6)
 
 
 def test_requests_that_never_fit_the_pool_rule_a_config_out_with_the_reason():
