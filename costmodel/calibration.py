@@ -62,8 +62,13 @@ def load_calibration(path: str | Path) -> Efficiency:
         shown = p.resolve().relative_to(profiles_path().parent)
     except ValueError:
         shown = p
-    return Efficiency(**values, model_comm=True, name=name,
-                      source=f"calibrated: {name} ({shown}, sha256 {_sha256(p)[:12]})")
+    source = f"calibrated: {name} ({shown}, sha256 {_sha256(p)[:12]})"
+    derived = data.get("derived_from")
+    if isinstance(derived, dict):  # costmodel.derived: carried over from another GPU's calibration
+        source = (f"derived: {name} ({shown}, sha256 {_sha256(p)[:12]}) from {derived.get('name')} "
+                  f"(sha256 {str(derived.get('sha256', ''))[:12]}): efficiencies carried to the {data.get('gpu')} "
+                  f"datasheet, +/-{float(data.get('transfer_rel_sd', 0)):.0%} (1 sd) each, not measured on it")
+    return Efficiency(**values, model_comm=True, name=name, source=source)
 
 
 def find_calibration(gpu: str, engine: str | None = None) -> Path:
@@ -75,7 +80,8 @@ def find_calibration(gpu: str, engine: str | None = None) -> Path:
             return p
     raise ProfileDataMissing(
         f"no shipped calibration for gpu {gpu}{' engine ' + engine if engine else ''}: "
-        f"use --mode ideal, or fit one with 'kvtune calibrate' and pass --calibration FILE")
+        f"pass --calibration ideal (datasheet peaks, no overheads), or fit one with 'kvtune calibrate' "
+        f"and pass --calibration FILE")
 
 
 def efficiency_for(mode: str, gpu: str, calibration: str | Path | None = None,

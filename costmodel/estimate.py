@@ -55,7 +55,7 @@ class Estimate:
     kv_pool_tokens: int                # per replica
     max_batch: int                     # at ``context``
     ceiling_tok_s: float               # achieved bandwidth / (context x KV bytes per token)
-    single_user_tok_s: float           # achieved bandwidth / weight bytes
+    single_user_tok_s: float           # achieved bandwidth / weight bytes one token reads (MoE: routed experts)
     spec_k: int
     spec_alpha: float
     rows: list[EstimateRow] = field(default_factory=list)
@@ -95,6 +95,8 @@ def estimate(model: ModelArch, gpu: GPU, tp: int, context: int, batches: list[in
         weight_bytes_per_gpu=mem.weight_bytes_per_gpu, activation_reserve_bytes=mem.activation_reserve_bytes,
         kv_pool_tokens=mem.kv_pool_tokens, max_batch=mem.max_batch(context),
         ceiling_tok_s=bw_gpu / (context * mem.kv_bytes_per_token_per_gpu),
-        single_user_tok_s=bw_gpu / mem.weight_bytes_per_gpu,
+        # one sequence's token reads what a batch-1 decode step reads: MoE models only the routed
+        # (and shared) experts, the same term as the batch-1 row's weight read (StepModel)
+        single_user_tok_s=bw_gpu / sm.weight_read_bytes(1.0),
         spec_k=spec.k if spec else 0, spec_alpha=spec.acceptance if spec else 0.0,
         rows=rows, mode=mode, source=sm.eff.source)

@@ -32,11 +32,17 @@ class GPU:
     interconnect_bytes_per_s: float  # aggregate bidirectional, as on the datasheet
     interconnect: str
     source: str
+    # the scale-out network between nodes, per GPU and direction (profiles/hardware.yaml gives the source)
+    network_bytes_per_s: float = 50 * GB   # 400 Gb/s InfiniBand NDR, one NIC per GPU (DGX H100 datasheet)
+    network_latency_s: float = 10e-6       # per cross-node collective (NCCL tuning model: 4.4 + 5.0 us)
 
     def __post_init__(self) -> None:
-        for field in ("memory_bytes", "hbm_bytes_per_s", "bf16_flops_per_s", "interconnect_bytes_per_s"):
+        for field in ("memory_bytes", "hbm_bytes_per_s", "bf16_flops_per_s", "interconnect_bytes_per_s",
+                      "network_bytes_per_s"):
             if not getattr(self, field) > 0:
                 raise InputError(f"hardware {self.name}: {field} must be > 0, got {getattr(self, field)}")
+        if not self.network_latency_s >= 0:
+            raise InputError(f"hardware {self.name}: network_latency_us must be >= 0, got {self.network_latency_s * 1e6}")
 
     @property
     def link_bytes_per_s(self) -> float:
@@ -47,7 +53,8 @@ class GPU:
         """Dense tensor-core peak for the weight format's GEMMs."""
         if weight_dtype == "fp8":
             if self.fp8_flops_per_s <= 0:
-                raise InputError(f"gpu {self.name}: has no FP8 tensor cores; use --weight-dtype bf16")
+                raise InputError(f"gpu {self.name}: has no FP8 tensor cores, so FP8 weights cannot run on it; "
+                                 f"use bf16 weights")
             return self.fp8_flops_per_s
         return self.bf16_flops_per_s
 
@@ -112,4 +119,6 @@ def _gpu_from_row(key: str, row: dict) -> GPU:
         interconnect_bytes_per_s=float(row["interconnect_gb_s"]) * GB,
         interconnect=row["interconnect"],
         source=row["source"],
+        network_bytes_per_s=float(row.get("network_gb_s", 50)) * GB,
+        network_latency_s=float(row.get("network_latency_us", 10)) * 1e-6,
     )

@@ -141,6 +141,18 @@ class ModelArch:
         return self.n_moe_layers * self.n_experts * self._expert_params() if self.is_moe else 0
 
     @property
+    def attention_params(self) -> int:
+        """Attention projection parameters across all layers (replicated on every GPU under
+        data-parallel attention)."""
+        return self.n_layers * self._attn_params_per_layer()
+
+    @property
+    def routed_active_params(self) -> int:
+        """Routed-expert parameters one token runs through (top-k experts of every MoE layer):
+        the share of its GEMM work that expert parallelism places on other GPUs."""
+        return self.n_moe_layers * self.n_active_experts * self._expert_params() if self.is_moe else 0
+
+    @property
     def matmul_params_per_token(self) -> int:
         """Parameters that take part in a matmul per token: the active set less the input
         embedding lookup (a gather, not a GEMM); with tied embeddings the LM head reuses it."""

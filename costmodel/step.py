@@ -15,6 +15,13 @@ Decode tokens use the decode FLOP efficiency (small-M GEMMs); prefill tokens use
 Speculative decoding (draft length k, per-token acceptance a) turns every decode sequence into
 k+1 verify tokens: the same bytes, k+1 times the arithmetic, plus k draft passes costing
 ``draft_cost`` of a target pass each, and emits (1 - a^(k+1)) / (1 - a) tokens on average.
+
+Beyond one node's TP group (``parallel=costmodel.parallel.Parallel(...)``): per-GPU bytes and FLOPs
+divide by tp x pp; a pipeline step is a round (pp stage-times of a 1/M micro-batch, M = min(pp,
+sequences), plus the stage-to-stage hops); the all-reduce is hierarchical when TP spans nodes;
+expert parallelism charges the busiest GPU (``expert_load_imbalance``); DP attention replicates the
+attention weights, reads each sequence's KV on one GPU and moves MoE tokens by all-to-all. The
+terms and their formulas are in ``costmodel/parallel.py``.
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ from dataclasses import dataclass
 from .efficiency import IDEAL, Efficiency
 from .errors import InputError
 from .hardware import GPU
-from .memory import MemoryPlan, plan_memory, weight_bytes
+from .memory import MemoryPlan, attention_weight_bytes, plan_memory, weight_bytes
 from .models import DTYPE_BYTES, ModelArch
+from .parallel import SINGLE, Parallel, all_to_all_s, allreduce_s, expert_load_imbalance, hop_s, micro_batches
 
 __all__ = ["SpecConfig", "StepBreakdown", "StepModel", "spec_tokens_per_step"]
 
@@ -84,22 +92,37 @@ class StepModel:
 
     def __init__(self, model: ModelArch, gpu: GPU, tp: int = 1, weight_dtype: str = "bf16",
                  kv_dtype: str = "bf16", efficiency: Efficiency = IDEAL, spec: SpecConfig | None = None,
-                 gpu_mem_util: float = 0.9):
+                 gpu_mem_util: float = 0.9, parallel: Parallel | None = None):
         self.model, self.gpu, self.tp = model, gpu, tp
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
         self.eff = efficiency
         self.spec = spec if spec is not None and spec.k > 0 else None
+        par = parallel if parallel is not None else SINGLE
+        if par.tp != tp:
+            if parallel is not None:
+                raise InputError(f"parallel layout has tp {par.tp} but the step model was asked for tp {tp}")
+            par = Parallel(tp=tp, gpus_per_node=max(tp, par.gpus_per_node))
+        if par.ep > 1 and not model.is_moe:
+            raise InputError(f"ep {par.ep}: {model.name} has no experts (expert parallelism needs an MoE model)")
+        self.parallel = par
         self.memory: MemoryPlan = plan_memory(model, gpu, tp, weight_dtype, kv_dtype, gpu_mem_util,
-                                              efficiency.activation_reserve_bytes)
+                                              efficiency.activation_reserve_bytes, par)
         e = efficiency
         expert_bytes = model.expert_params_total * DTYPE_BYTES[weight_dtype]
-        self._w_dense_gpu = (weight_bytes(model, weight_dtype) - expert_bytes) / tp
-        self._w_expert_gpu = expert_bytes / tp
+        attn_bytes = attention_weight_bytes(model, weight_dtype) if par.dp_attention else 0.0
+        stage_gpus = tp * par.pp
+        # DP attention: every GPU of the TP group reads the whole attention weights of its stage
+        self._w_dense_gpu = ((weight_bytes(model, weight_dtype) - expert_bytes - attn_bytes) / tp
+                             + attn_bytes) / par.pp
+        self._w_expert_gpu = expert_bytes / stage_gpus
         self._route_frac = model.n_active_experts / model.n_experts if model.is_moe else 0.0
-        self._kv_gpu = self.memory.kv_bytes_per_token_per_gpu
+        # KV bytes per token of the batch, averaged over the GPUs (DP attention: each holds 1/tp of them)
+        self._kv_gpu = self.memory.kv_bytes_per_token_per_gpu / (tp if par.dp_attention else 1)
         self._bw = gpu.hbm_bytes_per_s * e.bw_efficiency
-        self._gemm_flops_tok = model.dense_flops_per_token() / tp
-        self._attn_flops_pair = model.attn_flops_per_token_per_ctx() / tp
+        self._ep = par.ep
+        self._routed_flops_tok = 2.0 * model.routed_active_params / stage_gpus if par.ep > 1 else 0.0
+        self._gemm_flops_tok = model.dense_flops_per_token() / stage_gpus - self._routed_flops_tok
+        self._attn_flops_pair = model.attn_flops_per_token_per_ctx() / stage_gpus
         peak = gpu.matmul_flops_per_s(weight_dtype)
         self._dec_gemm_rate = peak * e.decode_flops_efficiency
         self._dec_attn_rate = gpu.bf16_flops_per_s * e.decode_flops_efficiency
@@ -111,6 +134,10 @@ class StepModel:
             self._ar_s_per_token = 2 * (tp - 1) / tp * model.hidden * ACT_BYTES / (gpu.link_bytes_per_s * e.link_efficiency)
         else:
             self._n_ar, self._ar_lat, self._ar_s_per_token = 0, 0.0, 0.0
+        self._n_a2a = 0.0
+        self._pp = par.pp
+        if not par.trivial:
+            self._parallel_comm(model, gpu, e, par)
         self._overhead = e.step_overhead_s
         self._pf_overhead = e.prefill_overhead_s
         # not a step cost: added once to every request's time to first token (costmodel.simulate)
@@ -120,6 +147,54 @@ class StepModel:
         self._draft_frac = self.spec.k * self.spec.draft_cost if self.spec else 0.0
         self.tokens_per_step = self.spec.tokens_per_step if self.spec else 1.0
 
+    def _parallel_comm(self, model: ModelArch, gpu: GPU, e: Efficiency, par: Parallel) -> None:
+        """Communication of a layout beyond one node's TP group (``costmodel.parallel``): per stage,
+        the TP all-reduces (hierarchical when the group spans nodes), DP attention's gathers for the
+        dense layers and the MoE all-to-all (dispatch + combine) of each GPU's own tokens."""
+        link = gpu.link_bytes_per_s * e.link_efficiency
+        net = gpu.network_bytes_per_s * e.link_efficiency
+        lat, net_lat = e.allreduce_latency_s, gpu.network_latency_s
+        g = par.gpus_per_node
+        tok_bytes = model.hidden * ACT_BYTES
+        self._comm = (link, net, lat, net_lat, g)
+        if not e.model_comm:  # the ideal model: communication costs nothing
+            self._n_ar, self._ar_lat, self._ar_s_per_token = 0, 0.0, 0.0
+            self._hop_bytes_tok, self._hops = 0.0, (0, 0)
+            return
+        if par.tp > 1:
+            self._ar_lat = allreduce_s(0.0, par.tp, g, link, lat, net, net_lat)
+            self._ar_s_per_token = allreduce_s(tok_bytes, par.tp, g, link, lat, net, net_lat) - self._ar_lat
+            if par.dp_attention:
+                # attention is local; each dense MLP layer (and each MoE layer whose experts are sliced)
+                # gathers every GPU's tokens and scatters the result: one all-reduce's volume
+                layers = model.n_layers - (model.n_moe_layers if par.ep > 1 else 0)
+                self._n_ar = layers
+            else:
+                self._n_ar = 2 * model.n_layers
+            self._n_ar /= par.pp
+            if par.dp_attention and par.ep > 1:
+                self._n_a2a = 2.0 * model.n_moe_layers / par.pp   # dispatch + combine per MoE layer
+                # bytes one GPU sends per token of the replica's step: its 1/tp share, top-k copies
+                self._a2a_bytes_tok = model.n_active_experts * tok_bytes / par.tp
+        self._hop_bytes_tok = tok_bytes
+        self._hops = (par.pp - 1 - par.cross_node_hops, par.cross_node_hops)
+
+    def a2a_s(self, n_tokens: float) -> float:
+        """All-to-all time of one MoE layer's dispatch (or combine) for a step of ``n_tokens``."""
+        if not self._n_a2a:
+            return 0.0
+        link, net, lat, net_lat, g = self._comm
+        return all_to_all_s(n_tokens * self._a2a_bytes_tok, self._ep, g, link, lat, net, net_lat)
+
+    def hops_s(self, n_tokens: float) -> float:
+        """The pipeline's stage-to-stage transfers for one micro-batch of ``n_tokens``."""
+        if self._pp == 1 or not self._hop_bytes_tok:
+            return 0.0
+        link, net, lat, net_lat, _ = self._comm
+        b = n_tokens * self._hop_bytes_tok
+        intra, inter = self._hops
+        return intra * hop_s(b, link, lat) + inter * hop_s(b, net, net_lat)
+
     # ---- pieces ----------------------------------------------------------------------------
     def weight_read_bytes(self, n_tokens: float) -> float:
         """Weights one GPU reads in a step of ``n_tokens``; MoE layers read only the experts the
@@ -127,6 +202,8 @@ class StepModel:
         if not self._w_expert_gpu:
             return self._w_dense_gpu
         touched = 1.0 - (1.0 - self._route_frac) ** max(n_tokens, 1.0)
+        if self._ep > 1:  # whole experts per GPU: the busiest GPU touches more of its own than the mean
+            touched = min(1.0, touched * expert_load_imbalance(n_tokens, self.model.n_active_experts, self._ep))
         return self._w_dense_gpu + self._w_expert_gpu * touched
 
     def _kv_read_tokens(self, n_seqs: float, ctx_sum: float) -> float:
@@ -136,7 +213,34 @@ class StepModel:
 
     def _terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
                prefill_pairs: float, prefill_kv_read: float) -> tuple:
-        """(time, mem, compute, comm, draft, bytes, flops) of one step; the simulator's hot path."""
+        """(time, mem, compute, comm, draft, bytes, flops) of one step; the simulator's hot path.
+        With pipeline stages, one round: every running sequence advances once (``_pipeline_terms``)."""
+        if self._pp > 1:
+            return self._pipeline_terms(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)
+        return self._stage_terms(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)
+
+    def _pipeline_terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
+                        prefill_pairs: float, prefill_kv_read: float) -> tuple:
+        """A pipeline round: the step's sequences split into M = min(pp, sequences) micro-batches;
+        each stage runs its layers for each micro-batch in turn, so a sequence's next token comes
+        after pp stage-times of a 1/M-sized micro-batch plus the pp - 1 hops, whatever M is: with
+        fewer micro-batches than stages the stages idle (the bubble, 1 - M/pp of their time)."""
+        m = micro_batches(self._pp, n_decode)
+        st = self._stage_terms(n_decode / m, decode_ctx_sum / m, prefill_tokens / m, prefill_pairs / m,
+                               prefill_kv_read / m)
+        if st[0] <= 0:
+            return st
+        fixed = self._overhead + (self._pf_overhead if prefill_tokens > 0 else 0.0)
+        n_tok = (n_decode * self._q_per_seq + prefill_tokens) / m
+        hops = self.hops_s(n_tok)
+        p = self._pp
+        time_s = p * (st[0] - fixed) + hops + fixed
+        # per GPU over the round: its stage ran M micro-batches
+        return time_s, p * st[1], p * st[2], p * st[3] + hops, p * st[4], m * st[5], m * st[6]
+
+    def _stage_terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
+                     prefill_pairs: float, prefill_kv_read: float) -> tuple:
+        """One stage's pass over one (micro-)batch: the whole step when there is one stage."""
         q = self._q_per_seq
         dec_tokens = n_decode * q
         n_tokens = dec_tokens + prefill_tokens
@@ -146,13 +250,18 @@ class StepModel:
         weights = self.weight_read_bytes(n_tokens) if self._w_expert_gpu else self._w_dense_gpu
         bytes_gpu = weights + (dec_kv + prefill_kv_read + n_tokens) * self._kv_gpu
         dec_gemm = dec_tokens * self._gemm_flops_tok
+        imb = expert_load_imbalance(n_tokens, self.model.n_active_experts, self._ep) if self._ep > 1 else 1.0
+        if self._routed_flops_tok:  # expert parallelism: the busiest GPU's routed-expert GEMMs set the pace
+            dec_gemm += dec_tokens * self._routed_flops_tok * imb
         dec_attn = (q * decode_ctx_sum + n_decode * q * (q + 1) / 2) * self._attn_flops_pair
-        pre_gemm = prefill_tokens * self._gemm_flops_tok
+        pre_gemm = prefill_tokens * (self._gemm_flops_tok + self._routed_flops_tok * imb)
         pre_attn = prefill_pairs * self._attn_flops_pair
         mem_s = bytes_gpu / self._bw
         comp_s = (dec_gemm / self._dec_gemm_rate + dec_attn / self._dec_attn_rate
                   + pre_gemm / self._pre_gemm_rate + pre_attn / self._pre_attn_rate)
         comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens) if self._n_ar else 0.0
+        if self._n_a2a:
+            comm_s += self._n_a2a * self.a2a_s(n_tokens * imb)
         draft_s = 0.0
         if self._draft_frac and n_decode:
             # the draft runs k passes over the decode batch, each a fraction of a plain target step

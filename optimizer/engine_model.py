@@ -148,11 +148,13 @@ class EngineModel:
                                      f"weights {weight_dtype}{self._where()} (at any TP or KV dtype)")
 
     def step(self, model: ModelArch, tp: int = 1, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-             spec: SpecConfig | None = None, gpu_mem_util: float = 0.9, require_profile: bool = True):
+             spec: SpecConfig | None = None, gpu_mem_util: float = 0.9, require_profile: bool = True,
+             parallel=None):
         """A ``StepModel`` (or ``MeasuredStepModel`` where the table has rows for this config).
         ``require_profile=False``: a config the table does not cover gets the calibrated model,
         and the record lists it under ``unmatched``."""
-        base = StepModel(model, self.gpu, tp, weight_dtype, kv_dtype, self.efficiency, spec, gpu_mem_util)
+        base = StepModel(model, self.gpu, tp, weight_dtype, kv_dtype, self.efficiency, spec, gpu_mem_util,
+                         parallel=parallel)
         if self.profile is None:
             return base
         try:

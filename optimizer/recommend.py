@@ -19,6 +19,7 @@ import optuna
 from costmodel import __version__
 
 from .launch import launch_settings
+from .layouts import gpus_per_replica, layout_params
 from .search import (SolveContext, completed_evals, config_key, evaluate, grid_space, make_storage, open_study,
                      run_search)
 from .simsearch import LocalRunner, Race, race, rank
@@ -109,7 +110,9 @@ def _ok(ctx, pick, ev, r: Race, notes) -> dict:
     headroom = pick["goodput_req_s"] / ctx.rate_req_s - 1 if ctx.rate_req_s > 0 else float("nan")
     return {
         "status": "ok",
-        "recommendation": {**{k: p[k] for k in _PARAM_KEYS}, "replicas": pick["replicas"], "gpus": pick["gpus"],
+        "recommendation": {**{k: p[k] for k in _PARAM_KEYS}, **layout_params(p, spec.hardware.gpus_per_node),
+                           **({"layout": p["layout"]} if p.get("layout") else {}),
+                           "replicas": pick["replicas"], "gpus": pick["gpus"],
                            "nodes": pick["nodes"], "gpu": ctx.gpu.name, "model": ctx.model.name},
         "predicted": {"goodput_req_s": pick["goodput_req_s"], "per_replica_goodput_req_s": pick["per_replica_goodput_req_s"],
                       "slo_attainment": pick["slo_attainment"], "ttft_ms": pick["ttft_ms"], "tpot_ms": pick["tpot_ms"],
@@ -128,7 +131,8 @@ def _ok(ctx, pick, ev, r: Race, notes) -> dict:
         "pareto": pareto_front(items),
         "verified": [_verified_row(v) for v in r.verified],
         "race": [{k: o.to_json()[k] for k in ("config", "status", "reason", "simulations")} for o in r.outcomes],
-        "launch": launch_settings(model_id, p, pick["replicas"], spec.gpu_mem_util, sdict,
+        "launch": launch_settings(model_id, {**p, **layout_params(p, spec.hardware.gpus_per_node)},
+                                  pick["replicas"], spec.gpu_mem_util, sdict,
                                   name=f"kvtune-{ctx.model.name}"),
         "notes": notes,
     }
@@ -163,7 +167,7 @@ def _infeasible(ctx, r: Race) -> dict:
                   f"{pr.attainment:.1%} of requests < {spec.slo.attainment:g}")
         return base | {"reason": reason, "closest": {"config": o.config, "miss": pr.reason, "attainment": pr.attainment}}
     if r.verified:
-        v = max(r.verified, key=lambda v: (v.get("per_replica_goodput_req_s") or 0.0) / v["params"]["tp"])
+        v = max(r.verified, key=lambda v: (v.get("per_replica_goodput_req_s") or 0.0) / gpus_per_replica(v["params"]))
         reason = v.get("reason") or "simulated SLO attainment misses the target"
         return base | {"reason": reason, "closest": {"config": v["params"], "miss": reason,
                                                      "usd_per_hour": v.get("usd_per_hour")}}

@@ -27,7 +27,7 @@ def _plt():
 
 def _frontier(ctx, rec: dict, result: dict, path: Path) -> None:
     plt = _plt()
-    sm = ctx.step(rec["tp"], rec["kv_dtype"], rec["spec_k"])
+    sm = ctx.step(rec["tp"], rec["kv_dtype"], rec["spec_k"], rec.get("layout"))
     w = ctx.stats
     context = w.mean_input_tokens + w.mean_output_tokens / 2
     b_max = max(2, min(rec["batch_cap"] * 2, int(sm.memory.kv_pool_tokens // context)))
@@ -87,7 +87,7 @@ def _pareto(result: dict, path: Path) -> None:
 def _latency(ctx, rec: dict, result: dict, path: Path) -> None:
     from costmodel.simulate import SimConfig, simulate
     plt = _plt()
-    sm = ctx.step(rec["tp"], rec["kv_dtype"], rec["spec_k"])
+    sm = ctx.step(rec["tp"], rec["kv_dtype"], rec["spec_k"], rec.get("layout"))
     load = result["predicted"]["load_per_replica_req_s"]
     from .recommend import sim_requests
     n = sim_requests(ctx.spec.slo.attainment, result["bottleneck"].get("operating_batch") or 1)

@@ -38,7 +38,10 @@ from optuna.trial import TrialState
 from costmodel import SpecConfig, StepModel, get_model
 from costmodel.errors import DoesNotFit, InputError
 
+from costmodel.parallel import Parallel
+
 from .engine_model import EngineModel, resolve_gpu
+from .layouts import gpus_per_replica, search_layouts
 from .screen import WorkloadStats, screen
 
 __all__ = ["SolveContext", "evaluate", "make_storage", "open_study", "run_search", "grid_space",
@@ -72,6 +75,7 @@ class SolveContext:
     stats: WorkloadStats = None
     rate_req_s: float = 0.0
     engine: EngineModel = None         # builds the step models; records calibration and profile use
+    layouts: dict = field(default_factory=dict)  # multi-node layouts searched instead of TP (optimizer.layouts)
     memo: dict = field(default_factory=dict)  # results derived from this context alone (simsearch's never-fit check)
     _steps: dict = field(default_factory=dict)
 
@@ -97,6 +101,9 @@ class SolveContext:
         ctx.rate_req_s = float(rate)
         req = spec.requests(N_SCREEN_REQUESTS, ctx.workload_seed)
         ctx.stats = WorkloadStats.from_requests(req, spec.slo.attainment)
+        h = spec.hardware
+        ctx.layouts = search_layouts(ctx.model, ctx.gpu, ctx.weight_dtype, spec.search.tp, h.gpus_per_node,
+                                     h.max_nodes, spec.gpu_mem_util, ctx.eff.activation_reserve_bytes)
         return ctx
 
     @property
@@ -109,17 +116,20 @@ class SolveContext:
             return None
         return SpecConfig(k, s.acceptance, s.draft_cost, s.method)
 
-    def step(self, tp: int, kv_dtype: str, spec_k: int) -> StepModel:
-        key = (tp, kv_dtype, spec_k)
+    def step(self, tp: int, kv_dtype: str, spec_k: int, layout: str | None = None) -> StepModel:
+        key = (tp, kv_dtype, spec_k, layout)
         if key not in self._steps:
+            par = None
+            if layout is not None:  # a multi-node layout (optimizer.layouts)
+                par = Parallel(gpus_per_node=self.spec.hardware.gpus_per_node, **self.layouts[layout])
             try:
                 if self.engine is None:
                     self._steps[key] = StepModel(self.model, self.gpu, tp, self.weight_dtype, kv_dtype, self.eff,
-                                                 self.spec_config(spec_k), self.spec.gpu_mem_util)
+                                                 self.spec_config(spec_k), self.spec.gpu_mem_util, parallel=par)
                 else:  # measured step times where the profile table covers this config
                     self._steps[key] = self.engine.step(self.model, tp, self.weight_dtype, kv_dtype,
                                                         self.spec_config(spec_k), self.spec.gpu_mem_util,
-                                                        require_profile=False)
+                                                        require_profile=False, parallel=par)
             except (DoesNotFit, InputError) as exc:
                 self._steps[key] = exc
         return self._steps[key]
@@ -131,7 +141,8 @@ class SolveContext:
 
 
 def config_key(p: dict) -> str:
-    return f"tp{p['tp']}-b{p['batch_cap']}-{p['kv_dtype']}-k{p['spec_k']}-c{p['chunk_tokens']}"
+    key = f"tp{p['tp']}-b{p['batch_cap']}-{p['kv_dtype']}-k{p['spec_k']}-c{p['chunk_tokens']}"
+    return key + (f"-{p['layout']}" if p.get("layout") else "")
 
 
 def _size(ctx: SolveContext, tp: int, goodput_req_s: float, nodes_pick: int | None) -> dict:
@@ -172,7 +183,7 @@ def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> 
     screened headroom, then (``PARSIMONY``, smaller still) by the smaller batch cap and chunk, so
     the sampler climbs towards more goodput at the cheapest cost and, among configs the screen
     cannot tell apart, towards the least aggressive settings."""
-    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
+    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"], params.get("layout"))
     h = ctx.spec.hardware
     worst = ctx.max_gpus * h.usd_per_gpu_hour
     if isinstance(sm, Exception):
@@ -180,7 +191,7 @@ def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> 
         return {"params": params, "fits": False, "feasible": False, "constraint": [max(short, 1e-3), 1.0, 0.0],
                 "value": 2 * worst, "reason": str(sm), "per_replica_goodput_req_s": 0.0, "bottleneck": "memory"}
     s = screen(sm, ctx.stats, params["batch_cap"], params["chunk_tokens"])
-    size = _size(ctx, params["tp"], s.goodput_req_s, nodes_pick)
+    size = _size(ctx, gpus_per_replica(params), s.goodput_req_s, nodes_pick)
     over = 0.0
     if s.feasible:
         if size["replicas"] < 1:
@@ -189,14 +200,16 @@ def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> 
             over = size["nodes"] - h.max_nodes
     feasible = s.feasible and over <= 0
     if ctx.spec.objective == "max_goodput":
-        value = -s.goodput_req_s / (params["tp"] * h.usd_per_gpu_hour)
+        value = -s.goodput_req_s / (gpus_per_replica(params) * h.usd_per_gpu_hour)
     else:
         value = size["usd_per_hour"] * (1 - GOODPUT_BONUS * min(max(size["headroom"], 0.0), 1.0)
                                         + PARSIMONY * _aggressiveness(ctx, params)) if feasible else 2 * worst
     reason = s.reason
     if s.feasible and over > 0:
         reason = (f"needs {size['nodes']} nodes ({size['gpus']} GPUs) for {ctx.rate_req_s:g} req/s at "
-                  f"{s.goodput_req_s:.2f} req/s per TP-{params['tp']} replica > max_nodes {h.max_nodes}")
+                  f"{s.goodput_req_s:.2f} req/s per TP-{params['tp']}"
+                  + (f" x PP-{params['pp']}" if params.get("pp", 1) > 1 else "")
+                  + f" replica ({gpus_per_replica(params)} GPUs) > hardware.max_nodes {h.max_nodes}")
     return {
         "params": params, "fits": True, "feasible": feasible,
         "constraint": [0.0, s.slo_shortfall, over], "value": value, "reason": reason,
@@ -219,7 +232,7 @@ def grid_space(ctx: SolveContext) -> dict:
     """The discretised space every sampler searches (``--sampler grid`` walks all of it): TP, KV
     dtype and speculation length as given, batch cap and chunk budget on ``lattice``."""
     s = ctx.spec.search
-    space = {"tp": list(s.tp), "kv_dtype": list(s.kv_dtype),
+    space = {**({"layout": list(ctx.layouts)} if ctx.layouts else {"tp": list(s.tp)}), "kv_dtype": list(s.kv_dtype),
              "batch_cap": lattice(*s.batch_cap), "chunk_tokens": lattice(*s.chunk_tokens)}
     if ctx.spec.speculative is not None:
         space["spec_k"] = list(range(s.spec_k[0], s.spec_k[1] + 1))
@@ -237,8 +250,9 @@ def seed_trials(ctx: SolveContext, n_trials: int) -> list[dict]:
     mid = {k: space[k][len(space[k]) // 2] for k in ("batch_cap", "chunk_tokens")}
     out = []
     for ks in (spec, sorted({spec[0], spec[len(spec) // 2], spec[-1]}), [spec[len(spec) // 2]]):
-        out = [dict(tp=tp, kv_dtype=kv, **mid, **({"spec_k": k} if "spec_k" in space else {}))
-               for tp in space["tp"] for kv in space["kv_dtype"] for k in ks]
+        tp_key = "layout" if "layout" in space else "tp"
+        out = [{tp_key: tp, "kv_dtype": kv, **mid, **({"spec_k": k} if "spec_k" in space else {})}
+               for tp in space[tp_key] for kv in space["kv_dtype"] for k in ks]
         if len(out) <= n_trials // 2:
             return out
     return out[:n_trials]
@@ -246,7 +260,12 @@ def seed_trials(ctx: SolveContext, n_trials: int) -> list[dict]:
 
 def _suggest(trial: optuna.Trial, ctx: SolveContext, nsga2: bool) -> tuple[dict, int | None]:
     s = ctx.spec.search
-    p = {"tp": trial.suggest_categorical("tp", list(s.tp)),
+    if ctx.layouts:  # multi-node: one categorical over whole layouts (optimizer.layouts)
+        label = trial.suggest_categorical("layout", list(ctx.layouts))
+        tp_part = {"layout": label, **ctx.layouts[label]}
+    else:
+        tp_part = {"tp": trial.suggest_categorical("tp", list(s.tp))}
+    p = {**tp_part,
          "batch_cap": trial.suggest_categorical("batch_cap", lattice(*s.batch_cap)),
          "kv_dtype": trial.suggest_categorical("kv_dtype", list(s.kv_dtype)),
          "spec_k": trial.suggest_int("spec_k", s.spec_k[0], s.spec_k[1]) if ctx.spec.speculative is not None else 0,

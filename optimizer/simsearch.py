@@ -37,6 +37,7 @@ import numpy as np
 
 from costmodel.goodput import capacity_bound_req_s
 
+from .layouts import gpus_per_replica
 from .search import SolveContext, config_key, evaluate, grid_space
 from .verify import REL_TOL, config_requests, sim_config, sim_requests, verify_config
 
@@ -52,6 +53,7 @@ SHORT_SHARE = 0.25      # short simulation: this share of the requests (at least
 SHORT_MIN = 300
 SHORT_MARGIN = 0.10     # short attainment this far below the target: out without the full simulation
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
+_LAYOUT_KEYS = ("layout", "pp", "ep", "dp_attention")
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ class Outcome:
 
 
 def _freeze(p: dict) -> tuple:
-    return tuple((k, p[k]) for k in _PARAM_KEYS)
+    """A config as a tuple: the search keys, then a multi-node layout's keys (``optimizer.layouts``)."""
+    return tuple((k, p[k]) for k in _PARAM_KEYS) + tuple((k, p[k]) for k in _LAYOUT_KEYS if k in p)
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,7 @@ def execute(ctx: SolveContext, w: Work) -> dict:
     if w.kind == "verify":
         return verify_config(ctx, p)
     from costmodel.simulate import simulate
-    sm = ctx.step(p["tp"], p["kv_dtype"], p["spec_k"])
+    sm = _step(ctx, p)
     seed = ctx.workload_seed
     req = ctx.spec.requests(w.n_requests, seed, rate_req_s=w.rate_req_s)
     res = simulate(sm, req, sim_config(ctx, p), "trace", seed=seed)
@@ -274,12 +277,12 @@ def never_fit_reason(ctx: SolveContext, params: dict) -> str:
     requests of a ``NEVER_FIT_SAMPLE`` draw, run alone through the simulator. Such a config is
     never recommended, whatever its attainment: a deployment would refuse those requests."""
     from costmodel.simulate import simulate
-    key = ("never_fit", params["tp"], params["kv_dtype"], params["spec_k"])
+    key = ("never_fit", params["tp"], params.get("layout"), params["kv_dtype"], params["spec_k"])
     cache = ctx.memo
     if key not in cache:
         if "largest" not in cache:
             cache["largest"] = _largest_requests(ctx)
-        sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
+        sm = _step(ctx, params)
         res = simulate(sm, cache["largest"], sim_config(ctx, params), "trace", seed=ctx.workload_seed, warmup_frac=0.0)
         cache[key] = (f"the workload's largest requests can never fit the KV pool ({res.reject_reason}; of "
                       f"{NEVER_FIT_SAMPLE:,} drawn)") if res.rejected else ""
@@ -287,13 +290,21 @@ def never_fit_reason(ctx: SolveContext, params: dict) -> str:
 
 
 # ---- the candidates and their order --------------------------------------------------------------
+def _step(ctx: SolveContext, p: dict):
+    return ctx.step(p["tp"], p["kv_dtype"], p["spec_k"], p.get("layout"))
+
+
 def lattice_configs(ctx: SolveContext) -> list[dict]:
+    """Every config of the search space (``grid_space``): TP, or a multi-node layout's whole
+    parallelism (``optimizer.layouts``), x KV dtype x speculation length x batch cap x chunk."""
     space = grid_space(ctx)
     out = []
     for vals in itertools.product(*space.values()):
         p = dict(zip(space, vals))
         p.setdefault("spec_k", 0)
-        out.append({k: p[k] for k in _PARAM_KEYS})
+        if "layout" in p:
+            p.update(ctx.layouts[p["layout"]])
+        out.append({k: p[k] for k in (*_PARAM_KEYS, *_LAYOUT_KEYS) if k in p})
     return out
 
 
@@ -311,11 +322,11 @@ def _prior(ctx: SolveContext, ev: dict) -> tuple:
     p = ev["params"]
     if ev["feasible"]:
         return (0, ev["value"], config_key(p))
-    return (1, -_capacity(ctx, p) / p["tp"], config_key(p))
+    return (1, -_capacity(ctx, p) / gpus_per_replica(p), config_key(p))
 
 
 def _capacity(ctx: SolveContext, p: dict) -> float:
-    sm = ctx.step(p["tp"], p["kv_dtype"], p["spec_k"])
+    sm = _step(ctx, p)
     return capacity_bound_req_s(sm, ctx.stats.mean_input_tokens, ctx.stats.mean_output_tokens, p["batch_cap"])
 
 
@@ -330,9 +341,9 @@ def rank(ctx: SolveContext, v: dict) -> tuple:
     the order never depends on which stage verified them."""
     p = v["params"]
     if ctx.spec.objective == "max_goodput":
-        return (-v["per_replica_goodput_req_s"] / p["tp"], v["usd_per_hour"], config_key(p))
+        return (-v["per_replica_goodput_req_s"] / gpus_per_replica(p), v["usd_per_hour"], config_key(p))
     fp8_last = p["kv_dtype"] != "bf16" and _both_dtypes(ctx)
-    return (v["usd_per_hour"], fp8_last, -v["goodput_req_s"], p["tp"], config_key(p))
+    return (v["usd_per_hour"], fp8_last, -v["goodput_req_s"], gpus_per_replica(p), config_key(p))
 
 
 def _both_dtypes(ctx: SolveContext) -> bool:
@@ -348,11 +359,11 @@ def bar_req_s(ctx: SolveContext, p: dict, best: dict | None) -> tuple[float | No
     GPUs, or, bf16 KV against fp8 KV, on as many. With no best yet, the bar is the rate on the
     most replicas max_nodes allows. max_goodput: ``best`` is a verification; ``p`` beats it with
     more goodput per GPU (by the bisection tolerance)."""
-    tp = p["tp"]
+    tp = gpus_per_replica(p)    # GPUs per replica (TP x PP)
     if ctx.spec.objective == "max_goodput":
         if best is None:
             return None, 0, "no config verified yet"
-        q = best["per_replica_goodput_req_s"] / best["params"]["tp"]
+        q = best["per_replica_goodput_req_s"] / gpus_per_replica(best["params"])
         return q * tp * (1 + REL_TOL), ctx.max_gpus // tp, f"{q:.3g} req/s per GPU of {config_key(best['params'])}"
     rate = ctx.rate_req_s
     if best is None:
@@ -448,7 +459,7 @@ class _State:
                 self.out(ev, "never_fits", why)
                 continue
             p = ev["params"]
-            groups.setdefault((p["tp"], p["kv_dtype"], p["spec_k"], p["chunk_tokens"]), []).append(ev)
+            groups.setdefault((p["tp"], p.get("layout"), p["kv_dtype"], p["spec_k"], p["chunk_tokens"]), []).append(ev)
         # a short probe first; the full one only where the short one is not clearly in or out
         n_zl = sim_requests(a, 1)
         n_short = min(n_zl, SHORT_MIN)
@@ -542,8 +553,8 @@ class _State:
                     if not pr.meets:
                         break
                     r -= 1
-                self.best = {"params": p, "replicas": r, "gpus": r * p["tp"],
-                             "usd_per_hour": r * p["tp"] * ctx.spec.hardware.usd_per_gpu_hour}
+                self.best = {"params": p, "replicas": r, "gpus": r * gpus_per_replica(p),
+                             "usd_per_hour": r * gpus_per_replica(p) * ctx.spec.hardware.usd_per_gpu_hour}
                 self.out(ev, "sized", f"meets {ctx.rate_req_s / r:.3g} req/s per replica on {r} replicas (simulated)")
         if self.best is None:
             return False
@@ -560,7 +571,7 @@ class _State:
         """max_goodput: seeds verified, then every config against the best goodput per GPU."""
         seeds, structs = [], set()
         for ev in alive:
-            s = (ev["params"]["tp"], ev["params"]["kv_dtype"], ev["params"]["spec_k"])
+            s = (ev["params"]["tp"], ev["params"].get("layout"), ev["params"]["kv_dtype"], ev["params"]["spec_k"])
             if s not in structs:
                 structs.add(s)
                 seeds.append(ev)

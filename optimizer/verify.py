@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from .layouts import gpus_per_replica
 from .search import SolveContext
 
 __all__ = ["verify", "verify_config", "sim_requests", "config_requests", "sim_config", "MAX_SIM_REQUESTS", "REL_TOL"]
@@ -42,7 +43,7 @@ def sim_requests(attainment: float, operating_batch: int) -> int:
 def slots(ctx: SolveContext, params: dict) -> int:
     """Sequences the batch cap and the KV pool admit at once on a workload's mean request
     (``costmodel.goodput``'s own measure of the in-flight set); 0 if the pool is too small."""
-    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
+    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"], params.get("layout"))
     per_seq = max(ctx.stats.mean_input_tokens + ctx.stats.mean_output_tokens, 1.0)
     return int(min(params["batch_cap"], sm.memory.kv_pool_tokens // per_seq))
 
@@ -68,7 +69,7 @@ def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: f
     from costmodel.goodput import goodput
     from costmodel.simulate import simulate
 
-    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"])
+    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"], params.get("layout"))
     spec, seed = ctx.spec, ctx.workload_seed
     cfg = sim_config(ctx, params)
     n = sim_requests(spec.slo.attainment, operating_batch)
@@ -84,10 +85,10 @@ def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: f
     if per_replica <= 0:
         return out | {"feasible": False, "reason": g.reason or "simulated SLO attainment misses the target even at a trickle"}
     if spec.objective == "max_goodput":
-        replicas = ctx.max_gpus // params["tp"]
+        replicas = ctx.max_gpus // gpus_per_replica(params)
     else:
         replicas = math.ceil(ctx.rate_req_s / per_replica * (1 - 1e-12))
-    gpus = replicas * params["tp"]
+    gpus = replicas * gpus_per_replica(params)
     nodes = math.ceil(gpus / h.gpus_per_node)
     if spec.objective == "min_cost":
         load = ctx.rate_req_s / replicas

@@ -73,6 +73,9 @@ class HardwareSpec:
     # a user hardware file (costmodel.hardware.load_gpu_file) instead of the catalog; out of repr so
     # catalog specs keep their repr (solve's study digest), which adds the file itself when set
     gpu_file: str | None = field(default=None, repr=False)
+    # several GPU types to choose from (hardware.gpu as a list): ((gpu, usd_per_gpu_hour), ...) in the
+    # order given; ``gpu``/``usd_per_gpu_hour`` are the first. Solved per type by optimizer.gpu_choice.
+    choices: tuple[tuple[str, float], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         for f in ("gpus_per_node", "max_nodes"):
@@ -396,9 +399,56 @@ def _slo(r: _Reader, v) -> SLO:
     return SLO(ttft, tpot, att)
 
 
+def _gpu_choices(r: _Reader, h: dict, weights: str) -> tuple[tuple[str, float], ...]:
+    """hardware.gpu as a list of catalog names, usd_per_gpu_hour one price for all or a map per type."""
+    names = []
+    for i, g in enumerate(h["gpu"]):
+        key = f"hardware.gpu[{i}]"
+        try:
+            gpu = get_gpu(r.str_(g, key))
+        except InputError as exc:
+            raise r.wrap(key, g, exc) from None
+        if weights == "fp8" and gpu.fp8_flops_per_s <= 0:
+            raise r.bad(key, g, f"{gpu.name} has no FP8 tensor cores, but weights is fp8")
+        if gpu.name in names:
+            raise r.bad(key, g, "listed twice")
+        names.append(gpu.name)
+    if not names:
+        raise r.bad("hardware.gpu", h["gpu"], "must list at least one GPU type")
+    usd = h["usd_per_gpu_hour"]
+    if not isinstance(usd, dict):
+        price = r.num(usd, "hardware.usd_per_gpu_hour", 0, lo_open=True)
+        return tuple((n, price) for n in names)
+    prices = {}
+    for k, v in usd.items():
+        try:
+            prices[get_gpu(str(k)).name] = r.num(v, f"hardware.usd_per_gpu_hour.{k}", 0, lo_open=True)
+        except InputError as exc:
+            if str(exc).startswith(f"{r.path}:"):
+                raise
+            raise r.wrap(f"hardware.usd_per_gpu_hour.{k}", v, exc) from None
+    for n in names:
+        if n not in prices:
+            raise r.bad_key(f"hardware.usd_per_gpu_hour.{n}", "missing: give a price for every GPU in hardware.gpu")
+    extra = sorted(set(prices) - set(names))
+    if extra:
+        raise r.bad_key(f"hardware.usd_per_gpu_hour.{extra[0]}", "priced but not listed in hardware.gpu")
+    return tuple((n, prices[n]) for n in names)
+
+
 def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
     h = r.mapping(v, "hardware", ("gpu", "gpus_per_node", "usd_per_gpu_hour", "max_nodes"),
                   required=("gpu", "usd_per_gpu_hour"))
+    if isinstance(h["gpu"], list):  # several GPU types: the choice is searched (optimizer.gpu_choice)
+        choices = _gpu_choices(r, h, weights)
+        return HardwareSpec(
+            gpu=choices[0][0], usd_per_gpu_hour=choices[0][1],
+            gpus_per_node=r.int_(h.get("gpus_per_node", 8), "hardware.gpus_per_node", 1),
+            max_nodes=r.int_(h.get("max_nodes", 1), "hardware.max_nodes", 1),
+            choices=choices if len(choices) > 1 else ())
+    if isinstance(h["usd_per_gpu_hour"], dict):
+        raise r.bad("hardware.usd_per_gpu_hour", h["usd_per_gpu_hour"],
+                    "a map of prices needs hardware.gpu to list the GPU types")
     name = r.str_(h["gpu"], "hardware.gpu")
     gpu_file = None
     try:

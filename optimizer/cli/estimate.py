@@ -55,7 +55,7 @@ def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, c
                f"KV {est.kv_bytes_per_token:,.0f} bytes/token   pool {est.kv_pool_tokens:,} tokens   "
                f"max batch at {context}: {est.max_batch}")
     click.echo(f"  throughput ceiling {est.ceiling_tok_s:,.0f} tok/s (bandwidth / (context x KV bytes))   "
-               f"single-user {est.single_user_tok_s:,.1f} tok/s (bandwidth / weights)")
+               f"single-user {est.single_user_tok_s:,.1f} tok/s (bandwidth / weights read per token)")
     rows = [[r.batch, f"{r.decode_step_ms:.2f}", f"{r.tokens_per_step:.2f}", f"{r.tok_s_per_user:,.1f}",
              f"{r.tok_s_total:,.0f}", r.bound, "yes" if r.fits else "NO"] for r in est.rows]
     echo_table(["batch", "step_ms", "tok/step", "tok_s_per_user", "tok_s_total", "bound", "fits_pool"], rows)

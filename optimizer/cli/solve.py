@@ -83,6 +83,9 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
             raise InputError(f"--json {json_path}: folder {parent} does not exist")
     spec = load_workload(workload)
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
+    if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
+        from optimizer.gpu_choice import solve_gpu_choice
+        solve = solve_gpu_choice  # noqa: F811
     with _workers(n_workers, storage, workload, sys.argv) as storage:
         result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=storage,
                        study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
@@ -148,8 +151,12 @@ def summary_text(r: dict, storage: str | None) -> str:
             lines.append(f"  closest: {_cfg(c['config'])}: {c.get('miss', '')}")
         return "\n".join(lines)
     rec, p, c, b = r["recommendation"], r["predicted"], r["cost"], r["bottleneck"]
-    lines.append(f"Recommendation: {rec['replicas']} x TP{rec['tp']} {rec['model']} on {rec['gpus']} {rec['gpu']} "
-                 f"({rec['nodes']} node{'s' if rec['nodes'] > 1 else ''})")
+    layout = f"TP{rec['tp']}" + (f" x PP{rec['pp']}" if rec.get("pp", 1) > 1 else "") \
+        + (f" EP{rec['ep']}" if rec.get("ep", 1) > 1 else "") + (" DP-attention" if rec.get("dp_attention") else "")
+    per = rec.get("nodes_per_replica", 1)
+    lines.append(f"Recommendation: {rec['replicas']} x {layout} {rec['model']} on {rec['gpus']} {rec['gpu']} "
+                 f"({rec['nodes']} node{'s' if rec['nodes'] > 1 else ''}"
+                 + (f", {per} per replica" if per > 1 else "") + ")")
     lines.append(f"  batch cap {rec['batch_cap']}  chunk {rec['chunk_tokens']} tokens  KV {rec['kv_dtype']}  "
                  f"speculative k {rec['spec_k']}")
     lines.append(f"  cost ${c['usd_per_hour']:.2f}/h  ${c['usd_per_million_output_tokens']:.3f} per 1M output tokens"
@@ -164,6 +171,10 @@ def summary_text(r: dict, storage: str | None) -> str:
                  f"step {b.get('step_ms') or 0:.1f} ms: memory {b.get('mem_ms') or 0:.1f}, compute {b.get('compute_ms') or 0:.1f})")
     for n in r.get("notes", []):
         lines.append(f"  note: {n}")
+    for g in r.get("gpu_choice", []):
+        cost = f"${g['usd_per_hour']:.2f}/h  goodput {g['goodput_req_s']:.2f} req/s on {g['gpus']} GPUs" \
+            if g["status"] == "ok" else "infeasible"
+        lines.append(f"  gpu {g['gpu']} (${g['usd_per_gpu_hour']:g}/GPU-h): {cost}: {g['why']}")
     if len(r.get("pareto", [])) > 1:
         lines.append("  cost/goodput front (" + "; ".join(
             f"{x['gpus']} GPUs ${x['usd_per_hour']:.0f}/h {x['goodput_req_s']:.1f} req/s {x['evidence']}"
@@ -184,7 +195,7 @@ def summary_text(r: dict, storage: str | None) -> str:
 
 
 def _cfg(p: dict) -> str:
-    return f"TP{p['tp']} batch {p['batch_cap']} KV {p['kv_dtype']} k {p['spec_k']} chunk {p['chunk_tokens']}"
+    return f"{p.get('layout') or 'TP' + str(p['tp'])} batch {p['batch_cap']} KV {p['kv_dtype']} k {p['spec_k']} chunk {p['chunk_tokens']}"
 
 
 COMMANDS = [solve_cmd]
