@@ -103,6 +103,9 @@ def oracle(path: str, jobs: int, cache_dir: Path) -> tuple[dict, float]:
         blob = json.loads(cache.read_text())
         if blob.get("workload_sha") == wl and blob.get("code_sha") == code:
             got = blob["configs"]
+        elif blob.get("workload_sha") == wl and _still_valid(path, blob["configs"]):
+            got = blob["configs"]
+            _write(cache, {"workload_sha": wl, "code_sha": code, "configs": got})
     ctx = _ctx(path)
     todo = [(path, p) for p in lattice_configs(ctx) if config_key(p) not in got]
     spent = 0.0
@@ -114,6 +117,30 @@ def oracle(path: str, jobs: int, cache_dir: Path) -> tuple[dict, float]:
                 if i % 20 == 19 or i == len(todo) - 1:
                     _write(cache, {"workload_sha": wl, "code_sha": code, "configs": got})
     return got, spent
+
+
+SPOT_CHECKS = 6  # cached verifications re-run when the code changed; all must match to keep the cache
+
+
+def _still_valid(path: str, configs: dict) -> bool:
+    """The cost model or verification code changed since the cache was written: re-verify a
+    spread of cached configs (feasible ones first); keep the cache only if each matches exactly."""
+    keys = sorted(k for k, r in configs.items() if r.get("feasible")) or sorted(configs)
+    picks = keys[:: max(1, len(keys) // SPOT_CHECKS)][:SPOT_CHECKS]
+    for k in picks:
+        old = configs[k]
+        if "params" not in old:
+            continue
+        _, new = _oracle_one((path, old["params"]))
+        same = all(new.get(f) == old.get(f) for f in ("feasible", "per_replica_goodput_req_s", "usd_per_hour",
+                                                       "goodput_req_s", "crash"))
+        if not same:
+            print(f"  {Path(path).stem}: cache invalid after a code change ({k}: {old.get('per_replica_goodput_req_s')} "
+                  f"-> {new.get('per_replica_goodput_req_s')}); recomputing", flush=True)
+            return False
+    print(f"  {Path(path).stem}: code changed; {len(picks)} cached verifications re-run, all identical: cache kept",
+          flush=True)
+    return True
 
 
 def _write(path: Path, blob: dict) -> None:

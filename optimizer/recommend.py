@@ -173,7 +173,7 @@ def _infeasible(ctx, r: Race) -> dict:
                                                      "usd_per_hour": v.get("usd_per_hour")}}
     o = alive[0]
     h = spec.hardware
-    reason = (f"no configuration serves {ctx.rate_req_s:g} req/s within max_nodes {h.max_nodes} "
+    reason = (f"no configuration serves {ctx.rate_req_s:g} req/s within hardware.max_nodes {h.max_nodes} "
               f"({ctx.max_gpus} GPUs), simulated; e.g. {config_key(o.config)}: {o.reason}")
     return base | {"reason": reason, "closest": {"config": o.config, "miss": o.reason}}
 

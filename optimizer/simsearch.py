@@ -369,8 +369,9 @@ def bar_req_s(ctx: SolveContext, p: dict, best: dict | None) -> tuple[float | No
     if best is None:
         r = ctx.max_gpus // tp
         if r < 1:
-            return None, 0, f"TP {tp} > the {ctx.max_gpus} GPUs max_nodes allows"
-        return rate / r, r, f"the most TP-{tp} replicas max_nodes allows ({r})"
+            return None, 0, (f"a replica needs {tp} GPUs > the {ctx.max_gpus} GPUs of hardware.max_nodes "
+                             f"{ctx.spec.hardware.max_nodes}")
+        return rate / r, r, f"the most {tp}-GPU replicas hardware.max_nodes allows ({r})"
     gpus = best["gpus"]
     why = f"${best['usd_per_hour']:.2f}/h ({gpus} GPUs) of {config_key(best['params'])}"
     r = (gpus - 1) // tp
@@ -378,7 +379,7 @@ def bar_req_s(ctx: SolveContext, p: dict, best: dict | None) -> tuple[float | No
             and _both_dtypes(ctx)):
         r = gpus // tp                                          # bf16 KV on as many GPUs wins
     if r < 1:
-        return None, 0, f"TP {tp} cannot beat {why}"
+        return None, 0, f"{tp} GPUs per replica cannot beat {why}"
     return rate / r, r, why
 
 
