@@ -161,17 +161,22 @@ def oracle_best(spec, results: dict, ctx: SolveContext) -> dict | None:
     return min(ok, key=lambda r: (r["usd_per_hour"], -r["goodput_req_s"]))
 
 
-def run_solve(path: str, extra: list[str]) -> tuple[dict, float]:
+def run_solve(path: str, extra: list[str]) -> tuple[dict, float, float]:
+    """(result, wall s, cpu s) of one whole ``kvtune solve`` process (CPU: it and its children)."""
+    import resource
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "r.json"
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         exe = Path(sys.executable).parent / "kvtune"
         p = subprocess.run([str(exe), "solve", path, "--quiet", "--json", str(out), *extra],
                            cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
         if not out.exists():
-            return {"status": "error", "reason": (p.stderr or p.stdout).strip().splitlines()[-1:]}, wall
-        return json.loads(out.read_text()), wall
+            return {"status": "error", "reason": (p.stderr or p.stdout).strip().splitlines()[-1:]}, wall, cpu
+        return json.loads(out.read_text()), wall, cpu
 
 
 def _cfg(p: dict) -> str:
@@ -191,8 +196,9 @@ def main() -> int:
     cache_dir = Path(a.cache_dir)
     ok_all = True
     print("| workload | objective | solve pick | GPUs | $/h | goodput req/s | oracle optimum | GPUs | $/h | "
-          "goodput req/s | ratio | pass | configs (fit/crash) | oracle cpu s | solve wall s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "goodput req/s | ratio | pass | configs (fit/crash) | oracle cpu s | solve wall s | solve cpu s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"(machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start)")
     for path in paths:
         spec = load_workload(path)
         t0 = time.process_time()
@@ -204,10 +210,10 @@ def main() -> int:
         o = (f"{_cfg(best['params'])} | {best['gpus']} | {best['usd_per_hour']:.0f} | {best['goodput_req_s']:.2f}"
              if best else "infeasible | | | ")
         if a.oracle_only:
-            print(f"| {Path(path).stem} | {spec.objective} | | | | | {o} | | | {len(res)} ({fit}/{crash}) | {cpu:.0f} | |",
+            print(f"| {Path(path).stem} | {spec.objective} | | | | | {o} | | | {len(res)} ({fit}/{crash}) | {cpu:.0f} | | |",
                   flush=True)
             continue
-        r, wall = run_solve(path, a.solve_args.split())
+        r, wall, scpu = run_solve(path, a.solve_args.split())
         if r.get("status") == "ok":
             rec, pr = r["recommendation"], r["predicted"]
             s = f"{rec['replicas']} x {_cfg(rec)} | {rec['gpus']} | {r['cost']['usd_per_hour']:.0f} | {pr['goodput_req_s']:.2f}"
@@ -227,7 +233,7 @@ def main() -> int:
         if best is not None:
             o = f"{best['replicas']} x {o}"
         print(f"| {Path(path).stem} | {spec.objective} | {s} | {o} | {ratio:.3f} | {'yes' if passed else 'NO'} | "
-              f"{len(res)} ({fit}/{crash}) | {cpu:.0f} | {wall:.1f} |", flush=True)
+              f"{len(res)} ({fit}/{crash}) | {cpu:.0f} | {wall:.1f} | {scpu:.1f} |", flush=True)
     print("\nratio: min_cost oracle $/h / solve $/h; max_goodput solve goodput per $ / oracle's. "
           "oracle cpu s: the summed simulation time of every config's verification (cached runs reuse it).")
     return 0 if ok_all else 1

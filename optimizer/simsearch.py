@@ -17,7 +17,8 @@ recommended is decided by the simulator. Stages, each a batch of independent sim
       - a short simulation (``SHORT_SHARE`` of the requests) at the bar: out if its attainment is
         ``SHORT_MARGIN`` below the target (overload only worsens over a longer run);
       - a full simulation at the bar, on the very requests verification would use there;
-      - if it meets: full verification, and it becomes the best if it is.
+      - if it meets: ``min_cost`` sizes it with probes (fewer replicas while it still meets),
+        then it is fully verified and becomes the best if its verification says so.
 
 "Beat" is the recommendation's order (``rank``): min_cost by $/h, then bf16 KV over fp8 at equal
 cost (when both are searched), then goodput by more than the bisection tolerance; max_goodput by
@@ -79,8 +80,7 @@ class Probe:
 @dataclass(frozen=True)
 class Outcome:
     """What the race concluded about one config: ``verified`` (``verification`` holds
-    ``optimizer.verify.verify``'s record), ``sized`` (min_cost: met the target on its replicas,
-    beaten later), or out with a reason: ``never_fits`` (some requests exceed its whole KV pool),
+    ``optimizer.verify.verify``'s record), or out with a reason: ``never_fits`` (some requests exceed its whole KV pool),
     ``zero_load`` (misses even alone),
     ``pruned`` (cannot beat the best, by its capacity bound or its TP), ``beaten`` (misses the
     rate it would need, simulated)."""
@@ -396,16 +396,11 @@ def race(ctx: SolveContext, runner=None, on_stage: Callable[[str, int], None] | 
     if ctx.spec.objective == "max_goodput":
         st.race_goodput(alive, seeds)
     else:
-        for _ in range(MAX_RERACES):
-            if not st.race_cost(alive):
-                break
+        st.race_cost(alive)
     order = {config_key(ev["params"]): i for i, ev in enumerate(fit)}
     outs = tuple(sorted(st.outcomes.values(), key=lambda o: order[config_key(o.config)]))
     return Race(outs, st.sims, tuple(st.zl), tuple((config_key(e["params"]), e["reason"]) for e in nofit),
                 len(st.keys))
-
-
-MAX_RERACES = 3  # min_cost: races rerun when the pick's verification costs more than its probes said
 
 
 class _State:
@@ -528,15 +523,15 @@ class _State:
                 self.out(c[0], "beaten", f"attainment {pr.attainment:.3f} at {c[1]:.3g} req/s per replica: cannot beat {c[3]}")
         return winners
 
-    def race_cost(self, alive: list[dict]) -> bool:
-        """min_cost: the cheapest level any config meets, by probes; then the pick verified. True
-        if the verification put the pick above the level its probes showed (race again)."""
+    def race_cost(self, alive: list[dict]) -> None:
+        """min_cost: every config against the cheapest verified deployment so far. A config that
+        meets the rate it needs is sized by probes (fewer replicas while it still meets), then
+        verified, and becomes the best if its verification says it is: the best is always a
+        verified deployment, so no config is ever judged against one that would not hold."""
         ctx = self.ctx
-        todo = [ev for ev in alive if self.outcomes.get(config_key(ev["params"])) is None
-                or self.outcomes[config_key(ev["params"])].status != "verified"]
-        for i in range(0, len(todo), BATCH):
-            self.stage("race", len(todo[i:i + BATCH]))
-            for ev, bar, r, why in self.meets_bar(self.screen_bar(todo[i:i + BATCH])):
+        for i in range(0, len(alive), BATCH):
+            self.stage("race", len(alive[i:i + BATCH]))
+            for ev, bar, r, why in self.meets_bar(self.screen_bar(alive[i:i + BATCH])):
                 p = ev["params"]
                 bar2, r2, why2 = bar_req_s(ctx, p, self.best)
                 if bar2 is None:                      # an earlier winner of this batch is cheaper
@@ -554,19 +549,9 @@ class _State:
                     if not pr.meets:
                         break
                     r -= 1
-                self.best = {"params": p, "replicas": r, "gpus": r * gpus_per_replica(p),
-                             "usd_per_hour": r * gpus_per_replica(p) * ctx.spec.hardware.usd_per_gpu_hour}
-                self.out(ev, "sized", f"meets {ctx.rate_req_s / r:.3g} req/s per replica on {r} replicas (simulated)")
-        if self.best is None:
-            return False
-        p = self.best["params"]
-        v = self.verify([{"params": p}])[0]
-        if v["feasible"] and v["gpus"] <= self.best["gpus"]:
-            return False
-        # the bisection disagrees with the probes at the edge (attainment is not exactly monotone
-        # in the rate): the verified deployment is the best now; race the rest against it
-        self.best = v if v["feasible"] else None
-        return True
+                v = self.verify([ev])[0]
+                if v["feasible"] and (self.best is None or rank(ctx, v) < rank(ctx, self.best)):
+                    self.best = v
 
     def race_goodput(self, alive: list[dict], n_seeds: int) -> None:
         """max_goodput: seeds verified, then every config against the best goodput per GPU."""
