@@ -59,11 +59,12 @@ def main() -> int:
                 per = {}
                 for tr in st.get_trials(deepcopy=False):
                     if tr.state.name == "COMPLETE":
-                        per[tr.user_attrs["pid"]] = per.get(tr.user_attrs["pid"], 0) + 1
+                        pid = tr.user_attrs["claim"]["pid"]
+                        per[pid] = per.get(pid, 0) + len(tr.user_attrs["claim"]["keys"])
                 match = all(r[k] == ref[k] for k in ("recommendation", "predicted", "verified", "race"))
                 same &= match
                 print(f"{n} worker{'s' if n > 1 else ' '} on PostgreSQL:       {t:6.1f} s wall  "
-                      f"work trials per process {sorted(per.values(), reverse=True)}  same answer: {match}")
+                      f"simulation jobs per process {sorted(per.values(), reverse=True)}  same answer: {match}")
         finally:
             srv.cleanup()
     return 0 if same else 1

@@ -1,9 +1,10 @@
 """Several processes, one storage: the simulator race's batches shared through an optuna study.
 
-``StudyRunner`` runs the race's work items (``optimizer.simsearch.Work``) as trials of a second
+``StudyRunner`` runs the race's work items (``optimizer.simsearch.Work``) in trials of a second
 study, ``<study name>:sim``, in the same storage (a journal file or any optuna RDB URL, e.g.
-PostgreSQL: several machines can point at one). Every process runs the same race, so every
-process asks for the same batches in the same order; item ``i`` of the whole sequence is done by
+PostgreSQL: several machines can point at one); each batch is split into at most
+``CHUNKS_PER_BATCH`` chunks, one trial each. Every process runs the same race, so every process
+asks for the same batches in the same order; chunk ``i`` of the whole sequence is done by
 whichever process created trial number ``i`` (optuna numbers a study's trials atomically in every
 storage). A process creates trials only while the current batch has items left, runs its items,
 then waits until the batch's trials are complete and reads every result from their user
@@ -17,6 +18,7 @@ past the end of the search (two processes raced for the last item) is marked FAI
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -28,7 +30,9 @@ from .simsearch import Work, execute
 
 __all__ = ["StudyRunner", "sim_study_name", "POLL_S"]
 
-POLL_S = 0.02        # seconds between looks at the storage while another process finishes a batch
+POLL_S = 0.02        # seconds between looks at the storage while another process finishes a batch,
+POLL_MAX_S = 0.25    # growing with the wait up to this
+CHUNKS_PER_BATCH = 8 # trials a batch of simulations is split into (fixed: every process splits alike)
 STALE_S = 120.0      # a work trial RUNNING this long after its batch's others finished: its process died
 
 
@@ -41,8 +45,10 @@ class StudyRunner:
 
     def __init__(self, ctx, storage, study_name: str):
         self.ctx = ctx
+        # trials are claimed, not sampled: a sampler that reads no trials keeps ``ask`` O(1)
         self.study = optuna.create_study(storage=storage, study_name=sim_study_name(study_name),
-                                         direction="maximize", load_if_exists=True)
+                                         direction="maximize", load_if_exists=True,
+                                         sampler=optuna.samplers.RandomSampler(seed=0))
         self.offset = 0                   # trial number of the current batch's first item
         self.cache: dict[str, dict] = {}
         self.ran = 0                      # items this process simulated
@@ -63,53 +69,61 @@ class StudyRunner:
         return self.study.get_trials(deepcopy=False)
 
     def _run_batch(self, todo: list[Work]) -> dict[str, dict]:
-        lo, hi = self.offset, self.offset + len(todo)
+        # one trial per chunk of items: a few storage round trips per chunk, not per simulation
+        size = max(1, math.ceil(len(todo) / CHUNKS_PER_BATCH))
+        chunks = [todo[i:i + size] for i in range(0, len(todo), size)]
+        lo, hi = self.offset, self.offset + len(chunks)
         self.offset = hi
         # trials this process created earlier past the end of the last batch belong to this one
         for n in sorted(k for k in self.held if lo <= k < hi):
-            self._do(self.held.pop(n), todo[n - lo])
-        while len(self._trials()) < hi:
-            t = self.study.ask()
-            if t.number >= hi:            # another process took the last item first
-                self.held[t.number] = t
-                break
-            self._do(t, todo[t.number - lo])
-        return self._collect(todo, lo, hi)
+            self._do(self.held.pop(n), chunks[n - lo])
+        if not self.held and len(self._trials()) < hi:   # one look at the storage per batch
+            while True:
+                t = self.study.ask()
+                if t.number >= hi:            # another process took the last chunk first
+                    self.held[t.number] = t
+                    break
+                self._do(t, chunks[t.number - lo])
+                if t.number == hi - 1:
+                    break
+        return self._collect(chunks, lo, hi)
 
-    def _do(self, trial: optuna.Trial, w: Work) -> None:
-        trial.set_user_attr("host", socket.gethostname())
-        trial.set_user_attr("pid", os.getpid())
-        trial.set_user_attr("key", w.key)
-        res = execute(self.ctx, w)
-        self.ran += 1
-        trial.set_user_attr("result", res)
-        value = res.get("attainment", res.get("per_replica_goodput_req_s", 0.0))
-        self.study.tell(trial, float(value))
+    def _do(self, trial: optuna.Trial, chunk: list[Work]) -> None:
+        trial.set_user_attr("claim", {"host": socket.gethostname(), "pid": os.getpid(), "keys": [w.key for w in chunk]})
+        res = [execute(self.ctx, w) for w in chunk]
+        self.ran += len(chunk)
+        trial.set_user_attr("results", res)
+        self.study.tell(trial, float(len(chunk)))
 
-    def _collect(self, todo: list[Work], lo: int, hi: int) -> dict[str, dict]:
+    def _collect(self, chunks: list[list[Work]], lo: int, hi: int) -> dict[str, dict]:
         out: dict[str, dict] = {}
+        done: set[int] = set()
         first_done = None
-        while len(out) < len(todo):
-            trials = {t.number: t for t in self._trials() if lo <= t.number < hi}
-            for n, t in trials.items():
-                w = todo[n - lo]
-                if w.key in out:
+        while len(done) < len(chunks):
+            for t in self._trials():
+                n = t.number
+                if not lo <= n < hi or n in done:
                     continue
+                chunk = chunks[n - lo]
                 if t.state == TrialState.COMPLETE:
-                    if t.user_attrs.get("key") != w.key:
-                        raise RuntimeError(f"work trial {n} holds {t.user_attrs.get('key')}, expected {w.key}: "
+                    keys = t.user_attrs["claim"]["keys"]
+                    if keys != [w.key for w in chunk]:
+                        raise RuntimeError(f"work trial {n} holds {keys[:2]}..., expected {chunk[0].key}...: "
                                            "processes sharing the study disagree on the race")
-                    out[w.key] = t.user_attrs["result"]
+                    out.update(zip(keys, t.user_attrs["results"]))
+                    done.add(n)
                 elif t.state == TrialState.FAIL or self._dead(t, first_done):
-                    out[w.key] = execute(self.ctx, w)   # its process died: same item, same result
-            if len(out) < len(todo):
+                    out.update((w.key, execute(self.ctx, w)) for w in chunk)   # its process died: same results
+                    done.add(n)
+            if len(done) < len(chunks):
                 first_done = first_done or time.time()
-                time.sleep(POLL_S)
+                time.sleep(min(POLL_MAX_S, POLL_S * (1 + (time.time() - first_done) / POLL_S) ** 0.5))
         return out
 
     @staticmethod
     def _dead(t, since: float | None) -> bool:
-        host, pid = t.user_attrs.get("host"), t.user_attrs.get("pid")
+        claim = t.user_attrs.get("claim", {})
+        host, pid = claim.get("host"), claim.get("pid")
         if host == socket.gethostname() and pid is not None and pid != os.getpid():
             try:
                 os.kill(pid, 0)

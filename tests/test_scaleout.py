@@ -53,11 +53,11 @@ def _check_shared(url, one, two, trials):
     # the screen: exactly the trials asked for; the race: each simulation once, as one process ran them
     assert len(screen.get_trials(states=(TrialState.COMPLETE,))) == trials
     done = sims.get_trials(states=(TrialState.COMPLETE,))
-    keys = [t.user_attrs["key"] for t in done]
+    keys = [k for t in done for k in t.user_attrs["claim"]["keys"]]
     assert len(keys) == len(set(keys)) == two["verification"]["work_items"] == one["verification"]["work_items"]
     assert not sims.get_trials(states=(TrialState.RUNNING,))
     assert all(t.user_attrs.get("surplus") for t in sims.get_trials(states=(TrialState.FAIL,)))
-    assert len({t.user_attrs["pid"] for t in done}) == 2   # both processes simulated
+    assert len({t.user_attrs["claim"]["pid"] for t in done}) == 2   # both processes simulated
     _same_answer(one, two)
 
 
