@@ -16,7 +16,9 @@ most goodput per $ (``max_goodput``). Then one whole ``kvtune solve`` process ru
 
 The oracle is CPU-heavy (hundreds of bisections per workload): it runs on ``--jobs`` processes
 and caches every config's verification in ``--cache-dir`` (one JSON per workload, keyed by the
-workload file's and the cost model's sha256), so a rerun only simulates what changed. A config
+workload file's, its calibration's and the cost model's sha256; after a change to the code alone,
+a sample of cached verifications is re-run and the cache kept only if each matches exactly), so a
+rerun only simulates what changed. A config
 whose simulation raises is recorded as a crash, counted in the table (column ``crash``) and
 never the optimum. ``--oracle-only`` skips the solves.
 """
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import itertools
 import json
 import multiprocessing as mp
 import os
@@ -38,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from optimizer.simsearch import never_fit_reason  # noqa: E402
+from optimizer.simsearch import lattice_configs, never_fit_reason  # noqa: E402
 from optimizer.verify import verify_config  # noqa: E402
 from optimizer.search import SolveContext, config_key, evaluate, grid_space  # noqa: E402
 from optimizer.workload import load_workload  # noqa: E402
@@ -54,17 +55,6 @@ def _sha(paths) -> str:
         p = Path(p)
         h.update(p.read_bytes() if p.exists() else b"-")
     return h.hexdigest()[:16]
-
-
-def lattice_configs(ctx: SolveContext) -> list[dict]:
-    space = grid_space(ctx)
-    keys = list(space)
-    out = []
-    for vals in itertools.product(*space.values()):
-        p = dict(zip(keys, vals))
-        p.setdefault("spec_k", 0)
-        out.append({k: p[k] for k in ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")})
-    return out
 
 
 _CTX: dict = {}
@@ -96,7 +86,8 @@ def _oracle_one(args) -> tuple[str, dict]:
 def oracle(path: str, jobs: int, cache_dir: Path) -> tuple[dict, float]:
     """Every lattice config's verification (cached); returns (results by config key, cpu seconds spent now)."""
     code = _sha(ROOT / f for f in CODE_FILES)
-    wl = _sha([path])
+    # the workload file and the calibration it runs on (its sha256 is in the efficiency's source)
+    wl = _sha([path]) + "-" + hashlib.sha256(_ctx(path).eff.source.encode()).hexdigest()[:8]
     cache = cache_dir / f"{Path(path).stem}.json"
     got = {}
     if cache.exists():
@@ -191,8 +182,11 @@ def main() -> int:
     ap.add_argument("--oracle-only", action="store_true")
     ap.add_argument("--solve-args", default="", help="extra arguments for kvtune solve")
     a = ap.parse_args()
+    # examples that list several GPU types (hardware.gpu as a list) are solved per type by
+    # optimizer.gpu_choice; the oracle here walks one type's lattice, so they are left out
     paths = a.workloads.split(",") if a.workloads else \
-        [str(p) for p in sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "bench" / "oracle").glob("*.yaml"))]
+        [str(p) for p in sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "bench" / "oracle").glob("*.yaml"))
+         if not load_workload(p).hardware.choices]
     cache_dir = Path(a.cache_dir)
     ok_all = True
     print("| workload | objective | solve pick | GPUs | $/h | goodput req/s | oracle optimum | GPUs | $/h | "
