@@ -3,6 +3,8 @@ same seed gives the same pick (and another sampler seed too: the race does not d
 
     nice -n 10 python bench/bench_search.py [--examples chat-llama3.1-8b,...] [--seeds 0,1] [--jobs 2]
 
+(default: every ``examples/*.yaml``)
+
 Per example and seed: one ``kvtune solve EXAMPLE --seed S --jobs J --quiet --json ...`` process,
 timed around the process (wall seconds, and the CPU seconds of the process and its children from
 ``getrusage``); its pick; the race's counts (configs verified, simulations). Beside it, the
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ALL = ["chat-llama3.1-8b", "rag-llama3.1-70b", "speculative-llama3.1-8b", "longdoc-128k", "trace-azure"]
+ALL = sorted(p.stem for p in (ROOT / "examples").glob("*.yaml"))
 
 
 def timed_solve(path: Path, args: list[str]) -> tuple[dict, float, float]:
@@ -73,7 +75,8 @@ def main() -> int:
             rec, v = r["recommendation"], r["verification"]
             picks.append((rec, r["predicted"]["goodput_req_s"]))
             o = oracle_cpu_s(name, Path(a.cache_dir))
-            print(f"| {name} | {seed} | {rec['replicas']} x TP{rec['tp']} {rec['kv_dtype']} k{rec['spec_k']} "
+            pp = f"xPP{rec['pp']}" if rec.get("pp", 1) > 1 else ""
+            print(f"| {name} | {seed} | {rec['replicas']} x TP{rec['tp']}{pp} {rec['kv_dtype']} k{rec['spec_k']} "
                   f"b{rec['batch_cap']} c{rec['chunk_tokens']} | {r['cost']['usd_per_hour']:.2f} | "
                   f"{r['predicted']['goodput_req_s']:.2f} | {v['configs']} / {v['simulations']} | {wall:.1f} | {cpu:.1f} | "
                   f"{'' if o is None else f'{o:.0f}'} |", flush=True)
