@@ -26,9 +26,10 @@ from .errors import InputError, ProfileDataMissing
 
 __all__ = ["load_calibration", "find_calibration", "efficiency_for", "ENGINES"]
 
-ENGINES = ("vllm", "sglang", "trtllm")
+ENGINES = ("vllm", "sglang", "trtllm", "llamacpp")  # llamacpp: llama.cpp's llama-server
 # parameters added after the first calibration files: absent means the value below
-OPTIONAL_PARAMS = {"prefill_overhead_s": 0.0, "request_overhead_s": 0.0}
+OPTIONAL_PARAMS = {"prefill_overhead_s": 0.0, "request_overhead_s": 0.0,
+                   "fp8_gemm_efficiency": 1.0, "fp8_kv_bw_efficiency": 1.0, "fp8_scale_overhead_s": 0.0}
 
 
 def _sha256(path: Path) -> str:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from .errors import InputError
 
-__all__ = ["Efficiency", "IDEAL", "PARAM_BOUNDS"]
+__all__ = ["Efficiency", "IDEAL", "PARAM_BOUNDS", "FP8_PARAMS"]
 
 # Physical bounds for each fitted parameter (used to validate files and to bound the fit).
 PARAM_BOUNDS = {
@@ -25,7 +25,15 @@ PARAM_BOUNDS = {
     "activation_reserve_bytes": (0.0, 40e9), # per GPU, held back from the KV pool (activations, graphs)
     "request_overhead_s": (0.0, 0.2),        # per request, on its first token, outside the engine's steps:
                                              # HTTP, tokenizing, detokenizing and streaming (client-side TTFT)
+    # FP8 as its own physics (1 / 0 = FP8 behaves as bf16 does, scaled to its datasheet rates):
+    "fp8_gemm_efficiency": (0.25, 2.0),      # FP8-weight GEMM rate / (FP8 dense peak x the bf16-fitted FLOP
+                                             # efficiency): per-tensor/per-token scaling, FP8 kernel maturity
+    "fp8_kv_bw_efficiency": (0.25, 2.0),     # FP8 KV read rate / (HBM bandwidth x bw_efficiency): the attention
+                                             # kernel's dequantisation of the cache
+    "fp8_scale_overhead_s": (0.0, 0.01),     # per step with FP8 weights: dynamic activation quantisation kernels
 }
+# the FP8 terms, fitted on FP8 rows only (optimizer.calibrate)
+FP8_PARAMS = ("fp8_gemm_efficiency", "fp8_kv_bw_efficiency", "fp8_scale_overhead_s")
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,9 @@ class Efficiency:
     link_efficiency: float = 1.0
     activation_reserve_bytes: float = 0.0
     request_overhead_s: float = 0.0
+    fp8_gemm_efficiency: float = 1.0
+    fp8_kv_bw_efficiency: float = 1.0
+    fp8_scale_overhead_s: float = 0.0
     model_comm: bool = True       # False: all-reduce costs nothing (the ideal model's seed arithmetic)
     name: str = "ideal"
     source: str = "ideal: datasheet peaks, no overheads, no all-reduce cost"

@@ -21,6 +21,8 @@ from typing import Callable, Collection, Sequence
 
 import numpy as np
 
+from .closed_loop import canonical_engine, run_closed_loop
+from .dtypes import check_dtype
 from .efficiency import PARAM_BOUNDS, Efficiency
 from .errors import InputError
 from .hardware import GPU
@@ -28,7 +30,7 @@ from .models import get_model
 from .profile_table import ProfileRow
 from .step import StepModel
 
-__all__ = ["FIT_PARAMS", "PointFit", "FitResult", "RowPredictor", "measured_metrics", "fit_efficiency",
+__all__ = ["FIT_PARAMS", "PointFit", "FitResult", "RowPredictor", "measured_metrics", "fit_efficiency", "visible_params",
            "evaluate", "cross_validate", "mape"]
 
 # Fitted by default; activation_reserve_bytes only shows when the KV pool limits a run, and
@@ -39,11 +41,12 @@ FIT_PARAMS = ("bw_efficiency", "decode_flops_efficiency", "prefill_flops_efficie
 # Solver units: value = x * scale.
 _SCALE = {"bw_efficiency": 1.0, "decode_flops_efficiency": 1.0, "prefill_flops_efficiency": 1.0,
           "step_overhead_s": 1e-3, "prefill_overhead_s": 1e-3, "allreduce_latency_s": 1e-6, "link_efficiency": 1.0,
-          "activation_reserve_bytes": 1e9, "request_overhead_s": 1e-3}
+          "activation_reserve_bytes": 1e9, "request_overhead_s": 1e-3,
+          "fp8_gemm_efficiency": 1.0, "fp8_kv_bw_efficiency": 1.0, "fp8_scale_overhead_s": 1e-3}
 # Probe used to decide whether the rows can see a parameter at all: efficiencies are divided by 4,
 # additive parameters get this much added.
 _PROBE_ADD = {"step_overhead_s": 2e-3, "prefill_overhead_s": 2e-3, "allreduce_latency_s": 50e-6, "activation_reserve_bytes": 20e9,
-              "request_overhead_s": 10e-3}
+              "request_overhead_s": 10e-3, "fp8_scale_overhead_s": 1e-3}
 _VISIBLE_REL = 2e-3  # a parameter is visible if the probe moves some prediction by more than 0.2%
 
 METRICS = ("step_ms", "ttft_ms", "tpot_ms", "output_tok_s")
@@ -81,11 +84,13 @@ class RowPredictor:
     """Predicts every measurable figure of profile rows under a given ``Efficiency``.
 
     ``predict(rows, eff)`` returns one ``{metric: value}`` per row. Step models are shared per
-    (model, TP, dtypes). Request rows run the simulator: closed loop at the row's concurrency with
-    ``max(requests_per_client x C, min_requests)`` requests, the clients starting together or
-    staggered (``client_starts_s``; the first C requests and the last C, the drain, are left out
-    of the means), or an all-at-once batch of ``num_requests``
-    (output tok/s = tokens / makespan). ``chunk_tokens`` is the engine's prefill token budget.
+    (model, TP, dtypes). Request rows run the simulator: a closed loop at the row's concurrency
+    (``costmodel.closed_loop.run_closed_loop``, the same path as ``kvtune simulate --concurrency``)
+    with ``max(requests_per_client x C, min_requests)`` requests, the clients starting as the
+    engine's benchmark does (``stagger``), warm-up and drain left out of the means; or an
+    all-at-once batch of ``num_requests`` (output tok/s = tokens / makespan). ``chunk_tokens`` is
+    the engine's prefill token budget unless the row records its own (``chunk_tokens`` on a
+    request row: llama.cpp's ``-b``).
     """
 
     def __init__(self, gpu: GPU, chunk_tokens: int = 8192, requests_per_client: int = 4,
@@ -97,8 +102,8 @@ class RowPredictor:
         self.gpu_mem_util = gpu_mem_util
 
     def step_model(self, row: ProfileRow, eff: Efficiency) -> StepModel:
-        return StepModel(get_model(row.model), self.gpu, row.tp, row.weight_dtype, row.kv_dtype, eff,
-                         gpu_mem_util=self.gpu_mem_util)
+        return StepModel(get_model(row.model), self.gpu, row.tp, check_dtype(row.weight_dtype, f"row {row.id}: weight_dtype"),
+                         check_dtype(row.kv_dtype, f"row {row.id}: kv_dtype"), eff, gpu_mem_util=self.gpu_mem_util)
 
     def __call__(self, rows: Sequence[ProfileRow], eff: Efficiency) -> list[dict[str, float]]:
         models: dict[tuple, StepModel] = {}
@@ -110,29 +115,17 @@ class RowPredictor:
             out.append(self.predict_row(models[key], r))
         return out
 
-    def staggered(self, row: ProfileRow) -> bool:
+    def clients(self, row: ProfileRow) -> str:
+        """``staggered`` or ``burst`` for this row's closed loop (``costmodel.closed_loop``)."""
         if isinstance(self.stagger, bool):
-            return self.stagger
-        return row.engine in self.stagger
+            return "staggered" if self.stagger else "burst"
+        return "staggered" if canonical_engine(row.engine) in self.stagger else "burst"
 
-    def client_starts_s(self, sm, n: int, c: int, isl: int, osl: int, cap: int | None = None,
-                        stagger: bool | None = None) -> np.ndarray:
-        """Send times of the clients' first requests: spread evenly over one request's estimated
-        lifetime (a prefill alone plus ``osl - 1`` decode steps at batch ``min(c, cap)``), when
-        ``stagger``.
+    def staggered(self, row: ProfileRow) -> bool:
+        return self.clients(row) == "staggered"
 
-        A benchmark's clients start together, but an engine steps as soon as one request waits,
-        so the burst splits into groups that finish, and resubmit, at different times: a long
-        run is phase-spread, each prompt prefilled in a step of its own beside the others'
-        decodes. Lock-stepped clients would instead prefill together and keep that prefill
-        out of every TPOT."""
-        stagger = bool(self.stagger) if stagger is None else stagger
-        starts = np.zeros(n)
-        if stagger and c > 1:
-            life_s = (sm.prefill_time_s(isl, chunk_tokens=self.chunk_tokens)
-                      + max(osl - 1, 0) * sm.decode_step(min(c, cap or c), isl + osl / 2).time_s)
-            starts[:c] = np.arange(c) * life_s / c
-        return starts
+    def row_chunk_tokens(self, row: ProfileRow) -> int:
+        return row.chunk_tokens if row.kind == "request" and row.chunk_tokens else self.chunk_tokens
 
     def predict_row(self, sm, row: ProfileRow) -> dict[str, float]:
         if row.kind == "step":
@@ -147,12 +140,22 @@ class RowPredictor:
         """The engine's scheduler as the simulator runs it: the row's ``scheduler`` column, else
         the engine's default (SGLang's rows prefill first, ``PREFILL_FIRST_ENGINES``; the others mix
         prefill chunks into decode steps); SGLang's admission reserves room for outputs
-        (``OUTPUT_RESERVE_ENGINES``); the row's ``kv_pool_tokens``, when recorded, is the pool."""
+        (``OUTPUT_RESERVE_ENGINES``); the row's ``kv_pool_tokens``, when recorded, is the pool, and
+        its ``chunk_tokens`` the per-step token budget."""
         from .simulate import SimConfig
 
-        first = row.scheduler == "prefill_first" if row.scheduler else row.engine in PREFILL_FIRST_ENGINES
-        return SimConfig(batch_cap=cap, chunk_tokens=self.chunk_tokens, prefill_first=first,
-                         output_reserve=row.engine in OUTPUT_RESERVE_ENGINES, kv_pool_tokens=row.kv_pool_tokens)
+        engine = canonical_engine(row.engine)
+        first = row.scheduler == "prefill_first" if row.scheduler else engine in PREFILL_FIRST_ENGINES
+        return SimConfig(batch_cap=cap, chunk_tokens=self.row_chunk_tokens(row), prefill_first=first,
+                         output_reserve=engine in OUTPUT_RESERVE_ENGINES, kv_pool_tokens=row.kv_pool_tokens)
+
+    def closed_loop_requests(self, row: ProfileRow):
+        """The requests a closed-loop row is simulated with: ``max(requests_per_client x C,
+        min_requests)`` identical ones."""
+        from .requests import Requests
+
+        n = max(self.requests_per_client * row.concurrency, self.min_requests)
+        return Requests.uniform(n, row.input_tokens, row.output_tokens)
 
     def _simulate(self, sm, row: ProfileRow) -> dict[str, float]:
         from .requests import Requests
@@ -163,7 +166,8 @@ class RowPredictor:
             n = row.num_requests or row.concurrency
             if not n:
                 raise InputError(f"row {row.id}: an all-at-once row (rate_req_s inf) needs num_requests")
-            res = simulate(sm, Requests.uniform(n, isl, osl), self.sim_config(row, n), arrival="inf", seed=self.seed)
+            res = simulate(sm, Requests.uniform(n, isl, osl), self.sim_config(row, min(row.batch_cap or n, n)),
+                           arrival="inf", seed=self.seed)
             ttft, tpot = np.asarray(res.ttft_s), np.asarray(res.tpot_s)
             return {"ttft_ms": float(ttft.mean() * 1e3), "tpot_ms": float(np.nanmean(tpot) * 1e3) if osl > 1 else math.nan,
                     "output_tok_s": float(res.output_tok_s)}
@@ -172,14 +176,11 @@ class RowPredictor:
                              f"give concurrency (closed loop) or rate_req_s inf")
         c = row.concurrency
         cap = min(row.batch_cap or c, c)  # an engine cap below the clients leaves requests queued
-        n = max(self.requests_per_client * c, self.min_requests)
-        starts = self.client_starts_s(sm, n, c, isl, osl, cap, self.staggered(row))
-        res = simulate(sm, Requests.uniform(n, isl, osl, arrival_s=starts), self.sim_config(row, cap),
-                       arrival="closed", concurrency=c, seed=self.seed)
-        ttft, tpot = np.asarray(res.ttft_s), np.asarray(res.tpot_s)
-        keep = slice(c, n - c) if n > 2 * c else slice(0, n)
-        out = {"ttft_ms": float(ttft[keep].mean() * 1e3),
-               "tpot_ms": float(tpot[keep].mean() * 1e3) if osl > 1 else math.nan}
+        res = run_closed_loop(sm, self.closed_loop_requests(row), self.sim_config(row, cap), c, self.clients(row),
+                              self.seed)
+        keep = np.asarray(res.measured)
+        ttft, tpot = np.asarray(res.ttft_s)[keep], np.asarray(res.tpot_s)[keep]
+        out = {"ttft_ms": float(ttft.mean() * 1e3), "tpot_ms": float(tpot.mean() * 1e3) if osl > 1 else math.nan}
         if row.output_tok_s:
             out["output_tok_s"] = c * osl / float(np.mean(np.asarray(res.e2e_s)[keep]))
         return out
@@ -218,6 +219,9 @@ class FitResult:
     message: str = ""
     nfev: int = 0
     rms_log_residual: float = 0.0
+    # correlation of each pair of fitted parameters (from the same linearised covariance): near +-1
+    # the rows cannot tell the two apart, only a combination of them
+    correlation: dict = field(default_factory=dict)
 
     def mape(self, after: bool = True, metric: str | None = None, engine: str | None = None) -> float:
         pts = [p for p in self.points if (metric is None or p.metric == metric) and (engine is None or p.engine == engine)]
@@ -248,6 +252,22 @@ def _probe_value(name: str, base: float) -> float:
     if name in _PROBE_ADD:
         return min(base + _PROBE_ADD[name], hi)
     return max(base / 4.0, lo)
+
+
+def visible_params(rows: Sequence[ProfileRow], base: Efficiency, names: Sequence[str], predict: Callable,
+                   metrics: Sequence[str] | None = None) -> list[str]:
+    """Those of ``names`` whose probe (efficiency / 4, overhead + a few ms) moves some predicted
+    figure of ``rows`` (of ``metrics``, default all) by more than 0.2%."""
+    targets = [t for t in _targets(rows) if metrics is None or t[1] in metrics]
+    if not targets:
+        return []
+    y0 = _flatten(predict(list(rows), base), targets)
+    out = []
+    for n in names:
+        probe = base.with_params(**{n: _probe_value(n, getattr(base, n))})
+        if np.max(np.abs(_flatten(predict(list(rows), probe), targets) / y0 - 1.0)) > _VISIBLE_REL:
+            out.append(n)
+    return out
 
 
 def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
@@ -336,9 +356,13 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     dof = len(targets) - len(visible)
     s2 = float(np.sum(sol.fun ** 2) / dof) if dof > 0 else float("nan")  # sol.cost is the robust cost
     J = sol.jac
+    corr: dict[str, dict[str, float]] = {}
     try:
         cov = s2 * np.linalg.pinv(J.T @ J)
         sig = np.sqrt(np.clip(np.diag(cov), 0, None)) * scale
+        d = np.sqrt(np.clip(np.diag(cov), 1e-300, None))
+        c = cov / np.outer(d, d)
+        corr = {a: {b: float(c[i, j]) for j, b in enumerate(visible) if j != i} for i, a in enumerate(visible)}
     except np.linalg.LinAlgError:
         sig = np.full(len(visible), np.nan)
     unc = {n: 0.0 for n in PARAM_BOUNDS}
@@ -352,7 +376,7 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     if metrics is not None:
         notes.append(f"objective: {', '.join(metrics)} only; other figures are reported, not fitted")
     return FitResult(eff, tuple(visible), unc, pts, tuple(notes), bool(sol.success), str(sol.message),
-                     int(sol.nfev), float(np.sqrt(np.mean(sol.fun ** 2))))
+                     int(sol.nfev), float(np.sqrt(np.mean(sol.fun ** 2))), corr)
 
 
 @dataclass(frozen=True)

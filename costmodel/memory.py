@@ -33,8 +33,8 @@ __all__ = ["MemoryPlan", "weight_bytes", "weight_bytes_per_gpu", "attention_weig
 
 
 def check_dtype(value: str, what: str) -> str:
-    if value not in ("bf16", "fp8"):
-        raise InputError(f"{what} must be bf16 or fp8, got {value!r}")
+    if value not in DTYPE_BYTES:  # canonical names (costmodel.dtypes); callers resolve spellings first
+        raise InputError(f"{what} must be one of {', '.join(DTYPE_BYTES)}, got {value!r}")
     return value
 
 

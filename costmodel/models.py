@@ -22,12 +22,14 @@ from functools import lru_cache
 from pathlib import Path
 
 from ._data import load_yaml, profiles_path
+from .dtypes import BYTES_PER_ELEMENT
 from .errors import InputError
 
 __all__ = ["ModelArch", "get_model", "list_models", "model_from_config", "DTYPE_BYTES"]
 
-# Bytes per element of the formats kvtune models (bf16/fp16: 2 bytes; fp8 e4m3/e5m2: 1 byte).
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+# Bytes per element of the formats kvtune models (bf16/fp16: 2 bytes; fp8 e4m3/e5m2: 1 byte; GGUF
+# block formats fractional): one home, costmodel.dtypes.
+DTYPE_BYTES = BYTES_PER_ELEMENT
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class ModelArch:
     n_sliding_layers: int = 0
     published_params: float = 0.0  # published size in parameters, 0 when not known
     source: str = ""
+    n_mtp_layers: int = 0  # multi-token-prediction heads shipped with the model (DeepSeek num_nextn_predict_layers)
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "vocab"):
@@ -293,6 +296,7 @@ def model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None =
         n_sliding_layers=n_sliding,
         published_params=published_params,
         source=where,
+        n_mtp_layers=_int(cfg, where, "num_nextn_predict_layers", default=0, required=False),
     )
 
 

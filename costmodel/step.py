@@ -118,12 +118,17 @@ class StepModel:
         self._route_frac = model.n_active_experts / model.n_experts if model.is_moe else 0.0
         # KV bytes per token of the batch, averaged over the GPUs (DP attention: each holds 1/tp of them)
         self._kv_gpu = self.memory.kv_bytes_per_token_per_gpu / (tp if par.dp_attention else 1)
+        # bytes-equivalent of one KV token's read time (FP8 KV: its dequantising read rate)
+        self._kv_gpu_t = self._kv_gpu / (efficiency.fp8_kv_bw_efficiency if kv_dtype == "fp8" else 1.0)
         self._bw = gpu.hbm_bytes_per_s * e.bw_efficiency
         self._ep = par.ep
         self._routed_flops_tok = 2.0 * model.routed_active_params / stage_gpus if par.ep > 1 else 0.0
         self._gemm_flops_tok = model.dense_flops_per_token() / stage_gpus - self._routed_flops_tok
         self._attn_flops_pair = model.attn_flops_per_token_per_ctx() / stage_gpus
         peak = gpu.matmul_flops_per_s(weight_dtype)
+        # FP8 as its own physics (costmodel.efficiency FP8_PARAMS): FP8 GEMMs, FP8 KV reads, scaling
+        fp8_w = weight_dtype == "fp8"
+        peak *= e.fp8_gemm_efficiency if fp8_w else 1.0
         self._dec_gemm_rate = peak * e.decode_flops_efficiency
         self._dec_attn_rate = gpu.bf16_flops_per_s * e.decode_flops_efficiency
         self._pre_gemm_rate = peak * e.prefill_flops_efficiency
@@ -138,7 +143,7 @@ class StepModel:
         self._pp = par.pp
         if not par.trivial:
             self._parallel_comm(model, gpu, e, par)
-        self._overhead = e.step_overhead_s
+        self._overhead = e.step_overhead_s + (e.fp8_scale_overhead_s if fp8_w else 0.0)
         self._pf_overhead = e.prefill_overhead_s
         # not a step cost: added once to every request's time to first token (costmodel.simulate)
         self.request_overhead_s = e.request_overhead_s
@@ -248,7 +253,8 @@ class StepModel:
             return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
         dec_kv = self._kv_read_tokens(n_decode, decode_ctx_sum) if self._sliding else decode_ctx_sum
         weights = self.weight_read_bytes(n_tokens) if self._w_expert_gpu else self._w_dense_gpu
-        bytes_gpu = weights + (dec_kv + prefill_kv_read + n_tokens) * self._kv_gpu
+        kv_tokens = dec_kv + prefill_kv_read + n_tokens
+        bytes_gpu = weights + kv_tokens * self._kv_gpu
         dec_gemm = dec_tokens * self._gemm_flops_tok
         imb = expert_load_imbalance(n_tokens, self.model.n_active_experts, self._ep) if self._ep > 1 else 1.0
         if self._routed_flops_tok:  # expert parallelism: the busiest GPU's routed-expert GEMMs set the pace
@@ -256,7 +262,7 @@ class StepModel:
         dec_attn = (q * decode_ctx_sum + n_decode * q * (q + 1) / 2) * self._attn_flops_pair
         pre_gemm = prefill_tokens * (self._gemm_flops_tok + self._routed_flops_tok * imb)
         pre_attn = prefill_pairs * self._attn_flops_pair
-        mem_s = bytes_gpu / self._bw
+        mem_s = (weights + kv_tokens * self._kv_gpu_t) / self._bw
         comp_s = (dec_gemm / self._dec_gemm_rate + dec_attn / self._dec_attn_rate
                   + pre_gemm / self._pre_gemm_rate + pre_attn / self._pre_attn_rate)
         comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens) if self._n_ar else 0.0

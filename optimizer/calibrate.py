@@ -20,10 +20,12 @@ import yaml
 
 from costmodel import __version__
 from costmodel.calibration import ENGINES, efficiency_for, load_calibration
-from costmodel.efficiency import IDEAL, PARAM_BOUNDS, Efficiency
+from costmodel.efficiency import FP8_PARAMS, IDEAL, PARAM_BOUNDS, Efficiency
+from costmodel.dtypes import KNOWN as KNOWN_DTYPES, canonical as canonical_dtype
 from costmodel.errors import DoesNotFit, InputError
+from costmodel.closed_loop import STAGGERED_ENGINES as _STAGGERED, canonical_engine
 from costmodel.fit import (FIT_PARAMS, METRICS, FitResult, FoldResult, PointFit, RowPredictor, cross_validate, evaluate,
-                           fit_efficiency)
+                           fit_efficiency, measured_metrics, visible_params)
 from costmodel.hardware import GPU, get_gpu, load_gpu_file
 from costmodel.models import get_model
 from costmodel.step import StepModel
@@ -55,11 +57,32 @@ def load_tables(paths: Sequence[str | Path]) -> tuple[list[ProfileRow], list[Tab
     for path in paths:
         p = Path(path)
         t = read_table(p)
-        sources = sorted({r.source.split(":")[0] for r in t if r.source})
+        check_row_formats(p, t)
+        sources = sorted({_provenance(r.source) for r in t if r.source})
         inputs.append(TableInput(path=_shown(p), sha256=_sha256(p), rows=len(t),
                                  source=", ".join(sources[:4]) or "not recorded"))
         rows.extend(t)
     return rows, inputs
+
+
+def _provenance(source: str) -> str:
+    """A row's source as the calibration records it: whole for a command line or a URL
+    (``kvtune profile run --url http://...``), the file part of ``FILE:ROW`` references."""
+    head, sep, _ = source.partition(":")
+    if sep and " " not in head and head.lower().endswith((".csv", ".json", ".jsonl", ".yaml", ".yml", ".txt")):
+        return head  # h100_silicon_points.csv:ID -> the file
+    return source
+
+
+def check_row_formats(path: Path, rows: Sequence[ProfileRow]) -> None:
+    """Every row's weight and KV formats must be ones kvtune has a byte width for
+    (``costmodel.dtypes``: bf16, fp16/f16, fp8, q4_0, q4_1, q8_0, ...); the error names file and row."""
+    for r in rows:
+        for key in ("weight_dtype", "kv_dtype"):
+            v = getattr(r, key)
+            if canonical_dtype(v) is None:
+                raise InputError(f"{path}: row {r.id}: {key} = {v!r} is not a format kvtune knows "
+                                 f"(known: {', '.join(KNOWN_DTYPES)}; spellings such as f16, fp8_e4m3, Q4_K_M too)")
 
 
 def resolve_gpu(spec: str) -> GPU:
@@ -89,7 +112,7 @@ def select_rows(rows: Sequence[ProfileRow], gpu: GPU, engine: str | None) -> tup
         notes.append(f"{len(rows) - len(keep)} rows for other GPUs left out")
     if engine:
         n = len(keep)
-        keep = [r for r in keep if not r.engine or r.engine == engine]
+        keep = [r for r in keep if not r.engine or canonical_engine(r.engine) == engine]
         if len(keep) < n:
             notes.append(f"{n - len(keep)} rows of other engines left out")
     if not keep:
@@ -187,8 +210,8 @@ POOL_STAGE_ENGINES = ("sglang",)
 POOL_PRESSURE = 0.7
 POOL_RESERVE_GRID_GB = tuple(x * 0.25 for x in range(41))   # 0 to 10 GB per GPU
 POOL_RESERVE_STEP_GB = 0.02
-# vLLM's and TensorRT-LLM's mixed steps let a long run's clients drift apart (costmodel.fit)
-STAGGERED_ENGINES = ("trtllm", "vllm")
+# vLLM's and TensorRT-LLM's mixed steps let a long run's clients drift apart (costmodel.closed_loop)
+STAGGERED_ENGINES = tuple(sorted(_STAGGERED))
 _SHIPPED = (
     # name, engine, tables, cross-validation key
     ("h100-sxm-trtllm", "trtllm", ("silicon", "published"), "tp"),
@@ -279,6 +302,105 @@ def _without_pool_bound_ttft(rows: Sequence[ProfileRow], gpu: GPU, eff: Efficien
     return out, pool_bound
 
 
+# ---- FP8 as its own physics ---------------------------------------------------------------------
+# The FP8 terms (costmodel.efficiency.FP8_PARAMS) are fitted last, on the FP8 rows alone, every
+# other parameter fixed at the bf16 fit: FP8 rows are a handful among hundreds, so a joint fit
+# would let them pull on nothing but these terms anyway. A term is "separated" when the rows see it,
+# its one-sigma is under half its value (efficiencies) or under 1 ms (the overhead), and its
+# correlation with every other fitted FP8 term is within +-0.9; otherwise the file says the data
+# cannot separate it. Figures used per engine as in the bf16 stage (vLLM's TTFT carries queueing
+# kvtune does not model, see SHIPPED_METRICS).
+FP8_SEPARABLE_CORR = 0.9
+FP8_NOT_USED = ("P11-P18 of h100_calibration_points.csv (TensorRT-LLM 0.14 offline max-load FP8/FP16 pairs) are "
+                "not in the tables: their batch and request count are not reported, so no run kvtune can "
+                "simulate reproduces them")
+
+
+def is_fp8_row(r: ProfileRow) -> bool:
+    return canonical_dtype(r.weight_dtype) == "fp8" or canonical_dtype(r.kv_dtype) == "fp8"
+
+
+def fit_fp8_terms(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency, predict: Callable,
+                  metrics: Sequence[str] | None, max_nfev: int = 30) -> tuple[Efficiency, dict, dict]:
+    """Fit the FP8 terms to the FP8 rows of ``rows`` (the rest of ``base`` fixed). Returns the
+    efficiency, the one-sigma of each FP8 term (0: not fitted) and the report the calibration
+    file records under ``fit.fp8``."""
+    fp8 = [r for r in rows if is_fp8_row(r)]
+    unc = {n: 0.0 for n in FP8_PARAMS}
+    rep: dict = {"rows": len(fp8), "metrics": list(metrics) if metrics else list(METRICS), "fitted": [],
+                 "separated": {}, "notes": []}
+    if not fp8:
+        rep["notes"].append("no FP8 rows: the FP8 terms keep 1 / 0 (FP8 runs at bf16's fitted efficiencies, "
+                            "scaled to the FP8 datasheet rates and byte widths); the data cannot separate them")
+        rep["separated"] = {n: False for n in FP8_PARAMS}
+        return base, unc, rep
+    figures = [1 for r in fp8 for k in measured_metrics(r) if metrics is None or k in metrics]
+    vis = visible_params(fp8, base, FP8_PARAMS, predict, metrics)
+    for n in FP8_PARAMS:
+        if n not in vis:
+            rep["notes"].append(f"{n}: no FP8 figure depends on it; kept at {getattr(base, n):g}")
+    while vis and len(figures) < len(vis) + 1:
+        dropped = vis.pop()
+        rep["notes"].append(f"{dropped}: {len(figures)} FP8 figures cannot fit {len(vis) + 1} terms; kept at "
+                            f"{getattr(base, dropped):g}")
+    if not vis:
+        rep["separated"] = {n: False for n in FP8_PARAMS}
+        return base, unc, rep
+    def judge(res, names) -> dict[str, bool]:
+        sep = {}
+        for n in names:
+            v, sd = getattr(res.efficiency, n), res.uncertainty[n]
+            lo, hi = PARAM_BOUNDS[n]
+            on_bound = not lo + 1e-9 * (hi - lo) < v < hi - 1e-9 * (hi - lo)
+            tight = math.isfinite(sd) and sd < (1e-3 if n.endswith("_s") else 0.5 * abs(v)) and not on_bound
+            apart = all(abs(c) <= FP8_SEPARABLE_CORR for c in res.correlation.get(n, {}).values())
+            sep[n] = bool(tight and apart)
+        return sep
+
+    rep["figures"] = len(figures)
+    joint = fit_efficiency(fp8, gpu, base, vis, predict, max_nfev=max_nfev, name=base.name, metrics=metrics)
+    sep = judge(joint, vis)
+    rep["joint_fit"] = {n: {"value": _r(getattr(joint.efficiency, n), 4), "sigma": _r(joint.uncertainty[n], 2)}
+                        for n in vis}
+    rep["correlation"] = {a: {b: _r(c, 2) for b, c in d.items()} for a, d in joint.correlation.items()}
+    for n in vis:
+        if not sep[n]:
+            v, sd = getattr(joint.efficiency, n), joint.uncertainty[n]
+            others = [b for b, c in joint.correlation.get(n, {}).items() if abs(c) > FP8_SEPARABLE_CORR]
+            rep["notes"].append(f"{n} = {v:.3g} +- {sd:.2g} in the joint fit" + (
+                f", correlation with {', '.join(others)} beyond +-{FP8_SEPARABLE_CORR}" if others else "")
+                + ": the FP8 rows cannot separate it from bf16 or from the other FP8 terms")
+    keep = [n for n in vis if sep[n]]
+    if keep == vis:
+        res = joint
+    elif keep:
+        # the separated terms alone; the others stay at their bf16 equivalents
+        res = fit_efficiency(fp8, gpu, base, keep, predict, max_nfev=max_nfev, name=base.name, metrics=metrics)
+        keep = [n for n, ok in judge(res, keep).items() if ok] or keep
+    else:
+        # nothing separates: the rows fix one combination. Carry it in the single term that fits it best
+        # (lowest rms log residual), said so; it stands for the combination, not for that term alone
+        singles = [fit_efficiency(fp8, gpu, base, [n], predict, max_nfev=max_nfev, name=base.name, metrics=metrics)
+                   for n in vis if not n.endswith("_s")]
+        singles = [r for r in singles if judge(r, r.fitted)[r.fitted[0]]]
+        if not singles:
+            rep["separated"] = {n: False for n in FP8_PARAMS}
+            rep["notes"].append("no single FP8 term is determined either: all kept at their bf16 equivalents")
+            return base, unc, rep
+        res = min(singles, key=lambda r: r.rms_log_residual)
+        keep = list(res.fitted)
+        rep["notes"].append(f"{keep[0]} alone carries the combination the FP8 rows fix (rms log residual "
+                            f"{res.rms_log_residual:.3f}); read it as FP8's net speed on these rows, not as "
+                            f"{keep[0]} separated from the others")
+    eff = res.efficiency
+    unc.update({n: res.uncertainty[n] for n in keep})
+    rep["fitted"] = list(keep)
+    rep["separated"] = {n: (n in keep and sep.get(n, False)) for n in FP8_PARAMS}
+    rep["mape_before_pct"] = {k: _r(v, 3) for k, v in res.mape_by_metric(False).items()}
+    rep["mape_after_pct"] = {k: _r(v, 3) for k, v in res.mape_by_metric(True).items()}
+    return eff, unc, rep
+
+
 def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None] = print,
                 max_nfev: int = 30, cv: bool = True, only: tuple[str, ...] = ()) -> dict[str, dict]:
     """Fit and write the shipped H100 calibrations (used by bench/fit_shipped_calibrations.py);
@@ -312,13 +434,17 @@ def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None
             res = _fit_request_overhead(res, rows, gpu, predict, max_nfev)
             notes.append(f"request_overhead_s: second stage, TTFT of closed-loop rows at concurrency <= "
                          f"{TTFT_MAX_CONCURRENCY} only, the other parameters fixed")
+        eff8, unc8, fp8_report = fit_fp8_terms(rows, gpu, res.efficiency, predict, metrics, max_nfev)
+        res = dataclasses.replace(res, efficiency=eff8, uncertainty={**res.uncertainty, **unc8},
+                                  fitted=res.fitted + tuple(fp8_report["fitted"]))
+        fp8_report["notes"].append(FP8_NOT_USED)
         wall = time.perf_counter() - t0
         folds = []
         if cv:
             key = (lambda r: r.tp) if cv_key == "tp" else (lambda r: r.engine)
             folds = cross_validate(rows, gpu, res.efficiency, key, None, predict, max_nfev=max_nfev // 2,
                                    label=cv_key, metrics=metrics)
-        d = calibration_dict(res, name, gpu, engine, inputs, "ideal", notes, folds, wall)
+        d = calibration_dict(res, name, gpu, engine, inputs, "ideal", notes, folds, wall, extra={"fp8": fp8_report})
         write_atomic(outdir / f"{name}.yaml", calibration_yaml(d))
         log(f"{name}: {len(res.points)} points, fit {wall:.0f} s, MAPE before {d['fit']['mape_before_pct']} "
             f"after {d['fit']['mape_after_pct']}")
@@ -326,5 +452,45 @@ def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None
             log(f"    {k} = {getattr(res.efficiency, k):.4g} +- {res.uncertainty[k]:.2g}")
         for f in folds:
             log(f"    CV {f.held_out}: {f.test_points} points, MAPE {f.mape_by_metric}, max {f.max_abs_err_pct:.0f}%")
+        out[name] = d
+    return out
+
+
+def refit_fp8_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None] = print,
+                      max_nfev: int = 30, only: tuple[str, ...] = ()) -> dict[str, dict]:
+    """The FP8 stage alone on the shipped files as they are (their other parameters fixed): what
+    ``fit_shipped`` does last, without the bf16 stages' half hour of CPU. Rewrites each file's FP8
+    params, their uncertainty and ``fit.fp8``; everything else is kept."""
+    from optimizer.cli._common import write_atomic
+
+    gpu = get_gpu("h100-sxm")
+    predict = RowPredictor(gpu, stagger=STAGGERED_ENGINES)
+    out = {}
+    for name, engine, which, _ in _SHIPPED:
+        if only and name not in only:
+            continue
+        path = outdir / f"{name}.yaml"
+        d = yaml.safe_load(path.read_text())
+        base = load_calibration(path)
+        rows, _ = load_tables([tables[k] for k in which])
+        rows, _ = select_rows(rows, gpu, engine)
+        metrics = SHIPPED_METRICS + (("ttft_ms",) if engine in TTFT_JOINT_ENGINES else ())
+        if engine in TTFT_JOINT_ENGINES:
+            rows, _ = _without_pool_bound_ttft(rows, gpu, base)
+        eff, unc, rep = fit_fp8_terms(rows, gpu, base, predict, metrics, max_nfev)
+        rep["notes"].append(FP8_NOT_USED)
+        rep["stage"] = "refit_fp8_shipped: FP8 terms alone, the file's other parameters fixed"
+        for k in FP8_PARAMS:
+            d["params"][k] = _r(getattr(eff, k), 5)
+            d["uncertainty"][k] = _r(unc[k], 2)
+        d["fit"]["fp8"] = rep
+        d["fit"]["fitted"] = [k for k in d["fit"]["fitted"] if k not in FP8_PARAMS] + rep["fitted"]
+        write_atomic(path, calibration_yaml(d))
+        log(f"{name}: FP8 rows {rep['rows']}, fitted {rep['fitted'] or 'none'}, "
+            f"MAPE {rep.get('mape_before_pct', {})} -> {rep.get('mape_after_pct', {})}")
+        for k in FP8_PARAMS:
+            log(f"    {k} = {getattr(eff, k):.4g} +- {unc[k]:.2g}  separated: {rep['separated'].get(k)}")
+        for n in rep["notes"]:
+            log(f"    note: {n}")
         out[name] = d
     return out

@@ -9,8 +9,13 @@ time to the first streamed token and the time of the last one; TPOT = (last - fi
 tokens - 1), as vLLM's benchmark defines it. The prompt and output lengths written to the table
 are the ones the server reports (``usage``, or llama.cpp's ``timings``), not the ones asked for.
 The KV pool the server reports (SGLang's ``max_total_num_tokens`` in ``/get_server_info``, vLLM's
-``vllm:cache_config_info`` in ``/metrics``) goes in every row's ``kv_pool_tokens``, so a fit
-simulates the pool the engine really had.
+``vllm:cache_config_info`` in ``/metrics``, llama.cpp's slots x per-slot context) goes in every
+row's ``kv_pool_tokens``, so a fit simulates the pool the engine really had. llama.cpp's settings
+map onto kvtune's: its slots (``-np``, ``/props`` ``total_slots`` or the length of ``/slots``) are
+the batch cap (``batch_cap``), its context (``-c``; ``/props``
+``default_generation_settings.n_ctx`` is per slot, tools/server/server-context.cpp ``get_props``)
+times the slots is the pool, and its logical batch (``-b``, the most tokens one step takes, which
+the server does not report) is the chunk budget (``chunk_tokens``, from ``--chunk-tokens``).
 
 Standard library only (``http.client`` + threads). Prompts come from ``numpy.random.default_rng``
 so a seed gives the same prompts; timings are measurements and vary run to run.
@@ -65,6 +70,7 @@ class RunSpec:
     seed: int = 0
     timeout_s: float = 600.0
     warmup_requests: int = 1
+    chunk_tokens: int | None = None   # the engine's per-step token budget, when the server does not report it
 
     def __post_init__(self):
         u = urllib.parse.urlsplit(self.url)
@@ -80,6 +86,8 @@ class RunSpec:
             raise InputError(f"--timeout-s {self.timeout_s}: must be > 0")
         if self.warmup_requests < 0:
             raise InputError(f"--warmup {self.warmup_requests}: must be >= 0")
+        if self.chunk_tokens is not None and (not isinstance(self.chunk_tokens, int) or self.chunk_tokens < 1):
+            raise InputError(f"--chunk-tokens {self.chunk_tokens!r}: expected a whole number >= 1")
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,8 @@ class ServerInfo:
     engine_version: str = ""
     can_tokenize: bool = False
     kv_pool_tokens: int | None = None   # the KV pool the server reports, tokens (None: it does not say)
+    batch_cap: int | None = None        # sequences it runs at once, where it says (llama.cpp: its slots)
+    chunk_tokens: int | None = None     # most tokens one step takes, where it says (llama.cpp -b: it does not)
 
 
 @dataclass(frozen=True)
@@ -178,7 +188,7 @@ def probe_server(url: str, timeout_s: float = 10.0) -> ServerInfo:
     if "llama.cpp" in server_hdr:
         engine = "llama.cpp"
         probes = probes[:1]
-    pool = None
+    pool = cap = chunk = None
     for path, key, name in probes:
         try:
             st, _, data = _request_json(root, "GET", path, None, timeout_s)
@@ -189,11 +199,38 @@ def probe_server(url: str, timeout_s: float = 10.0) -> ServerInfo:
             engine, version = engine or name, d[key]
             if name == "sglang":
                 pool = _whole(d.get("max_total_num_tokens"))
+            if name == "llama.cpp":
+                cap, pool, chunk = _llamacpp_settings(root, d, timeout_s)
             break
+    if engine == "llama.cpp" and cap is None:
+        cap, pool, chunk = _llamacpp_settings(root, {}, timeout_s)
     if engine == "vllm":
         pool = _vllm_pool_tokens(root, timeout_s)
     can_tok = _tokenize(root, "hello world", timeout_s) is not None
-    return ServerInfo(engine, version, can_tok, pool)
+    return ServerInfo(engine, version, can_tok, pool, cap, chunk)
+
+
+def _llamacpp_settings(root: str, props: dict, timeout_s: float) -> tuple[int | None, int | None, int | None]:
+    """(slots, pool tokens, batch tokens) of a llama.cpp server: ``/props`` ``total_slots`` and
+    ``default_generation_settings.n_ctx`` (per slot), else ``/slots`` (one entry per slot, each with
+    its ``n_ctx``); ``n_batch`` only if some field reports it. None where the server does not say."""
+    gen = props.get("default_generation_settings") if isinstance(props.get("default_generation_settings"), dict) else {}
+    slots, n_ctx = _whole(props.get("total_slots")), _whole(gen.get("n_ctx"))
+    n_batch = _whole(props.get("n_batch")) or _whole(gen.get("n_batch"))
+    pool = slots * n_ctx if slots and n_ctx else None
+    if pool is None:
+        try:
+            st, _, data = _request_json(root, "GET", "/slots", None, timeout_s)
+            lst = json.loads(data) if st == 200 else None
+        except (OSError, http.client.HTTPException, ValueError):
+            lst = None
+        if isinstance(lst, list) and lst and all(isinstance(x, dict) for x in lst):
+            ctxs = [_whole(x.get("n_ctx")) for x in lst]
+            slots = slots or len(lst)
+            if all(ctxs):
+                pool = sum(ctxs) if len(lst) == slots else slots * ctxs[0]
+            n_batch = n_batch or _whole(lst[0].get("n_batch"))
+    return slots, pool, n_batch
 
 
 def _whole(v) -> int | None:
@@ -407,7 +444,8 @@ def run_profile(spec: RunSpec, meta: Metadata, on_point: Callable[[PointResult, 
                 prompts = [_fit_prompt(rng, isl, root, spec.timeout_s) for _ in range(spec.requests_per_point)]
                 pt = _run_point(spec, c, isl, osl, prompts)
                 row = ProfileRow(id=f"{id_prefix}:c{c}-i{isl}-o{osl}", kind="request", **m.row_fields(),
-                                 kv_pool_tokens=info.kv_pool_tokens, **summarize_point(pt))
+                                 kv_pool_tokens=info.kv_pool_tokens, batch_cap=info.batch_cap,
+                                 chunk_tokens=spec.chunk_tokens or info.chunk_tokens, **summarize_point(pt))
                 rows.append(row)
                 if on_point:
                     on_point(pt, row)

@@ -19,6 +19,7 @@ import optuna
 from costmodel import __version__
 
 from .launch import launch_settings
+from .launch import scheduling as launch_scheduling
 from .layouts import gpus_per_replica, layout_params
 from .search import (SolveContext, completed_evals, config_key, evaluate, grid_space, make_storage, open_study,
                      run_search)
@@ -98,7 +99,6 @@ def _ok(ctx, pick, ev, r: Race, notes) -> dict:
         else pick["output_tok_s_at_goodput"]
     usd = pick["usd_per_hour"]
     tpot_mean = pick["tpot_ms"]["mean"]
-    model_id = ctx.model.hf_id or ctx.model.name
     sdict = None
     if spec.speculative is not None:
         s = spec.speculative
@@ -131,9 +131,11 @@ def _ok(ctx, pick, ev, r: Race, notes) -> dict:
         "pareto": pareto_front(items),
         "verified": [_verified_row(v) for v in r.verified],
         "race": [{k: o.to_json()[k] for k in ("config", "status", "reason", "simulations")} for o in r.outcomes],
-        "launch": launch_settings(model_id, {**p, **layout_params(p, spec.hardware.gpus_per_node)},
+        "launch": launch_settings(ctx.model.hf_id or spec.model, {**p, **layout_params(p, spec.hardware.gpus_per_node)},
                                   pick["replicas"], spec.gpu_mem_util, sdict,
-                                  name=f"kvtune-{ctx.model.name}"),
+                                  name=f"kvtune-{ctx.model.name}", arch=ctx.model, gpu=ctx.gpu,
+                                  weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
+                                  gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine),
         "notes": notes,
     }
 

@@ -6,8 +6,10 @@ so the oracle and the search measure a config the same way (same requests, same 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+from .launch import scheduling as launch_scheduling
 from .layouts import gpus_per_replica
 from .search import SolveContext
 
@@ -19,7 +21,12 @@ REL_TOL = 0.005        # goodput bisection tolerance: two configs compared at 1%
 
 def sim_config(ctx: SolveContext, params: dict):
     if ctx.engine is not None:
-        return ctx.engine.sim_config(params["batch_cap"], params["chunk_tokens"])
+        cfg = ctx.engine.sim_config(params["batch_cap"], params["chunk_tokens"])
+        # simulate the scheduling the launch settings give (SGLang: prefill-first under NGRAM/STANDALONE)
+        s = ctx.spec.speculative
+        if launch_scheduling(ctx.engine.engine, s.method if s else None, params.get("spec_k", 0)) == "prefill_first":
+            cfg = dataclasses.replace(cfg, prefill_first=True)
+        return cfg
     from costmodel.simulate import SimConfig
     return SimConfig(batch_cap=int(params["batch_cap"]), chunk_tokens=int(params["chunk_tokens"]))
 

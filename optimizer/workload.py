@@ -46,6 +46,7 @@ import yaml
 from costmodel import get_gpu, get_model
 from costmodel._data import profiles_path
 from costmodel.calibration import ENGINES, efficiency_for
+from costmodel.dtypes import KNOWN as _DTYPE_NAMES
 from costmodel.errors import InputError, KvtuneError
 from costmodel.hardware import load_gpu_file
 from costmodel.requests import Requests
@@ -58,8 +59,10 @@ __all__ = ["load_workload", "load_workload_dict", "WorkloadSpec", "HardwareSpec"
            "SpeculativeSpec", "OBJECTIVES", "KV_DTYPES", "WEIGHT_DTYPES"]
 
 OBJECTIVES = ("min_cost", "max_goodput")
-KV_DTYPES = ("bf16", "fp8")
-WEIGHT_DTYPES = ("bf16", "fp8")
+KV_DTYPES = ("bf16", "fp8")   # the default KV search; any format of FORMATS may be named
+# every format kvtune has a byte width for (costmodel.dtypes: bf16, fp16, fp8, GGUF q4_0, q4_1, q8_0, ...)
+FORMATS = _DTYPE_NAMES
+WEIGHT_DTYPES = FORMATS
 
 
 # ---- the parsed spec ---------------------------------------------------------------------------
@@ -128,8 +131,8 @@ class SearchSpec:
             r = getattr(self, f)
             if len(r) != 2 or not all(_is_int(x) for x in r) or not lo_min <= r[0] <= r[1]:
                 raise InputError(f"search {f} must be [lo, hi] whole numbers with {lo_min} <= lo <= hi, got {r!r}")
-        if not self.kv_dtype or any(k not in KV_DTYPES for k in self.kv_dtype):
-            raise InputError(f"search kv_dtype must be drawn from {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
+        if not self.kv_dtype or any(k not in FORMATS for k in self.kv_dtype):
+            raise InputError(f"search kv_dtype must be drawn from {', '.join(FORMATS)}, got {self.kv_dtype!r}")
         if not _is_int(self.trials) or self.trials < 1:
             raise InputError(f"search trials must be a whole number >= 1, got {self.trials!r}")
         if not _is_int(self.seed) or self.seed < 0:
@@ -484,10 +487,25 @@ def _speculative(r: _Reader, v) -> SpeculativeSpec:
     )
 
 
-def _search(r: _Reader, v, hw: HardwareSpec, spec: SpeculativeSpec | None) -> SearchSpec:
+# defaults a llama.cpp target changes: its server runs a few slots (-np), so its batch caps start at
+# 1; its KV is fp16 (--cache-type-k f16, the server's default), and FP8 is searched only where the
+# hardware has FP8 arithmetic (not on a CPU)
+SMALL_BATCH_ENGINES = ("llamacpp",)
+
+
+def _search_defaults(hw: HardwareSpec, engine: str | None) -> SearchSpec:
+    gpu = load_gpu_file(hw.gpu_file) if hw.gpu_file else get_gpu(hw.gpu)
+    kv = KV_DTYPES
+    if engine == "llamacpp":
+        kv = ("fp16",) if gpu.fp8_flops_per_s <= 0 else ("fp16", "fp8")
+    lo = 1 if engine in SMALL_BATCH_ENGINES else SearchSpec().batch_cap[0]
+    return SearchSpec(kv_dtype=kv, batch_cap=(lo, SearchSpec().batch_cap[1]))
+
+
+def _search(r: _Reader, v, hw: HardwareSpec, spec: SpeculativeSpec | None, engine: str | None = None) -> SearchSpec:
     s = r.mapping({} if v is None else v, "search",
                   ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "trials", "seed"))
-    d = SearchSpec()
+    d = _search_defaults(hw, engine)
     if "tp" in s:
         tps = s["tp"] if isinstance(s["tp"], list) else [s["tp"]]
         if not tps:
@@ -502,7 +520,7 @@ def _search(r: _Reader, v, hw: HardwareSpec, spec: SpeculativeSpec | None) -> Se
         kvs = s["kv_dtype"] if isinstance(s["kv_dtype"], list) else [s["kv_dtype"]]
         if not kvs:
             raise r.bad("search.kv_dtype", s["kv_dtype"], f"must list at least one of {', '.join(KV_DTYPES)}")
-        kv = tuple(dict.fromkeys(r.choice(k, f"search.kv_dtype[{i}]", KV_DTYPES) for i, k in enumerate(kvs)))
+        kv = tuple(dict.fromkeys(r.choice(k, f"search.kv_dtype[{i}]", FORMATS) for i, k in enumerate(kvs)))
     else:
         kv = d.kv_dtype
     spec_k = r.range_(s["spec_k"], "search.spec_k", 0) if "spec_k" in s else d.spec_k
@@ -573,7 +591,7 @@ def load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
     objective = r.choice(data.get("objective", "min_cost"), "objective", OBJECTIVES)
     slo = _slo(r, data["slo"])
     speculative = _speculative(r, data["speculative"]) if data.get("speculative") is not None else None
-    search = _search(r, data.get("search"), hardware, speculative)
+    search = _search(r, data.get("search"), hardware, speculative, engine)
     workload = _workload(r, data["workload"], slo, objective)
     return WorkloadSpec(path=str(path), model=model, weights=weights, engine=engine, calibration=calibration,
                         profile=profile, gpu_mem_util=gpu_mem_util, hardware=hardware, workload=workload, slo=slo,

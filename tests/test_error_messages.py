@@ -25,8 +25,9 @@ MODEL_COMMANDS = ("estimate", "simulate", "goodput", "solve")
 
 # which commands can raise a module's messages (default: every command that runs the cost model)
 REACHED_BY = {
-    "costmodel/fit.py": ("calibrate",),
-    "optimizer/calibrate.py": ("calibrate",),
+    "costmodel/fit.py": ("calibrate",),  # validate reaches only RowPredictor, which names no flag
+    "optimizer/calibrate.py": ("calibrate", "validate"),
+    "optimizer/validate.py": ("validate",),
     "optimizer/search.py": ("solve",),
     "optimizer/recommend.py": ("solve",),
     "optimizer/report.py": ("solve",),
@@ -35,6 +36,9 @@ REACHED_BY = {
     "optimizer/profile_run.py": ("profile run",),
     "costmodel/profile_table.py": ("profile import", "profile run", "calibrate", *MODEL_COMMANDS),
 }
+# optimizer/launch's ``Unsupported`` reasons name the engines' flags (vLLM, SGLang, ...), not kvtune's:
+# launch_settings prints them in place of a command; no command raises them as an error
+REACHED_BY |= {f"optimizer/launch/{p.name}": () for p in (ROOT / "optimizer" / "launch").glob("*.py")}
 # (module, flag): raised only on a path that the commands lacking the flag never take
 UNREACHABLE = {
     ("optimizer/engine_model.py", "mode"): "solve always passes mode 'calibrated'; only estimate/simulate/goodput "

@@ -38,8 +38,10 @@ class FakeServer:
     ``fail_every``: answer every Nth completion with HTTP 500 (0 = never).
     """
 
-    def __init__(self, flavor="llama.cpp", fail_every=0):
-        self.flavor, self.fail_every = flavor, fail_every
+    def __init__(self, flavor="llama.cpp", fail_every=0, props_ctx=None, slots=None):
+        # props_ctx: llama.cpp /props default_generation_settings.n_ctx (per slot); slots: a /slots
+        # list of per-slot n_ctx (None: no /slots endpoint)
+        self.flavor, self.fail_every, self.props_ctx, self.slots = flavor, fail_every, props_ctx, slots
         self.payloads: list[dict] = []
         self.lock = threading.Lock()
         outer = self
@@ -65,7 +67,13 @@ class FakeServer:
                 if self.path == "/v1/models":
                     return self._json(200, {"object": "list", "data": [{"id": "fake"}]})
                 if self.path == "/props" and outer.flavor == "llama.cpp":
-                    return self._json(200, {"build_info": "b42-test", "total_slots": 4})
+                    props = {"build_info": "b42-test", "total_slots": 4}
+                    if outer.props_ctx:
+                        props["default_generation_settings"] = {"n_ctx": outer.props_ctx, "params": {}}
+                    return self._json(200, props)
+                if self.path == "/slots" and outer.flavor == "llama.cpp" and outer.slots is not None:
+                    return self._json(200, [{"id": i, "n_ctx": n, "is_processing": False}
+                                            for i, n in enumerate(outer.slots)])
                 if self.path == "/version" and outer.flavor == "vllm":
                     return self._json(200, {"version": "0.9.1"})
                 if self.path == "/metrics" and outer.flavor == "vllm":
@@ -314,3 +322,40 @@ def test_live_llamacpp_server(tmp_path):
         assert r.num_requests == 4 and r.output_tokens == 16 and abs(r.input_tokens - 32) <= 1
         assert r.ttft_mean_ms > 0 and r.tpot_mean_ms > 0
     assert four.tpot_mean_ms > one.tpot_mean_ms  # 4 sequences per step on one thread are slower per token
+
+
+# ---- llama.cpp settings: slots = batch cap, slots x per-slot context = pool, -b = chunk budget -------
+
+def test_llamacpp_props_give_batch_cap_and_pool():
+    with FakeServer(props_ctx=2048) as srv:
+        rows, info = run_profile(spec(srv.url, chunk_tokens=2048), Metadata())
+    assert (info.batch_cap, info.kv_pool_tokens, info.chunk_tokens) == (4, 8192, None)
+    for r in rows:  # -b is not reported: the flag's value
+        assert (r.batch_cap, r.kv_pool_tokens, r.chunk_tokens) == (4, 8192, 2048)
+
+
+def test_llamacpp_slots_endpoint_when_props_has_no_context():
+    with FakeServer(slots=[1024, 1024, 1024, 1024]) as srv:
+        info = probe_server(srv.url)
+    assert (info.batch_cap, info.kv_pool_tokens) == (4, 4096)
+    with FakeServer() as srv:  # neither says: the pool is left to kvtune's memory model
+        info = probe_server(srv.url)
+    assert (info.batch_cap, info.kv_pool_tokens) == (4, None)
+
+
+def test_cli_run_writes_llamacpp_settings_and_the_table_calibrates(tmp_path):
+    out = tmp_path / "t.csv"
+    with FakeServer(props_ctx=2048) as srv:
+        r = CliRunner().invoke(main, ["profile", "run", "--url", srv.url, "--model", "smollm2-135m", "--concurrency",
+                                      "1,2", "--isl", "12", "--osl", "5", "--requests-per-point", "3", "--gpu",
+                                      "cpu-2core", "--weight-dtype", "q4_1", "--kv-dtype", "fp16", "--chunk-tokens",
+                                      "2048", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "4 slots (batch cap)" in r.output and "KV pool 8,192 tokens" in r.output
+    rows = read_table(out)
+    assert {(x.batch_cap, x.kv_pool_tokens, x.chunk_tokens, x.engine) for x in rows} == {(4, 8192, 2048, "llama.cpp")}
+    assert rows[0].source.startswith("kvtune profile run --url http://127.0.0.1:") and "--chunk-tokens 2048" in rows[0].source
+    # the table `profile run` just wrote calibrates: q4_1 / fp16 at their byte widths
+    hw = Path(__file__).resolve().parents[1] / "profiles" / "hardware-cpu-example.yaml"
+    r = CliRunner().invoke(main, ["validate", str(out), "--gpu", str(hw), "--json"])
+    assert r.exit_code == 0, r.output

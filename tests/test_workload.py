@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from costmodel.errors import InputError
 from costmodel.workload import SLO, LengthDist, RequestClass, Trace, Workload
+from costmodel.dtypes import KNOWN as DTYPE_NAMES
 from optimizer.workload import SearchSpec, load_workload, load_workload_dict
 
 DATA = Path(__file__).parent / "data"
@@ -292,11 +293,11 @@ TWO = [{"name": "a", "share": 0.7, "input_tokens": 100, "output_tokens": 10},
     ("search.tp", [1.5], "x.yaml: search.tp[0] = 1.5: must be a whole number"),
     ("search.batch_cap", [64, 8], "x.yaml: search.batch_cap = [64, 8]: lo must be <= hi"),
     ("search.batch_cap", [8, 64, 128], "x.yaml: search.batch_cap = [8, 64, 128]: must be [lo, hi]"),
-    ("search.kv_dtype", ["bf16", "int4"], "x.yaml: search.kv_dtype[1] = 'int4': must be one of bf16, fp8"),
+    ("search.kv_dtype", ["bf16", "int4"], "x.yaml: search.kv_dtype[1] = 'int4': must be one of " + ", ".join(DTYPE_NAMES)),
     ("search.spec_k", [0, 4], "x.yaml: search.spec_k = [0, 4]: speculative decoding needs a speculative: section"),
     ("search.trials", 0, "x.yaml: search.trials = 0: must be >= 1"),
     ("search.seed", "abc", "x.yaml: search.seed = 'abc': must be a whole number"),
-    ("weights", "int4", "x.yaml: weights = 'int4': must be one of bf16, fp8"),
+    ("weights", "int4", "x.yaml: weights = 'int4': must be one of " + ", ".join(DTYPE_NAMES)),
     ("engine", "tgi", "x.yaml: engine = 'tgi': must be one of vllm, sglang, trtllm"),
     ("objective", "fastest", "x.yaml: objective = 'fastest': must be one of min_cost, max_goodput"),
     ("gpu_mem_util", 1.5, "x.yaml: gpu_mem_util = 1.5: must be in (0, 1]"),

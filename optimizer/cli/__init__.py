@@ -52,7 +52,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 def _register() -> None:
     import importlib
 
-    for mod in ("estimate", "simulate", "solve", "profile", "calibrate"):
+    for mod in ("estimate", "simulate", "solve", "profile", "calibrate", "validate"):
         try:
             m = importlib.import_module(f"optimizer.cli.{mod}")
         except ModuleNotFoundError as exc:

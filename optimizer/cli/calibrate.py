@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from costmodel.errors import InputError
+from costmodel.closed_loop import STAGGERED_ENGINES
 from costmodel.fit import RowPredictor
 
 from ._common import dumps, echo_table, write_atomic
@@ -17,7 +18,7 @@ from ._common import dumps, echo_table, write_atomic
 @click.argument("tables", nargs=-1, required=True)
 @click.option("--gpu", default="h100-sxm", show_default=True,
               help="Catalog GPU name, or a hardware YAML file (see profiles/hardware-cpu-example.yaml).")
-@click.option("--engine", type=click.Choice(["vllm", "sglang", "trtllm"]), default=None,
+@click.option("--engine", type=click.Choice(["vllm", "sglang", "trtllm", "llamacpp"]), default=None,
               help="Use only this engine's rows (rows that name no engine count).")
 @click.option("--base", default="ideal", show_default=True,
               help="Start (and value of unfitted parameters): ideal, calibrated (the shipped one) or a calibration file.")
@@ -27,9 +28,10 @@ from ._common import dumps, echo_table, write_atomic
               help="Comma-separated figures the objective uses (step_ms,ttft_ms,tpot_ms,output_tok_s; default all).")
 @click.option("--chunk-tokens", type=int, default=8192, show_default=True,
               help="Engine prefill token budget used when simulating request rows.")
-@click.option("--clients", type=click.Choice(["burst", "staggered"]), default="burst", show_default=True,
-              help="How closed-loop rows' clients started: together (kvtune profile run) or spread over a "
-                   "request's lifetime (long runs of vLLM/SGLang benchmark clients drift apart).")
+@click.option("--clients", type=click.Choice(["auto", "burst", "staggered"]), default="auto", show_default=True,
+              help="How closed-loop rows' clients are simulated: auto = each row's engine's rule (staggered for "
+                   "vLLM, TensorRT-LLM, llama.cpp, whose mixed steps let a burst drift apart; burst for SGLang's "
+                   "lock-step prefill-first scheduler; see costmodel/closed_loop.py), or one rule for every row.")
 @click.option("--max-nfev", type=int, default=60, show_default=True, help="Most model evaluations of the solver.")
 @click.option("-o", "--output", required=True, help="Calibration YAML to write (e.g. profiles/calibrations/NAME.yaml).")
 @click.option("--name", default=None, help="Calibration name (default: the output file's stem).")
@@ -54,7 +56,7 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
     name = name or out.stem
     t0 = time.perf_counter()
     metrics = [m.strip() for m in fit_metrics.split(",") if m.strip()] if fit_metrics else None
-    res = calibrate(rows, g, eff0, names, RowPredictor(g, chunk_tokens=chunk_tokens, stagger=clients == "staggered"), max_nfev=max_nfev, name=name,
+    res = calibrate(rows, g, eff0, names, RowPredictor(g, chunk_tokens=chunk_tokens, stagger=STAGGERED_ENGINES if clients == "auto" else clients == "staggered"), max_nfev=max_nfev, name=name,
                     metrics=metrics)
     wall = time.perf_counter() - t0
     d = calibration_dict(res, name, g, engine, inputs, base, notes, wall_s=wall)

@@ -97,14 +97,18 @@ def import_cmd(files, output, fmt, model, gpu, tp, engine, engine_version, weigh
 @click.option("--engine-version", default=None)
 @click.option("--weight-dtype", default=None)
 @click.option("--kv-dtype", default=None)
+@click.option("--chunk-tokens", type=int, default=None,
+              help="The engine's per-step token budget, written to every row when the server does not report it "
+                   "(llama.cpp: its -b, 2048 by default; vLLM: --max-num-batched-tokens).")
 def run_cmd(url, model, concurrency, isl, osl, output, requests_per_point, seed, timeout_s, warmup, append,
-            gpu, tp, engine, engine_version, weight_dtype, kv_dtype):
+            gpu, tp, engine, engine_version, weight_dtype, kv_dtype, chunk_tokens):
     """Measure TTFT, TPOT and throughput on a live server over a grid of loads and lengths."""
     from optimizer.profile_run import RunSpec, run_profile  # keeps `kvtune --help` light
 
     spec = RunSpec(url=url, model=model, concurrencies=tuple(parse_int_list(concurrency, "concurrency")),
                    input_tokens=tuple(parse_int_list(isl, "isl")), output_tokens=tuple(parse_int_list(osl, "osl")),
-                   requests_per_point=requests_per_point, seed=seed, timeout_s=timeout_s, warmup_requests=warmup)
+                   requests_per_point=requests_per_point, seed=seed, timeout_s=timeout_s, warmup_requests=warmup,
+                   chunk_tokens=chunk_tokens)
     old: list[ProfileRow] = []
     if append and output.exists():
         old = read_table(output)
@@ -115,7 +119,7 @@ def run_cmd(url, model, concurrency, isl, osl, output, requests_per_point, seed,
     cmd = ["kvtune", "profile", "run", "--url", url, "--model", model, "--concurrency", concurrency, "--isl", isl,
            "--osl", osl, "--requests-per-point", str(requests_per_point), "--seed", str(seed)]
     for flag, v in (("--gpu", gpu), ("--tp", tp), ("--engine", engine), ("--engine-version", engine_version),
-                    ("--weight-dtype", weight_dtype), ("--kv-dtype", kv_dtype)):
+                    ("--weight-dtype", weight_dtype), ("--kv-dtype", kv_dtype), ("--chunk-tokens", chunk_tokens)):
         if v is not None:
             cmd += [flag, str(v)]
     meta = Metadata(gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
@@ -134,6 +138,7 @@ def run_cmd(url, model, concurrency, isl, osl, output, requests_per_point, seed,
     click.echo(f"wrote {len(rows)} rows to {output}" + (f" (after {len(old)} kept)" if old else "")
                + f"  [engine {info.engine or '?'} {info.engine_version}"
                + (f", KV pool {info.kv_pool_tokens:,} tokens" if info.kv_pool_tokens else ", KV pool not reported")
+               + (f", {info.batch_cap} slots (batch cap)" if info.batch_cap else "")
                + "]", err=True)
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
 import click
 
 from costmodel import get_model
+from costmodel.closed_loop import CLIENT_STARTS, default_clients, run_closed_loop
+from costmodel.dtypes import KNOWN as DTYPE_NAMES
 from costmodel.errors import Infeasible, InputError
 from costmodel.goodput import goodput
 from costmodel.simulate import simulate_fleet
@@ -15,7 +18,7 @@ from costmodel.step import SpecConfig
 
 from ._common import dumps
 
-KV_DTYPES = ("bf16", "fp8")
+KV_DTYPES = DTYPE_NAMES  # bf16, fp8, fp16, GGUF q8_0/q4_0/... (costmodel.dtypes)
 
 
 class _OneLineCommand(click.Command):
@@ -90,7 +93,7 @@ def _config_options(f):
         click.option("--mode", type=_Choice(("calibrated", "ideal")), default="calibrated", show_default=True),
         click.option("--calibration", default=None,
                      help="Calibration file, shipped name or 'ideal' (default: the workload's, else the shipped one)."),
-        click.option("--engine", type=_Choice(("vllm", "sglang", "trtllm")), default=None,
+        click.option("--engine", type=_Choice(("vllm", "sglang", "trtllm", "llamacpp")), default=None,
                      help="Use the shipped calibration fitted for this engine (overrides the workload's engine and "
                           "calibration unless --calibration is given)."),
         click.option("--profile", default=None,
@@ -148,17 +151,37 @@ def _tails(s: dict) -> str:
 @_config_options
 @click.option("--rate", type=_Float(0.0, allow_inf=True), default=None,
               help="Poisson arrivals, req/s across the fleet ('inf': all at t=0). Default: the workload's rate.")
-@click.option("--concurrency", type=_Int(1), default=None, help="Closed loop: clients each with one request in flight.")
+@click.option("--concurrency", type=_Int(1), default=None,
+              help="Closed loop: clients each with one request in flight (a `vllm bench serve --max-concurrency` run).")
+@click.option("--clients", type=_Choice(CLIENT_STARTS), default=None,
+              help="Closed loop: how the clients' first requests start: burst (all at t=0, kept in lock-step) or "
+                   "staggered (spread over one request's lifetime). Default: the engine's rule, as the calibration "
+                   "simulates its benchmarks (staggered for vLLM/TensorRT-LLM, burst for SGLang/llama.cpp).")
 @click.option("--requests", "n_requests", type=_Int(1), default=2000, show_default=True)
 def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tokens, block_tokens, no_prefix_caching,
-                 replicas, seed, mode, calibration, engine, profile, as_json, rate, concurrency, n_requests):
+                 replicas, seed, mode, calibration, engine, profile, as_json, rate, concurrency, clients, n_requests):
     """Simulate one serving config on a workload: latency tails, SLO attainment, throughput."""
     if rate is not None and concurrency is not None:
         raise InputError("give --rate or --concurrency, not both")
+    if clients is not None and concurrency is None:
+        raise InputError("--clients applies to a closed loop: give --concurrency")
     spec, step, em = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile)
     cfg = em.sim_config(batch_cap, chunk_tokens, block_tokens, not no_prefix_caching)
+    closed = None
     if concurrency is not None:
         arrival, rate_used = "closed", None
+        if concurrency < replicas:
+            raise InputError(f"--concurrency {concurrency}: a closed loop over {replicas} replicas needs at least "
+                             f"one client per replica")
+        clients_used = clients or default_clients(em.engine)
+        per_replica = concurrency // replicas
+        closed = {"clients": clients_used, "clients_default": default_clients(em.engine),
+                  "clients_per_replica": per_replica,
+                  "excluded": {"warmup_requests": per_replica if n_requests > 2 * per_replica else 0,
+                               "drain_requests": per_replica if n_requests > 2 * per_replica else 0,
+                               "rule": "the first and the last C requests of each replica's closed loop (warm-up "
+                                       "and drain) are left out of the latency statistics, as the calibration "
+                                       "does (costmodel.closed_loop)"}}
     else:
         rate_used = rate if rate is not None else spec.workload.mean_rate_req_s
         if rate_used is None:
@@ -169,12 +192,25 @@ def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_to
         return spec.requests(n, s, r)
 
     t0 = time.perf_counter()
-    res = simulate_fleet(step, make, cfg, replicas, rate_used, n_requests, arrival, concurrency, seed)
+    if closed is not None:
+        # one replica's clients through the calibration's closed-loop path; a random balancer makes
+        # every replica statistically the same (costmodel.simulate.simulate_fleet)
+        one = run_closed_loop(step, make(math.inf, n_requests, seed), cfg, closed["clients_per_replica"],
+                              closed["clients"], seed)
+        res = dataclasses.replace(one, output_tok_s=one.output_tok_s * replicas, request_s=one.request_s * replicas,
+                                  replicas=int(replicas))
+    else:
+        res = simulate_fleet(step, make, cfg, replicas, rate_used, n_requests, arrival, concurrency, seed)
     wall = time.perf_counter() - t0
     if res.rejected:  # this config cannot serve the workload at any load
         raise Infeasible(f"{workload}: TP{tp}, KV {kv_dtype}: {res.reject_reason}")
     out = res.summary()
     out["sim_wall_s"] = wall
+    if closed is not None:
+        out["closed_loop"] = closed
+    else:
+        out["excluded"] = {"warmup_frac": res.warmup_frac,
+                           "rule": "the first warmup_frac of requests in arrival order are left out of the statistics"}
     out = {**out, "arrival": arrival, "rate_req_s": rate_used, "concurrency": concurrency,
            "config": _config_dict(spec, step, tp, batch_cap, kv_dtype, spec_k, chunk_tokens, block_tokens,
                                   not no_prefix_caching, replicas, mode),
@@ -186,7 +222,12 @@ def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_to
     load = f"{rate_used:g} req/s" if rate_used is not None else f"concurrency {concurrency}"
     click.echo(f"{step.model.name} TP{tp} x {replicas} on {step.gpu.name}, KV {kv_dtype}, batch cap {batch_cap}, "
                f"chunk {chunk_tokens}, spec k={spec_k}  [{out['source']}]")
-    click.echo(f"  {out['requests']} requests at {load} ({arrival}); {out['measured_requests']} measured after warm-up")
+    if closed is not None:
+        click.echo(f"  {out['requests']} requests at {load} ({arrival}, {closed['clients']} clients); "
+                   f"{out['measured_requests']} measured (first and last {closed['excluded']['warmup_requests']} "
+                   f"per replica excluded: warm-up and drain)")
+    else:
+        click.echo(f"  {out['requests']} requests at {load} ({arrival}); {out['measured_requests']} measured after warm-up")
     click.echo(f"  {_tails(out)}")
     click.echo(f"  SLO attainment {out['slo_attainment']:.3f} (target {spec.slo.attainment:g})   "
                f"{out['output_tok_s']:,.0f} output tok/s   {out['request_s']:.2f} req/s   "

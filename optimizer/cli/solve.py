@@ -45,8 +45,8 @@ class _Progress:
 @click.option("--calibration", default=None,
               help="Calibration file, shipped name or 'ideal' (default: the workload's calibration:, else the shipped one).")
 @click.option("--engine", default=None,
-              help="vllm | sglang | trtllm: the shipped calibration fitted for this engine (overrides the workload's "
-                   "engine: and calibration: unless --calibration is given).")
+              help="vllm | sglang | trtllm | llamacpp: the engine to launch and its shipped calibration (overrides "
+                   "the workload's engine: and calibration: unless --calibration is given).")
 @click.option("--profile", default=None,
               help="Measured profile table: its step times for the configs it covers, the calibration elsewhere "
                    "(default: the workload's profile:).")
@@ -90,6 +90,7 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
         result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=storage,
                        study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
                        profile=profile, jobs=n_jobs, **extra)
+    result["engine"] = engine or spec.engine  # the target whose launch line is printed (None: vLLM's)
     if report_dir:
         from optimizer.report import write_report
         result["report"] = write_report(result, spec, report_dir)
@@ -183,15 +184,25 @@ def summary_text(r: dict, storage: str | None) -> str:
     if v.get("outcomes"):
         o = v["outcomes"]
         lines.append(f"  simulator race: {v['simulations']} simulations; {o.get('verified', 0)} configs verified, "
-                     + ", ".join(f"{o[k]} {k.replace('_', ' ')}" for k in ("sized", "beaten", "pruned", "zero_load", "never_fits") if o.get(k)))
-    lines.append("Launch (vLLM):")
-    lines.append("  " + r["launch"]["vllm"].replace("\n", "\n  "))
-    lines.append("  (SGLang, TensorRT-LLM and a Kubernetes Deployment are in --json under 'launch')")
+                     + ", ".join(f"{o[k]} {k.replace('_', ' ')}" for k in ("beaten", "pruned", "zero_load", "never_fits") if o.get(k)))
+    eng = r.get("engine") or "vllm"
+    launch = r["launch"].get(eng)
+    if isinstance(launch, dict):  # TensorRT-LLM: a command and its config file
+        launch = launch.get("command")
+    lines.append(f"Launch ({_ENGINE_LABEL.get(eng, eng)}):")
+    if launch:
+        lines.append("  " + launch.replace("\n", "\n  "))
+        lines.append("  (the other engines' settings and a Kubernetes Deployment are in --json under 'launch')")
+    else:
+        lines.append(f"  no launch settings for {eng} in this build; the other engines' are in --json under 'launch'")
     if storage:
         lines.append(f"  study '{r['study_name']}' in {storage}: browse with  optuna-dashboard {storage.replace('journal:', '')}")
     if r.get("report"):
         lines.append(f"  report: {r['report']}")
     return "\n".join(lines)
+
+
+_ENGINE_LABEL = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp llama-server"}
 
 
 def _cfg(p: dict) -> str:

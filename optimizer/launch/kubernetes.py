@@ -1,0 +1,105 @@
+"""Kubernetes manifests for one recommendation: plain YAML (no anchors), a model-cache volume,
+the Hugging Face token from a Secret, health probes, a Service, and the engine's pinned image.
+
+A replica that fits one node is a pod of ``tp x pp`` GPUs and the replicas are a Deployment's
+``replicas``; a replica spanning several nodes is one LeaderWorkerSet group (kubernetes-sigs/lws
+v0.10.0, leaderworkerset.x-k8s.io/v1): a leader pod serving HTTP and ``nodes - 1`` worker pods,
+started with the engine's multi-node flags from the ``LWS_LEADER_ADDRESS``, ``LWS_GROUP_SIZE`` and
+``LWS_WORKER_INDEX`` variables LWS sets (api/leaderworkerset/v1/leaderworkerset_types.go).
+"""
+
+from __future__ import annotations
+
+import math
+
+import yaml
+
+from .pick import LaunchPick, Unsupported
+from .versions import EngineVersion
+
+__all__ = ["manifest", "dump_yaml", "HF_SECRET", "HF_CACHE"]
+
+HF_SECRET = {"name": "hf-token", "key": "token"}
+HF_CACHE = "/root/.cache/huggingface"
+PORT = 8000
+_LWS_API = "leaderworkerset.x-k8s.io/v1"
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """SafeDumper that writes repeated objects out in full instead of ``&id001`` anchors."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
+def dump_yaml(docs: list[dict]) -> str:
+    return yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
+
+
+def _probes() -> dict:
+    get = {"path": "/health", "port": "http"}
+    return {
+        # loading (download + weights + graph capture) may take long: up to 60 min before liveness applies
+        "startupProbe": {"httpGet": dict(get), "periodSeconds": 10, "failureThreshold": 360},
+        "readinessProbe": {"httpGet": dict(get), "periodSeconds": 10, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": dict(get), "periodSeconds": 30, "failureThreshold": 5, "timeoutSeconds": 10},
+    }
+
+
+def _container(name: str, image: str, argv: list[str], gpus: int, p: LaunchPick, serve: bool) -> dict:
+    c = {"name": name, "image": image, "command": list(argv),
+         "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {**HF_SECRET, "optional": not p.gated}}},
+                 {"name": "HF_HOME", "value": HF_CACHE}],
+         "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}},
+         "volumeMounts": [{"name": "hf-cache", "mountPath": HF_CACHE}, {"name": "shm", "mountPath": "/dev/shm"}]}
+    if serve:
+        c["ports"] = [{"name": "http", "containerPort": PORT}]
+        c |= _probes()
+    return c
+
+
+def _volumes(name: str) -> list[dict]:
+    return [{"name": "hf-cache", "persistentVolumeClaim": {"claimName": f"{name}-hf-cache"}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
+
+
+def _pvc(name: str, p: LaunchPick) -> dict:
+    # room for the checkpoint kvtune planned (its weight bytes) plus a fifth, at least 20 GiB
+    size_gib = 100 if p.memory is None else max(20, math.ceil(p.memory.weight_bytes_total * 1.2 / 2**30))
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": f"{name}-hf-cache"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": f"{size_gib}Gi"}}}}
+
+
+def _service(name: str, selector: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": {"app": name}},
+            "spec": {"selector": dict(selector), "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}
+
+
+def manifest(p: LaunchPick, name: str, version: EngineVersion, argv_for) -> str:
+    """``argv_for(node_rank, leader_addr, nnodes)``: the engine's argv (multi-node form when
+    ``node_rank`` is given)."""
+    if not version.image:
+        raise Unsupported(f"{version.label} has no published container image: build one and put it in the manifest")
+    label = {"app": name}
+    if not p.multi_node:
+        pod = {"containers": [_container("engine", version.image, argv_for(None, None, None), p.gpus_per_replica,
+                                         p, True)], "volumes": _volumes(name)}
+        work = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": label},
+                "spec": {"replicas": p.replicas, "selector": {"matchLabels": label},
+                         "template": {"metadata": {"labels": label}, "spec": pod}}}
+        return dump_yaml([_pvc(name, p), work, _service(name, label)])
+    if p.gpus_per_replica % p.nodes:
+        raise Unsupported(f"{p.gpus_per_replica} GPUs per replica do not split evenly over {p.nodes} nodes")
+    leader_label = {"app": name, "role": "leader"}
+    addr, size = "$(LWS_LEADER_ADDRESS)", "$(LWS_GROUP_SIZE)"
+    leader = {"metadata": {"labels": leader_label},
+              "spec": {"containers": [_container("leader", version.image, argv_for("0", addr, size),
+                                                 p.gpus_per_pod, p, True)], "volumes": _volumes(name)}}
+    worker = {"metadata": {"labels": {"app": name, "role": "worker"}},
+              "spec": {"containers": [_container("worker", version.image, argv_for("$(LWS_WORKER_INDEX)", addr, size),
+                                                 p.gpus_per_pod, p, False)], "volumes": _volumes(name)}}
+    lws = {"apiVersion": _LWS_API, "kind": "LeaderWorkerSet", "metadata": {"name": name, "labels": label},
+           "spec": {"replicas": p.replicas,
+                    "leaderWorkerTemplate": {"size": p.nodes, "restartPolicy": "RecreateGroupOnPodRestart",
+                                             "leaderTemplate": leader, "workerTemplate": worker}}}
+    return dump_yaml([_pvc(name, p), lws, _service(name, leader_label)])

@@ -1,0 +1,110 @@
+"""``trtllm-serve`` and its ``--extra_llm_api_options`` YAML for TensorRT-LLM 1.0.0 (PyTorch
+backend; keys: versions.FLAGS["trtllm"], versions.TRTLLM_KEYS).
+
+Memory: ``kv_cache_config.free_gpu_memory_fraction`` is a share of the memory *left free after the
+model is loaded* (KvCacheConfig), not vLLM's share of all memory. kvtune's pool per GPU is
+``memory x gpu_mem_util - weights/GPU - activation reserve``; the memory free after loading is
+``memory - weights/GPU - activation reserve``; their ratio is the fraction that gives TensorRT-LLM
+the same pool. ``max_tokens`` caps the pool at kvtune's token count too (the smaller one wins).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .pick import NGRAM_MATCH_TOKENS, LaunchPick, Unsupported
+
+__all__ = ["trtllm_api", "trtllm_argv", "free_fraction", "PORT"]
+
+PORT = 8000
+
+
+def free_fraction(p: LaunchPick) -> float | None:
+    """The ``free_gpu_memory_fraction`` whose pool equals kvtune's, or None without a memory plan."""
+    m = p.memory
+    if m is None:
+        return None
+    free = m.gpu_memory_bytes - m.weight_bytes_per_gpu - m.activation_reserve_bytes
+    if free <= 0:
+        return None
+    return min(max(m.kv_pool_bytes_per_gpu / free, 0.0), 1.0)
+
+
+def _spec(p: LaunchPick) -> dict | None:
+    if not p.speculating:
+        return None
+    m, k = p.spec_method, int(p.spec_k)
+    if m == "eagle3":
+        # EagleDecodingConfig with eagle3_one_model: the 1.0 spelling (Eagle3DecodingConfig and
+        # speculative_model came later)
+        return {"decoding_type": "Eagle", "max_draft_len": k, "speculative_model_dir": p.require_draft("TensorRT-LLM"),
+                "eagle3_one_model": True}
+    if m == "mtp":
+        p.require_mtp()
+        return {"decoding_type": "MTP", "num_nextn_predict_layers": k}
+    if m == "ngram":
+        return {"decoding_type": "NGram", "max_draft_len": k, "max_matching_ngram_size": NGRAM_MATCH_TOKENS}
+    if m == "draft":
+        return {"decoding_type": "DraftTarget", "max_draft_len": k,
+                "speculative_model_dir": p.require_draft("TensorRT-LLM")}
+    if m in ("eagle", "medusa"):
+        raise Unsupported(f"speculative method {m!r}: TensorRT-LLM 1.0.0's PyTorch backend (trtllm-serve's default) "
+                          f"runs EAGLE-3, MTP, NGram and draft/target speculation; {m} heads need the TensorRT "
+                          f"engine backend, which kvtune does not generate")
+    raise Unsupported(f"speculative method {m!r} is not one TensorRT-LLM 1.0.0 runs")
+
+
+def _checkpoint(p: LaunchPick) -> tuple[str, str]:
+    if p.weights != "fp8":
+        return p.model, ""
+    ckpt = p.checkpoint("modelopt")
+    if not ckpt:
+        raise Unsupported(f"FP8 weights: TensorRT-LLM 1.0.0's PyTorch backend loads FP8 from a pre-quantized "
+                          f"(ModelOpt) checkpoint and kvtune knows none for {p.model}: quantize it with ModelOpt "
+                          f"and serve that folder")
+    return ckpt, f"FP8 weights: the pre-quantized checkpoint {ckpt} (its hf_quant_config sets the FP8 GEMMs)"
+
+
+def trtllm_api(p: LaunchPick) -> tuple[dict, list[str]]:
+    if p.multi_node:
+        raise Unsupported(f"a replica over {p.nodes} nodes: TensorRT-LLM starts it under MPI "
+                          f"(trtllm-llmapi-launch), which kvtune does not generate")
+    notes = []
+    api: dict = {"tensor_parallel_size": p.tp}
+    if p.pp > 1:
+        api["pipeline_parallel_size"] = p.pp
+    if p.ep > 1:
+        api["moe_expert_parallel_size"] = p.ep
+    if p.dp_attention:
+        api["enable_attention_dp"] = True
+    api |= {"max_batch_size": p.batch_cap, "max_num_tokens": p.chunk_tokens, "enable_chunked_prefill": True}
+    kv: dict = {"dtype": "fp8" if p.kv_dtype == "fp8" else "auto"}
+    frac = free_fraction(p)
+    if frac is not None:
+        kv["free_gpu_memory_fraction"] = math.floor(frac * 1e4) / 1e4   # down: max_tokens holds the rest
+        kv["max_tokens"] = int(p.memory.kv_pool_tokens_per_gpu)   # per rank's pool
+        notes.append(f"memory: free_gpu_memory_fraction {frac:.4f} of the memory left after loading gives the "
+                     f"{p.memory.kv_pool_tokens_per_gpu:,}-token KV pool per GPU kvtune modelled at gpu_mem_util "
+                     f"{p.gpu_mem_util:g} (max_tokens caps it there too)")
+    else:
+        notes.append("memory: no memory plan to convert; TensorRT-LLM's default free_gpu_memory_fraction applies "
+                     "and its KV pool will differ from kvtune's")
+    kv["enable_block_reuse"] = bool(p.prefix_caching)
+    api["kv_cache_config"] = kv
+    sc = _spec(p)
+    if sc is not None:
+        api["speculative_config"] = sc
+    return api, notes
+
+
+def trtllm_argv(p: LaunchPick) -> tuple[list[str], dict, list[str]]:
+    ckpt, qnote = _checkpoint(p)
+    api, notes = trtllm_api(p)
+    argv = ["trtllm-serve", ckpt, "--tp_size", str(p.tp)]
+    if p.pp > 1:
+        argv += ["--pp_size", str(p.pp)]
+    if p.ep > 1:
+        argv += ["--ep_size", str(p.ep)]
+    argv += ["--max_batch_size", str(p.batch_cap), "--max_num_tokens", str(p.chunk_tokens),
+             "--extra_llm_api_options", "config.yaml", "--host", "0.0.0.0", "--port", str(PORT)]
+    return argv, api, ([qnote] if qnote else []) + notes

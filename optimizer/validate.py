@@ -1,0 +1,162 @@
+"""``kvtune validate``: every row of measured tables predicted with the current model.
+
+Rows are predicted exactly as the calibration predicts them (``costmodel.fit.RowPredictor``: step
+rows with the step model, closed-loop rows through ``costmodel.closed_loop`` with the engine's
+client rule, all-at-once rows as an offline batch), under the efficiency a command would use: the
+``--calibration`` given, else the shipped calibration for the rows' GPU and engine, else (a GPU
+kvtune ships none for) the ideal model. The report is measured against predicted, side by side,
+with per-metric MAPE and bias (mean signed error: + means kvtune predicts high) and the worst rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from costmodel.calibration import ENGINES, efficiency_for
+from costmodel.closed_loop import STAGGERED_ENGINES, canonical_engine
+from costmodel.efficiency import IDEAL, Efficiency
+from costmodel.errors import InputError, ProfileDataMissing
+from costmodel.fit import METRICS, PointFit, RowPredictor, evaluate, measured_metrics
+from costmodel.hardware import GPU, get_gpu
+from costmodel.profile_table import ProfileRow
+
+__all__ = ["MetricSummary", "ValidationGroup", "Validation", "validate_rows", "summarise", "predictable"]
+
+
+@dataclass(frozen=True)
+class MetricSummary:
+    metric: str
+    points: int
+    mape_pct: float
+    bias_pct: float            # mean of (predicted / measured - 1): + = kvtune predicts high
+    median_abs_err_pct: float
+    max_abs_err_pct: float
+
+
+@dataclass(frozen=True)
+class ValidationGroup:
+    """Rows of one GPU and engine, predicted under one efficiency."""
+
+    gpu: str
+    engine: str
+    calibration: str           # the efficiency's source line
+    points: tuple[PointFit, ...]
+
+
+@dataclass(frozen=True)
+class Validation:
+    groups: tuple[ValidationGroup, ...]
+    skipped: tuple[str, ...] = field(default_factory=tuple)   # "row id: why"
+
+    @property
+    def points(self) -> tuple[PointFit, ...]:
+        return tuple(p for g in self.groups for p in g.points)
+
+    def summary(self, engine: str | None = None) -> dict[str, MetricSummary]:
+        pts = [p for g in self.groups if engine is None or g.engine == engine for p in g.points]
+        return summarise(pts)
+
+    def worst(self, n: int = 10) -> list[PointFit]:
+        return sorted(self.points, key=lambda p: -abs(p.err_after))[:n]
+
+
+def summarise(points: Sequence[PointFit]) -> dict[str, MetricSummary]:
+    out = {}
+    for m in METRICS:
+        e = np.array([p.err_after for p in points if p.metric == m], dtype=float)
+        if not len(e):
+            continue
+        a = np.abs(e) * 100
+        out[m] = MetricSummary(m, len(e), float(a.mean()), float(e.mean() * 100), float(np.median(a)), float(a.max()))
+    return out
+
+
+def predictable(row: ProfileRow) -> str | None:
+    """Why kvtune cannot predict this row (None: it can)."""
+    if not measured_metrics(row):
+        return "no measured figure kvtune predicts (step_ms, mean ttft/tpot, output_tok_s)"
+    if row.kind == "request":
+        if not row.input_tokens or not row.output_tokens:
+            return "a request row needs input_tokens and output_tokens"
+        inf = row.rate_req_s is not None and math.isinf(row.rate_req_s)
+        if not inf and row.concurrency is None:
+            return "open loop at a finite rate (only closed-loop and all-at-once rows are predicted)"
+        if inf and not (row.num_requests or row.concurrency):
+            return "all-at-once row without num_requests"
+    if row.kind == "step" and row.phase == "decode" and not (row.batch and row.context_tokens is not None):
+        return "decode step row needs batch and context_tokens"
+    return None
+
+
+def _efficiency(gpu: GPU, engine: str, calibration: str | None, mode: str) -> Efficiency:
+    if mode == "ideal" or calibration == "ideal":
+        return IDEAL
+    if calibration:
+        return efficiency_for("calibrated", gpu.name, calibration)
+    try:
+        return efficiency_for("calibrated", gpu.name, None, engine if engine in ENGINES else None)
+    except ProfileDataMissing:
+        return IDEAL.with_params(source=f"ideal: kvtune ships no calibration for {gpu.name} (datasheet peaks, "
+                                        f"no overheads, no all-reduce cost)")
+
+
+def validate_rows(rows: Sequence[ProfileRow], gpu_override: GPU | None = None, calibration: str | None = None,
+                  engine: str | None = None, mode: str = "calibrated") -> Validation:
+    """Predict every row (of ``engine`` when given) under the efficiency its GPU/engine runs with."""
+    skipped = []
+    groups: dict[tuple[str, str], list[ProfileRow]] = {}
+    for r in rows:
+        e = canonical_engine(r.engine) or ""
+        if engine and e and e != engine:
+            continue
+        why = predictable(r)
+        if why:
+            skipped.append(f"{r.id}: {why}")
+            continue
+        groups.setdefault((r.gpu or (gpu_override.name if gpu_override else ""), e), []).append(r)
+    if not groups:
+        raise InputError("validate: no row of the tables can be predicted" + (f" ({skipped[0]})" if skipped else ""))
+    out = []
+    for (gname, e), grows in sorted(groups.items()):
+        if gpu_override is not None:
+            gpu = gpu_override
+        else:
+            if not gname:
+                raise InputError(f"validate: row {grows[0].id} names no gpu; give --gpu")
+            try:
+                gpu = get_gpu(gname)
+            except InputError:
+                raise InputError(f"validate: row {grows[0].id}: gpu {gname!r} is not in kvtune's catalog; give its "
+                                 f"hardware file with --gpu FILE (see profiles/hardware-cpu-example.yaml)") from None
+        eff = _efficiency(gpu, e or (engine or ""), calibration, mode)
+        pred = RowPredictor(gpu, stagger=STAGGERED_ENGINES)
+        pts = tuple(evaluate(grows, eff, pred))
+        out.append(ValidationGroup(gpu.name, e or "any", eff.source, pts))
+    return Validation(tuple(out), tuple(skipped))
+
+
+def validation_dict(v: Validation, tables: Sequence[dict], worst: int = 10) -> dict:
+    def ms(d: dict[str, MetricSummary]) -> dict:
+        return {k: {"points": s.points, "mape_pct": s.mape_pct, "bias_pct": s.bias_pct,
+                    "median_abs_err_pct": s.median_abs_err_pct, "max_abs_err_pct": s.max_abs_err_pct}
+                for k, s in d.items()}
+
+    return {
+        "tables": list(tables),
+        "summary": ms(v.summary()),
+        "groups": [{"gpu": g.gpu, "engine": g.engine, "calibration": g.calibration, "rows": len({p.id for p in g.points}),
+                    "summary": ms(summarise(g.points))} for g in v.groups],
+        "points": [{"id": p.id, "engine": p.engine, "model": p.model, "tp": p.tp, "metric": p.metric,
+                    "measured": p.measured, "predicted": p.after, "err_pct": p.err_after * 100} for p in v.points],
+        "worst": [{"id": p.id, "metric": p.metric, "measured": p.measured, "predicted": p.after,
+                   "err_pct": p.err_after * 100} for p in v.worst(worst)],
+        "skipped": list(v.skipped),
+        "clients": {"rule": "closed-loop rows simulated as the calibration does: staggered clients for "
+                            f"{', '.join(sorted(STAGGERED_ENGINES))}, a burst for the others; the first and last "
+                            "C requests (warm-up, drain) left out of the means (costmodel/closed_loop.py)"},
+    }
+
