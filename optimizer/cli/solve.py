@@ -86,8 +86,8 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
         from optimizer.gpu_choice import solve_gpu_choice
         solve = solve_gpu_choice  # noqa: F811
-    with _workers(n_workers, storage, workload, sys.argv) as storage:
-        result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=storage,
+    with _workers(n_workers, storage, workload, sys.argv) as shared:
+        result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
                        study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
                        profile=profile, jobs=n_jobs, **extra)
     result["engine"] = engine or spec.engine  # the target whose launch line is printed (None: vLLM's)
