@@ -80,3 +80,10 @@ def test_two_workers_on_postgresql_give_the_single_process_answer(tmp_path):
         _check_shared(url, one, two, WORKLOAD["search"]["trials"])
     finally:
         srv.cleanup()
+
+
+def test_workers_without_a_storage_use_a_temporary_journal(tmp_path):
+    one = _solve(tmp_path, "one", "--jobs", "1")
+    two = _solve(tmp_path, "two", "--workers", "2")
+    _same_answer(one, two)
+    assert not list(tmp_path.glob("*.log"))   # the temporary journal lives elsewhere and is gone
