@@ -1,4 +1,8 @@
-"""The optuna search over serving configurations, screened analytically, one trial per config.
+"""The optuna study of the analytic screen, one trial per config, and the context every solve uses.
+
+The screen's trials are the search's prior and its browsable record (optuna-dashboard); what is
+recommended is decided by the simulator race over the whole lattice (``optimizer.simsearch``),
+which does not depend on which configs these trials visited.
 
 A trial picks TP, batch cap (log scale), KV dtype, speculative length (only with a
 ``speculative:`` section) and chunk budget (log scale); ``optimizer.screen`` bounds the
@@ -11,8 +15,8 @@ per-replica goodput and the replica count follows:
 
 Infeasible trials (does not fit, misses SLOs, over the node budget) carry a constraint vector
 in ``user_attrs['constraint']`` (every entry <= 0: feasible), set with ``Trial.set_constraint``
-(optuna >= 5) or read through the samplers' ``constraints_func`` (optuna 4). Each trial stores its whole evaluation in ``user_attrs['eval']``, so the
-recommendation can be rebuilt from the storage alone (``optimizer.recommend``).
+(optuna >= 5) or read through the samplers' ``constraints_func`` (optuna 4). Each trial stores
+its whole evaluation in ``user_attrs['eval']``.
 
 Several processes may share one storage: before each ask a process counts the study's finished
 and live trials, and a trial that turns out to be surplus after a race (more than ``n_trials``
