@@ -22,11 +22,12 @@ from pathlib import Path
 
 from ._data import load_yaml, profiles_path
 from .efficiency import IDEAL, PARAM_BOUNDS, Efficiency
+from .engines import ENGINE_NAMES, get_engine
 from .errors import InputError, ProfileDataMissing
 
 __all__ = ["load_calibration", "find_calibration", "efficiency_for", "ENGINES"]
 
-ENGINES = ("vllm", "sglang", "trtllm", "llamacpp")  # llamacpp: llama.cpp's llama-server
+ENGINES = ENGINE_NAMES  # the registered engines (costmodel.engines); llamacpp: llama.cpp's llama-server
 # parameters added after the first calibration files: absent means the value below
 OPTIONAL_PARAMS = {"prefill_overhead_s": 0.0, "request_overhead_s": 0.0,
                    "fp8_gemm_efficiency": 1.0, "fp8_kv_bw_efficiency": 1.0, "fp8_scale_overhead_s": 0.0}
@@ -74,7 +75,7 @@ def load_calibration(path: str | Path) -> Efficiency:
 
 def find_calibration(gpu: str, engine: str | None = None) -> Path:
     """The shipped calibration file for a GPU (and engine)."""
-    names = ([f"{gpu}-{engine}"] if engine else []) + [gpu]
+    names = (get_engine(engine).calibration_names(gpu) if engine else []) + [gpu]
     for n in names:
         p = profiles_path("calibrations", f"{n}.yaml")
         if p.exists():

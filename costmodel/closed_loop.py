@@ -38,6 +38,7 @@ import dataclasses
 
 import numpy as np
 
+from .engines import REGISTRY
 from .errors import InputError
 from .requests import Requests
 
@@ -47,7 +48,7 @@ __all__ = ["CLIENT_STARTS", "STAGGERED_ENGINES", "default_clients", "client_star
 CLIENT_STARTS = ("burst", "staggered")
 # engines whose scheduler mixes prefill chunks into decode steps, so a burst of clients drifts
 # apart (see the module doc); the others (SGLang's prefill-first default) stay in lock-step
-STAGGERED_ENGINES = frozenset({"vllm", "trtllm"})
+STAGGERED_ENGINES = frozenset(e.name for e in REGISTRY.values() if e.staggered_clients)  # costmodel.engines
 # how engines are spelled in tables and flags -> kvtune's name
 ENGINE_ALIASES = {"llama.cpp": "llamacpp", "llama-cpp": "llamacpp", "llama_cpp": "llamacpp",
                   "tensorrt-llm": "trtllm", "tensorrt_llm": "trtllm", "trt-llm": "trtllm"}

@@ -24,6 +24,7 @@ import numpy as np
 from .closed_loop import canonical_engine, run_closed_loop
 from .dtypes import check_dtype
 from .efficiency import PARAM_BOUNDS, Efficiency
+from .engines import REGISTRY
 from .errors import InputError
 from .hardware import GPU
 from .models import get_model
@@ -74,10 +75,10 @@ def mape(pred: Sequence[float], meas: Sequence[float]) -> float:
 # Engines whose default scheduler runs prefill batches alone while decodes wait (SGLang:
 # enable_mixed_chunk is off by default, so a waiting prompt gets a prefill batch of its own before
 # the next decode batch). vLLM V1 and TensorRT-LLM mix prefill chunks into the decode step.
-PREFILL_FIRST_ENGINES = frozenset({"sglang"})
+PREFILL_FIRST_ENGINES = frozenset(e.name for e in REGISTRY.values() if e.prefill_first)
 # engines whose admission holds pool room for the outputs (SGLang's new_token_ratio reserve,
-# ``SimConfig.output_reserve``); on with or without mixed chunks
-OUTPUT_RESERVE_ENGINES = frozenset({"sglang"})
+# ``SimConfig.output_reserve``); on with or without mixed chunks. Both read costmodel.engines.
+OUTPUT_RESERVE_ENGINES = frozenset(e.name for e in REGISTRY.values() if e.output_reserve)
 
 
 class RowPredictor:

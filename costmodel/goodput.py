@@ -7,14 +7,21 @@ rises. ``goodput`` brackets the crossing and bisects it:
    the answer is 0 req/s with the reason (which term, at which percentile, against which target);
 2. upper bracket: the analytic decode-limited throughput at the largest batch the cap and the KV
    pool allow, ``B x tokens_per_step / (T(B) x mean output)`` req/s (prefill and queueing only
-   lower it), times 1.25; doubled until attainment misses (a few times at most);
+   lower it): ``upper_bound_req_s``. No rate above it is probed or reported. If the target still
+   holds there (loose SLOs: a finite run finishes every request in time even when overloaded),
+   the goodput is a throughput limit, not an SLO one: the rate the engine sustains with every
+   request queued (an offline run of the same requests, its middle 60% of completions), capped
+   by the bound, once the target is checked at that rate (``capacity_limited``);
 3. bisection, geometric while the bracket spans more than a factor 2, then arithmetic, until
    ``hi - lo <= rel_tol x lo``. The answer is ``lo``, the highest rate seen to meet the target.
+
+Requests that can never fit the KV pool are never served and miss at every rate: when they alone
+keep attainment below the target the answer is 0 req/s with their reason.
 
 With a ``guess_req_s`` (an estimate of the answer, e.g. the optimizer's analytic screen) the
 bracket starts narrow instead: ``GUESS_LO`` x guess is tried first (meets: it is the lower end and
 no zero-load probe is needed; misses: steps 1-3 run below it), then ``GUESS_HI`` x guess, grown by
-x1.25 until it misses. A good guess saves the zero-load probe and the geometric phase.
+x1.25 until it misses (never above the bound). A good guess saves the zero-load probe and the geometric phase.
 
 Every rate uses the same seed: ``make_requests(rate, n, seed)`` should draw the same requests with
 arrival times scaled by 1/rate (common random numbers; ``costmodel.workload`` does), so the
@@ -36,7 +43,7 @@ requests, B = min(batch cap, pool tokens / (mean input + mean output)).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -54,6 +61,7 @@ _MAX_REQUESTS = 20000
 RUNS_PER_SLOT = 5         # requests per concurrency slot the pool and cap allow
 GUESS_LO, GUESS_HI = 0.85, 1.05  # first bracket around a guess (kvtune's screen lands within it mostly)
 GUESS_STEP_DOWN = 0.75    # below a guess that misses, try rates this much lower
+SATURATED_WINDOW = (0.2, 0.8)  # completions of an offline run that measure its steady throughput
 GUESS_STEPS_DOWN = 6      # ... this many times before falling back to the zero-load probe
 
 
@@ -79,16 +87,21 @@ def default_n_requests(attainment: float, warmup_frac: float = default_warmup_fr
 
 
 def capacity_bound_req_s(step: StepModel, mean_input_tokens: float, mean_output_tokens: float,
-                         batch_cap: int) -> float:
+                         batch_cap: int, mean_shared_tokens: float = 0.0, kv_pool_tokens: int | None = None) -> float:
     """Decode-limited throughput at the largest batch the cap and pool allow (an upper bound).
 
     A sequence is half-way through on average: context = input + output / 2; the pool holds
-    pool_tokens / context of them, the cap at most ``batch_cap``. Throughput in requests per second
-    is B x tokens_per_step / (T(B) x output): every request needs output / tokens_per_step verify
-    steps, each shared by B sequences. Prefill steps and queueing can only lower it.
+    pool_tokens / (context - shared) of them (``mean_shared_tokens``: prefix-cached tokens a
+    sequence reads but does not hold), the cap at most ``batch_cap``. Throughput in requests per
+    second is B x tokens_per_step / (T(B) x output): every request needs output / tokens_per_step
+    verify steps, each shared by B sequences. Prefill steps and queueing can only lower it.
+    ``kv_pool_tokens``: the pool the simulator runs with (``SimConfig.kv_pool_tokens``), if not
+    the step model's.
     """
+    pool = kv_pool_tokens or step.memory.kv_pool_tokens
     ctx = max(mean_input_tokens + mean_output_tokens / 2.0, 1.0)
-    b = max(1, min(int(batch_cap), int(step.memory.kv_pool_tokens // ctx)))
+    own = max(ctx - max(float(mean_shared_tokens), 0.0), 1.0)
+    b = max(1, min(int(batch_cap), int(pool // own)))
     t = step.step_time_s(b, b * ctx)
     return b * step.tokens_per_step / (t * max(mean_output_tokens, 1.0))
 
@@ -106,13 +119,19 @@ class GoodputResult:
     upper_bound_req_s: float          # the analytic starting bound
     reason: str = ""                  # why the goodput is 0 (empty otherwise)
     history: tuple = field(default=())  # ((rate_req_s, attainment), ...) in the order probed
+    # the SLOs still held at the highest rate allowed (the capacity bound, or the simulator's
+    # saturated throughput when that is lower): the goodput is a throughput limit
+    capacity_limited: bool = False
+    saturated_req_s: float | None = None  # offline throughput of the same requests (when it was needed)
+    limit: str = ""                       # what ended the search: "slo", "throughput: ..." or ""
 
     def to_dict(self) -> dict:
         return {"goodput_req_s": self.goodput_req_s, "attainment": self.attainment,
                 "target_attainment": self.target_attainment, "iterations": self.iterations,
                 "bracket_req_s": list(self.bracket), "rel_tol": self.rel_tol, "n_requests": self.n_requests,
                 "upper_bound_req_s": self.upper_bound_req_s, "reason": self.reason,
-                "history": [list(h) for h in self.history], "at_goodput": self.summary}
+                "capacity_limited": self.capacity_limited, "saturated_req_s": self.saturated_req_s,
+                "limit": self.limit, "history": [list(h) for h in self.history], "at_goodput": self.summary}
 
 
 def _zero_load_reason(res: SimResult, req: Requests, attainment: float) -> str:
@@ -137,12 +156,16 @@ def _zero_load_reason(res: SimResult, req: Requests, attainment: float) -> str:
 def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests], config: SimConfig,
             attainment: float, n_requests: int | None = None, seed: int = 0, rel_tol: float = 0.02,
             warmup_frac: float | None = None, max_iterations: int = 40,
-            guess_req_s: float | None = None) -> GoodputResult:
+            guess_req_s: float | None = None, *, sim: Callable[[Requests, str, float], SimResult] | None = None,
+            upper_bound_req_s: float | None = None) -> GoodputResult:
     """Highest Poisson rate (req/s, one replica) at which SLO attainment stays >= ``attainment``.
 
     ``make_requests(rate_req_s, n, seed)`` draws the requests (the same seed at every rate). See
     the module docstring for the bracketing, the tolerance and ``n_requests`` (default
     ``default_n_requests(attainment)``) and ``guess_req_s`` (a starting bracket).
+    ``sim(requests, arrival, warmup_frac)`` simulates something other than one replica of
+    ``step`` (a disaggregated deployment: ``costmodel.deployment``), with ``upper_bound_req_s``
+    its capacity bound.
     """
     if not 0 < attainment <= 1:
         raise InputError(f"attainment must be in (0, 1], got {attainment!r}")
@@ -150,7 +173,17 @@ def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests
         raise InputError(f"rel_tol must be in (0, 1), got {rel_tol!r}")
     wf = default_warmup_frac("trace") if warmup_frac is None else warmup_frac
     probe = make_requests(1.0, n_requests or _MIN_REQUESTS, seed)
-    mean_in, mean_out = float(probe.input_tokens.mean()), float(probe.output_tokens.mean())
+    pool = config.kv_pool_tokens or step.memory.kv_pool_tokens
+    # the bound is over the requests that can be served: those that fit the pool at all
+    blocks = pool // config.block_tokens
+    fits = (-(-(probe.input_tokens + probe.output_tokens + 1) // config.block_tokens)
+            <= blocks - int(config.watermark_frac * blocks))
+    if fits.all():
+        mean_in, mean_out = float(probe.input_tokens.mean()), float(probe.output_tokens.mean())
+    elif fits.any():
+        mean_in, mean_out = float(probe.input_tokens[fits].mean()), float(probe.output_tokens[fits].mean())
+    else:
+        mean_in, mean_out = float(probe.input_tokens.mean()), float(probe.output_tokens.mean())
     if n_requests is None:
         slots = min(config.batch_cap, int(step.memory.kv_pool_tokens // max(mean_in + mean_out, 1.0)))
         n = default_n_requests(attainment, wf, slots)
@@ -159,11 +192,15 @@ def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests
     if n < 1:
         raise InputError(f"n_requests must be >= 1, got {n_requests!r}")
     history: list[tuple[float, float]] = []
-    ub = capacity_bound_req_s(step, mean_in, mean_out, config.batch_cap)
+    shared = (float(np.where(probe.prefix_group >= 0, probe.prefix_tokens, 0)[fits].mean())
+              if config.prefix_caching and fits.any() else 0.0)
+    ub = (capacity_bound_req_s(step, mean_in, mean_out, config.batch_cap, shared, config.kv_pool_tokens)
+          if upper_bound_req_s is None else float(upper_bound_req_s))
 
     def run(rate: float) -> tuple[SimResult, Requests]:
         req = make_requests(rate, n, seed)
-        res = simulate(step, req, config, "trace", seed=seed, warmup_frac=wf)
+        res = (simulate(step, req, config, "trace", seed=seed, warmup_frac=wf) if sim is None
+               else sim(req, "trace", wf))
         history.append((rate, res.slo_attainment))
         if res.rejected:
             best = _best_attainment(res)
@@ -174,8 +211,23 @@ def goodput(step: StepModel, make_requests: Callable[[float, int, int], Requests
                     f"rate, below the target {attainment:g}", tuple(history)))
         return res, req
 
+    def saturated() -> float:
+        """Requests per second the engine completes with every request queued (an offline run of
+        the same requests), over its middle completions: the fill at the start and the drain at the
+        end, when the batch is not full, are left out."""
+        req = make_requests(math.inf, n, seed)
+        res = (simulate(step, req, config, "inf", seed=seed, warmup_frac=0.0) if sim is None
+               else sim(req, "inf", 0.0))
+        fin = np.sort(res.e2e_s[~np.isinf(res.ttft_s)])
+        k1, k2 = int(SATURATED_WINDOW[0] * len(fin)), int(SATURATED_WINDOW[1] * len(fin))
+        if k2 - k1 < 2 or not fin[k2 - 1] > fin[k1]:
+            return float(res.request_s)
+        return float((k2 - 1 - k1) / (fin[k2 - 1] - fin[k1]))
+
     try:
-        return _bisect(run, attainment, n, rel_tol, wf, max_iterations, guess_req_s, ub, history)
+        out = _bisect(run, saturated, attainment, n, rel_tol, wf, max_iterations, guess_req_s, ub, history)
+        # the offline run that measured the saturated throughput counts as a simulation too
+        return out if out.saturated_req_s is None else replace(out, iterations=out.iterations + 1)
     except _Unreachable as exc:
         return exc.result
 
@@ -196,23 +248,27 @@ def _best_attainment(res: SimResult) -> float:
     return float((m & ~np.isinf(res.ttft_s)).sum() / m.sum())
 
 
-def _bisect(run, attainment: float, n: int, rel_tol: float, wf: float, max_iterations: int,
+def _bisect(run, saturated, attainment: float, n: int, rel_tol: float, wf: float, max_iterations: int,
             guess_req_s: float | None, ub: float, history: list) -> GoodputResult:
     guess = guess_req_s if guess_req_s is not None and math.isfinite(guess_req_s) and guess_req_s > 0 else None
     res_lo = res_hi = None
+    met: list[tuple[float, SimResult]] = []   # rates that met the target, in the order probed
+    top = ub        # no rate above the capacity bound is probed (nor reported)
+    sat = None      # the simulator's saturated throughput, once a rate at the bound meets the target
     if guess is not None:
         # walk down from the guess until a rate meets the target (the zero-load probe only if
         # the walk gets that far), then up from the meeting rate until one misses
-        rate = GUESS_LO * guess
+        rate = min(GUESS_LO * guess, top)
         while len(history) < GUESS_STEPS_DOWN and rate > ub * 1e-3:
             res, _ = run(rate)
             if res.slo_attainment >= attainment:
                 lo_rate, res_lo = rate, res
+                met.append((rate, res))
                 break
             hi_rate, res_hi = rate, res
             rate *= GUESS_STEP_DOWN
         if res_lo is not None and res_hi is None:
-            hi_rate = max(GUESS_HI * guess, lo_rate * 1.1)
+            hi_rate = min(max(GUESS_HI * guess, lo_rate * 1.1), top)
     if res_lo is None:
         lo_rate = ub * 1e-3
         res_lo, req_lo = run(lo_rate)
@@ -220,20 +276,59 @@ def _bisect(run, attainment: float, n: int, rel_tol: float, wf: float, max_itera
             return GoodputResult(0.0, res_lo.slo_attainment, attainment, res_lo.summary(), len(history),
                                  (0.0, lo_rate), rel_tol, n, ub, _zero_load_reason(res_lo, req_lo, attainment),
                                  tuple(history))
+        met.append((lo_rate, res_lo))
         if res_hi is None:
-            hi_rate = ub * 1.25
+            hi_rate = top
     grow = 1.25 if guess is not None else 2.0
     if res_hi is None:
-        res_hi, _ = run(hi_rate)
+        if lo_rate >= top:
+            res_hi = res_lo
+        else:
+            res_hi, _ = run(hi_rate)
     while res_hi.slo_attainment >= attainment and len(history) < max_iterations:
         lo_rate, res_lo = hi_rate, res_hi
-        hi_rate *= grow
+        if not met or met[-1][0] != lo_rate:
+            met.append((lo_rate, res_lo))
+        if lo_rate >= top:
+            if sat is not None:
+                break
+            # the SLOs hold at the analytic bound (a finite run of loose SLOs finishes every request
+            # in time even when overloaded): no rate above what the engine sustains with every
+            # request queued counts, the saturated throughput of the same requests
+            sat = saturated()
+            if sat >= top:
+                break
+            top = hi_rate = sat
+            below = [(r, x) for r, x in met if r <= top]
+            if below:
+                lo_rate, res_lo = max(below, key=lambda rx: rx[0])
+            else:
+                lo_rate = min(ub * 1e-3, 0.5 * top)
+                res_lo, req_lo = run(lo_rate)
+                if res_lo.slo_attainment < attainment:
+                    return GoodputResult(0.0, res_lo.slo_attainment, attainment, res_lo.summary(), len(history),
+                                         (0.0, lo_rate), rel_tol, n, ub,
+                                         _zero_load_reason(res_lo, req_lo, attainment), tuple(history),
+                                         saturated_req_s=sat)
+            if lo_rate >= top:
+                res_hi = res_lo
+                break
+            res_hi, _ = run(hi_rate)
+            continue
+        hi_rate = min(hi_rate * grow, top)
         res_hi, _ = run(hi_rate)
     if res_hi.slo_attainment >= attainment:
+        if hi_rate >= top:
+            what = ("the simulator's saturated throughput (every request queued)" if sat is not None and top == sat
+                    else "the analytic capacity bound")
+            what = f"{what}, {hi_rate:.3g} req/s"
+            return GoodputResult(hi_rate, res_hi.slo_attainment, attainment, res_hi.summary(), len(history),
+                                 (hi_rate, hi_rate), rel_tol, n, ub, "", tuple(history), capacity_limited=True,
+                                 saturated_req_s=sat, limit=f"throughput: the SLOs still hold at {what}")
         return GoodputResult(hi_rate, res_hi.slo_attainment, attainment, res_hi.summary(), len(history),
-                             (hi_rate, math.inf), rel_tol, n, ub,
-                             f"no miss found up to {hi_rate:.3g} req/s after {max_iterations} simulations",
-                             tuple(history))
+                             (hi_rate, top), rel_tol, n, ub,
+                             "", tuple(history), saturated_req_s=sat,
+                             limit=f"no miss found up to {hi_rate:.3g} req/s after {max_iterations} simulations")
     # narrow the bracket: while it spans more than a factor 2, geometric bisection; then aim at the
     # crossing interpolated on logit(attainment) and probe a pair straddling it, 0.9 rel_tol apart,
     # which closes the bracket in two runs when the aim is good (bisection when a pair misses twice)
@@ -270,4 +365,5 @@ def _bisect(run, attainment: float, n: int, rel_tol: float, wf: float, max_itera
         if hi_rate == was[1]:
             f_hi *= 0.5
     return GoodputResult(lo_rate, res_lo.slo_attainment, attainment, res_lo.summary(), len(history),
-                         (lo_rate, hi_rate), rel_tol, n, ub, "", tuple(history))
+                         (lo_rate, hi_rate), rel_tol, n, ub, "", tuple(history), saturated_req_s=sat,
+                         limit="slo")

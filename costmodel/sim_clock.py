@@ -62,13 +62,10 @@ class DecodeClock:
                     kinks.append(x)
             if s.spec is not None:
                 # draft: max(plain_mem, plain_comp) of a plain (non-speculative) step of n sequences
-                kv_gpu, bw = s._kv_gpu, s._bw
-                w = s.weight_read_bytes(n)
-                pc0 = n * s._gemm_flops_tok / s._dec_gemm_rate
-                pc1 = s._attn_flops_pair / s._dec_attn_rate
+                pc0, pc1 = s.plain_decode_compute_coeffs(n)
 
                 def pm(c: float) -> float:
-                    return (w + s._kv_read_tokens(n, c) * kv_gpu) / bw
+                    return s.plain_decode_mem_s(n, c)
 
                 pm_slope = (pm(x1) - pm(x0)) / (x1 - x0)
                 if pm_slope != pc1:

@@ -1,4 +1,10 @@
-"""Serving simulator: one replica, event driven, scheduled the way vLLM V1 schedules.
+"""Serving simulator: one replica, event driven, scheduled the way its engine schedules.
+
+This module prepares the requests (arrival order, speculative verify steps, rejections) and turns
+the replica's times into results (``SimResult``); ``costmodel.replica`` is the replica's state and
+step loop, and ``costmodel.engines`` the engines' scheduling and admission policies (vLLM V1's
+mixed chunked prefill below; SGLang's prefill-first batches and output reserve are its
+``PrefillFirst`` and ``OutputReserveAdmission``).
 
 Each engine iteration (step):
 
@@ -37,8 +43,9 @@ only when the bound says the pool may run out.
 
 Simplifications (documented, deliberate): a re-prefill after preemption emits no token; a
 speculative sequence gains its own mean accepted run per verify step (its number of verify steps is
-sampled up front, so completion times are random as in the engine, but the context between
-completions grows linearly); requests whose prompt plus output cannot fit in the pool at all are
+sampled up front, one draw per verify step, or from the renewal central limit theorem past
+``SPEC_CLT_TOKENS`` output tokens, so completion times are random as in the engine, but the
+context between completions grows linearly); requests whose prompt plus output cannot fit in the pool at all are
 rejected (never served, they miss the SLO and count in ``rejected``).
 
 Warm-up: with Poisson/trace and closed-loop arrivals the first ``warmup_frac`` (default 10%) of
@@ -50,33 +57,28 @@ benchmark) nothing is excluded by default. Per-request arrays in ``SimResult`` c
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from .engines import admission_for, scheduling_for
+from .engines.policies import (RESERVE_CLIP_TOKENS, RESERVE_RATIO_DECAY_PER_STEP, RESERVE_RATIO_INIT,  # noqa: F401
+                               RESERVE_RATIO_MIN, RESERVE_RETRACT_STEPS)
 from .errors import InputError
+from .replica import Replica, ReplicaInputs
 from .requests import Requests
-from .sim_clock import DecodeClock
 from .step import StepModel
 
-__all__ = ["SimConfig", "SimResult", "simulate", "simulate_fleet", "ARRIVAL_MODES", "default_warmup_frac"]
+__all__ = ["SimConfig", "SimResult", "simulate", "simulate_fleet", "build_result", "ARRIVAL_MODES",
+           "default_warmup_frac"]
 
 ARRIVAL_MODES = ("trace", "inf", "closed")
 
-# SGLang's output reservation at admission (``SimConfig.output_reserve``); the defaults of SGLang's
-# environ / global_config (SGLANG_INIT_NEW_TOKEN_RATIO, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR,
-# SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION,
-# SGLANG_RETRACT_DECODE_STEPS), unchanged from 0.4 to 0.5.x
-RESERVE_RATIO_INIT = 0.7
-RESERVE_RATIO_MIN = 0.7 * 0.14
-RESERVE_RATIO_DECAY_PER_STEP = (RESERVE_RATIO_INIT - RESERVE_RATIO_MIN) / 600
-RESERVE_CLIP_TOKENS = 4096
-RESERVE_RETRACT_STEPS = 20
+# SGLang's output reservation constants (RESERVE_*) live with its admission policy,
+# costmodel.engines.policies; imported above for the callers that read them here
 
 
 def default_warmup_frac(arrival: str) -> float:
@@ -177,10 +179,30 @@ class SimResult:
         }
 
 
+_SPEC_DRAWS_PER_BLOCK = 1 << 20  # acceptance draws held at once (8 MiB of doubles)
+# a request with more tokens after its first than this gets its pass count from the renewal
+# central limit theorem instead of one draw per pass (past 4,096 tokens at k=5, a=0.8: > 1,100
+# passes, the count's relative sd ~2%, its law normal to well within that); below it, one draw
+# per pass: 20,000 requests of 4,096 tokens draw ~2e7 uniforms (~2 s), not one per token
+SPEC_CLT_TOKENS = 4096
+
+
+def _accepted_runs(u: np.ndarray, k: int, a: float) -> np.ndarray:
+    """Tokens each verify pass emits, 1 + X, from uniforms ``u`` (modified in place)."""
+    u[u <= 0] = np.finfo(float).tiny
+    return 1 + np.minimum(np.floor(np.log(u) / math.log(a)), k).astype(np.int64)
+
+
 def _spec_verify_steps(step: StepModel, out: np.ndarray, seed: int) -> np.ndarray:
     """Verify passes each request needs for its ``out - 1`` tokens after the first. A pass emits
     1 + X tokens, X = consecutive accepted drafts: P(X >= j) = a^j for j <= k, so
-    X = min(floor(ln U / ln a), k); mean (1 - a^(k+1)) / (1 - a) = step.tokens_per_step."""
+    X = min(floor(ln U / ln a), k); mean (1 - a^(k+1)) / (1 - a) = step.tokens_per_step.
+
+    Request i reads its passes' uniforms from its own segment of one random stream, segment i
+    starting at sum(need[:i]) and ``need[i]`` draws long (at most one per token: a pass emits >= 1);
+    it uses as many as it has passes. The stream is drawn a block at a time and the unused rest of
+    a long segment is jumped over (``advance``), so memory stays bounded by the block whatever the
+    outputs, and the draws are the same as drawing the whole stream at once."""
     need = np.maximum(out.astype(np.int64) - 1, 0)
     k, a = step.spec.k, step.spec.acceptance
     total = int(need.sum())
@@ -188,19 +210,73 @@ def _spec_verify_steps(step: StepModel, out: np.ndarray, seed: int) -> np.ndarra
         return need.copy()
     if a >= 1.0:
         return -(-need // (k + 1))
-    rng = np.random.default_rng(seed)
     if a <= 0.0:
-        runs = np.ones(total, dtype=np.int64)
-    else:
-        u = rng.random(total)
-        u[u <= 0] = np.finfo(float).tiny
-        runs = 1 + np.minimum(np.floor(np.log(u) / math.log(a)), k).astype(np.int64)
-    # each request draws from its own segment of the stream (at most need[i] draws, each >= 1 token)
+        return need.copy()  # every pass emits one token
+    rng = np.random.default_rng(seed)
+    if total <= _SPEC_DRAWS_PER_BLOCK and need.max() <= SPEC_CLT_TOKENS:
+        return _passes_of_segments(rng.random(total), need, k, a)
+    res = np.zeros(len(need), dtype=np.int64)
+    long = np.flatnonzero(need > SPEC_CLT_TOKENS)
+    if long.size:  # their own generator: the stream the others read stays as it was
+        res[long] = _passes_clt(np.random.default_rng([seed, 1]), need[long], k, a)
+    i, n = 0, len(need)
+    while i < n:
+        if need[i] > SPEC_CLT_TOKENS:
+            rng.bit_generator.advance(int(need[i]))  # its segment, unread
+            i += 1
+            continue
+        if need[i] > _SPEC_DRAWS_PER_BLOCK:
+            res[i] = _passes_of_long_segment(rng, int(need[i]), k, a)
+            i += 1
+            continue
+        j, drawn = i, 0  # consecutive requests whose segments fit one block
+        while j < n and need[j] <= _SPEC_DRAWS_PER_BLOCK - drawn and need[j] <= SPEC_CLT_TOKENS:
+            drawn += int(need[j])
+            j += 1
+        res[i:j] = _passes_of_segments(rng.random(drawn), need[i:j], k, a)
+        i = j
+    return res
+
+
+def _passes_clt(rng: np.random.Generator, need: np.ndarray, k: int, a: float) -> np.ndarray:
+    """Passes to emit ``need`` tokens when each emits 1 + X (X as above): by the renewal CLT the
+    count is normal with mean need / mu (+ 1/2 for the last pass's overshoot) and variance
+    need sigma^2 / mu^3, mu and sigma^2 the mean and variance of 1 + X; within [need/(k+1), need]."""
+    j = np.arange(1, k + 1)
+    mu = 1.0 + float(np.sum(a ** j))                      # E[1 + X] = sum_{j=0..k} a^j
+    var = float(np.sum((2 * j - 1) * a ** j)) - (mu - 1.0) ** 2  # E[X^2] - E[X]^2
+    mean = need / mu + 0.5
+    sd = np.sqrt(need * max(var, 0.0) / mu ** 3)
+    draw = np.rint(mean + sd * rng.standard_normal(len(need))).astype(np.int64)
+    return np.clip(draw, -(-need // (k + 1)), need)
+
+
+def _passes_of_segments(u: np.ndarray, need: np.ndarray, k: int, a: float) -> np.ndarray:
+    """Passes of consecutive requests whose segments together are ``u``."""
+    runs = _accepted_runs(u, k, a)
     cum = np.concatenate(([0], np.cumsum(runs)))
     start = np.concatenate(([0], np.cumsum(need)[:-1]))
     base = cum[start]
     end = np.searchsorted(cum, base + need, side="left")  # first index with cum >= base + need
     return np.where(need > 0, end - start, 0).astype(np.int64)
+
+
+def _passes_of_long_segment(rng: np.random.Generator, need: int, k: int, a: float) -> int:
+    """Passes of one request whose segment exceeds a block: drawn a block at a time until its
+    tokens are reached, then the rest of the segment is skipped."""
+    drawn, got = 0, 0
+    while True:
+        m = min(_SPEC_DRAWS_PER_BLOCK, need - drawn)
+        c = np.cumsum(_accepted_runs(rng.random(m), k, a))
+        if got + int(c[-1]) >= need:
+            passes = drawn + int(np.searchsorted(c, need - got, side="left")) + 1
+            drawn += m
+            break
+        got += int(c[-1])
+        drawn += m
+    if need > drawn:
+        rng.bit_generator.advance(need - drawn)
+    return passes
 
 
 def simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: str = "trace",
@@ -248,7 +324,11 @@ def simulate_fleet(step: StepModel, make_requests: Callable[[float, int, int], R
 
 
 def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: str,
-              concurrency: int | None, seed: int, warmup_frac: float | None, naive: bool) -> SimResult:
+              concurrency: int | None, seed: int, warmup_frac: float | None, naive: bool,
+              kv_ready: np.ndarray | None = None) -> SimResult:
+    """``simulate``; ``naive``: one step at a time (no closed form); ``kv_ready`` (a decode replica
+    of a disaggregated deployment, ``costmodel.deployment``): True where the request's prompt KV
+    arrives computed, so it starts decoding when admitted, its first token with it."""
     wall0 = time.perf_counter()
     if not getattr(step, "closed_form_ok", True):
         naive = True  # measured step times: no closed form, time every decode step exactly
@@ -296,12 +376,8 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
         nsteps_a = np.maximum(out_a - 1, 0)
         gain_a = np.ones(n)
     nsteps, gain = nsteps_a.tolist(), gain_a.tolist()
-    q = step.spec.k + 1 if step.spec is not None else 1
 
     bt = int(config.block_tokens)
-    cap = int(config.batch_cap)
-    chunk = int(config.chunk_tokens)
-    use_prefix = bool(config.prefix_caching)
     total_blocks = int(config.kv_pool_tokens or step.memory.kv_pool_tokens) // bt
     watermark_blocks = int(config.watermark_frac * total_blocks)
     # too large for the whole pool: prompt + output (+ the slot being computed) in blocks
@@ -310,429 +386,37 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     any_rejected = bool(rejected_mask.any())
     reject_reason = _reject_reason(inp_a, out_a, rejected_mask, total_blocks, watermark_blocks, bt) if any_rejected else ""
 
-    step_time = step.step_time_s
-    # runs of identical prompt chunks beside a fixed decode set are summed in closed form too:
-    # every term of those steps is linear in the step index (not for sliding-window attention,
-    # whose KV reads are not, nor speculation, whose draft cost takes its own max)
-    prefill_first = bool(config.prefill_first)
-    chunk_runs = (not naive and not prefill_first and step.spec is None and not getattr(step, "_sliding", True)
-                  and hasattr(step, "_terms"))
-    clock = DecodeClock(step)
-    pieces_of = clock.pieces
-    time_of, steps_until = clock.time_of_steps, clock.steps_until
-
-    # ---- state ----------------------------------------------------------------------------------
-    t = 0.0
-    gstep = 0                       # engine steps so far (every step decodes every decoding sequence)
-    ctx_sum = 0.0                   # cached tokens of decoding sequences
-    G = 0.0                         # their growth per step (sum of gains)
-    n_dec = 0
-    shared_dec = 0                  # pinned-prefix blocks the decoding sequences borrow
-    # decode slots: inactive ones have L0 = -1, g = 0, shared = 0 so they need 0 blocks
-    sL0 = np.full(cap, -1.0)
-    sS0 = np.zeros(cap)
-    sg = np.zeros(cap)
-    ssh = np.zeros(cap)
-    sF = np.zeros(cap)              # the step at which the slot's sequence finishes
-    free_slots = list(range(cap))   # a heap: the lowest free slot first keeps active slots packed
-    active = [False] * cap
-    top = [0]                       # 1 + highest slot in use: numpy work covers slots [:top]
-    unit_gain = step.spec is None
-    slot_of = [-1] * n
-    L0_of = [0.0] * n
-    S0_of = [0] * n
-    heap: list = []                 # (finish step, request, epoch)
-    epoch = [0] * n
-    running: dict[int, None] = {}   # admission order (preemption victim: the last one)
-    prefilling: list[int] = []
-    pf_done = [0] * n
-    pf_target = [0] * n
-    pf_alloc = [0] * n
-    alloc_pf = 0                    # blocks held by prefilling requests
-    shared_of = [0] * n
-    pinned = 0
-    cached_groups: set[int] = set()
-    steps_done = [0] * n
-    waiting: deque[int] = deque()
-    first_t = [math.nan] * n
-    fin_t = [math.nan] * n
-    arr_t = list(arr)
-    preemptions = 0
-    events = 0
-    n_left = n
-    nxt = 0                          # next request not yet arrived
-    reserve = bool(config.output_reserve)
-    nt_r0, nt_s0 = RESERVE_RATIO_INIT, 0   # SGLang's new_token_ratio: its value at step nt_s0
-
-    if arrival == "trace":
-        pass
-    elif arrival == "inf":
-        nxt = n
-        waiting.extend(range(n))
-    elif n_trace == 0:
-        waiting.extend(range(k0))
-        nxt = k0
-    nxt_c = k0 if arrival == "closed" else n   # the next request a closed-loop client sends
-
-    def reject_skip() -> None:
-        # drop rejected requests from the head of the waiting queue (they are never served)
-        nonlocal n_left
-        while waiting and rejected[waiting[0]]:
-            i = waiting.popleft()
-            n_left -= 1
-            on_done(i)
-
-    def on_done(i: int) -> None:
-        # closed loop: the client that sent i sends the next request now
-        nonlocal nxt_c
-        if nxt_c < n:
-            arr_t[nxt_c] = t
-            waiting.append(nxt_c)
-            nxt_c += 1
-
-    def dec_blocks(j: int) -> int:
-        """Exact blocks the decoding sequences hold for the step ``j`` steps from now."""
-        if not n_dec:
-            return 0
-        k = top[0]
-        c = sL0[:k] + (gstep + j - sS0[:k]) * sg[:k]
-        return int(np.ceil((c + 1.0) / bt).sum() - ssh[:k].sum())
-
-    def first_short_step(avail: int, m: int) -> int:
-        """Steps that fit (1..m) before the decoding sequences' blocks exceed ``avail`` (step 0 is
-        known to fit). With one token per step, a sequence with c cached tokens holds
-        ceil((c + 1 + j) / bt) blocks at step j: floor((j + e) / bt) more than at step 0, where
-        e = c mod bt. Over B sequences, after j = q bt + r steps that is q B + #{i : e_i >= bt - r}
-        extra blocks, so the first step that does not fit follows from a histogram of e."""
-        k = top[0]
-        act = sg[:k] > 0
-        c = (sL0[:k] + (gstep - sS0[:k]) * sg[:k])[act]
-        used0 = int(np.ceil((c + 1.0) / bt).sum() - ssh[:k][act].sum())
-        free = avail - used0
-        if not unit_gain:
-            lo, hi = 0, m - 1
-            if dec_blocks(hi) <= avail:
-                return m
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if dec_blocks(mid) > avail:
-                    hi = mid
-                else:
-                    lo = mid
-            return lo + 1
-        nb = len(c)
-        e = np.mod(c, bt).astype(np.int64)
-        cnt = np.bincount(e, minlength=bt)
-        suffix = np.cumsum(cnt[::-1])[::-1]             # suffix[x] = #{e_i >= x}
-        q0 = free // nb
-        rem = free - q0 * nb
-        # smallest r in [1, bt] with #{e_i >= bt - r} > rem (r = bt: every sequence, nb > rem)
-        r = 1
-        while r < bt and suffix[bt - r] <= rem:
-            r += 1
-        j_short = q0 * bt + r                           # first step index whose blocks do not fit
-        return min(m, j_short)
-
-    def free_slot(s: int) -> None:
-        sL0[s], sS0[s], sg[s], ssh[s], sF[s] = -1.0, 0.0, 0.0, 0.0, 0.0
-        heapq.heappush(free_slots, s)
-        active[s] = False
-        k = top[0]
-        while k and not active[k - 1]:
-            k -= 1
-        top[0] = k
-
-    def reserve_blocks() -> float:
-        """Blocks SGLang's admission holds back for the running requests' remaining output: the
-        decaying new_token_ratio x their remaining tokens, each clipped (``output_reserve``)."""
-        ratio = max(nt_r0 - RESERVE_RATIO_DECAY_PER_STEP * (gstep - nt_s0), RESERVE_RATIO_MIN)
-        tok = 0.0
-        if n_dec:
-            k = top[0]
-            tok = float(np.minimum((sF[:k] - gstep) * sg[:k], RESERVE_CLIP_TOKENS).sum())
-        for i in prefilling:
-            tok += min((nsteps[i] - steps_done[i]) * gain[i], RESERVE_CLIP_TOKENS)
-        return ratio * tok / bt
-
-    def retract_ratio() -> float:
-        """SGLang's new_token_ratio after a retraction: (tokens decoded + 20 per request) over the
-        running requests' whole outputs, at most 1."""
-        done_tok, total_tok = 0.0, 0.0
-        for i in running:
-            s = slot_of[i]
-            left = (sF[s] - gstep) * gain[i] if s >= 0 else (nsteps[i] - steps_done[i]) * gain[i]
-            done_tok += max(out[i] - 1 - left, 0.0)
-            total_tok += out[i]
-        if total_tok <= 0:
-            return RESERVE_RATIO_INIT
-        return min(1.0, (done_tok + RESERVE_RETRACT_STEPS * len(running)) / total_tok)
-
-    def dec_bound(j: int) -> float:
-        return (ctx_sum + j * G + n_dec) / bt + n_dec - shared_dec
-
-    def preempt() -> int:
-        """Preempt the most recently admitted running request; return the blocks it frees."""
-        nonlocal ctx_sum, G, n_dec, shared_dec, alloc_pf, preemptions
-        v = next(reversed(running))
-        del running[v]
-        s = slot_of[v]
-        if s >= 0:
-            done_now = gstep - S0_of[v]
-            steps_done[v] += done_now
-            c = L0_of[v] + done_now * gain[v]
-            freed = math.ceil((c + 1.0) / bt) - shared_of[v]
-            ctx_sum -= c
-            G -= gain[v]
-            n_dec -= 1
-            shared_dec -= shared_of[v]
-            free_slot(s)
-            slot_of[v] = -1
-            epoch[v] += 1
-            if n_dec == 0:
-                ctx_sum, G = 0.0, 0.0
-        else:
-            prefilling.remove(v)
-            alloc_pf -= pf_alloc[v]
-            freed = pf_alloc[v]
-        waiting.appendleft(v)
-        preemptions += 1
-        return freed
-
-    while n_left > 0:
-        events += 1
-        # ---- arrivals up to now ------------------------------------------------------------------
-        while nxt < n_trace and arr[nxt] <= t:
-            waiting.append(nxt)
-            nxt += 1
-        if any_rejected and waiting and rejected[waiting[0]]:
-            reject_skip()
-            if n_left == 0:
-                break
-        if not running:
-            if not waiting:
-                t = arr[nxt]  # idle until the next arrival (trace mode only reaches here)
-                nt_r0, nt_s0 = RESERVE_RATIO_INIT, gstep  # SGLang resets new_token_ratio when idle
-                continue
-        # ---- blocks for this step's decodes: preempt the newest while they do not fit ------------
-        preempted_now = False
-        if n_dec and (ctx_sum + n_dec) / bt + n_dec - shared_dec + alloc_pf + pinned > total_blocks:
-            used = dec_blocks(0) + alloc_pf + pinned
-            while used > total_blocks and running:
-                used -= preempt()
-                preempted_now = True
-            if not running and pinned:
-                # the last request alone did not fit beside the pinned prefixes: an empty engine
-                # drops the prefix cache (as at admission) and may admit at once
-                pinned = 0
-                cached_groups.clear()
-                preempted_now = False
-            if reserve and preempted_now:
-                nt_r0, nt_s0 = retract_ratio(), gstep
-        # ---- prefill work for this step -----------------------------------------------------------
-        budget = chunk if prefill_first else chunk - n_dec * q
-        ptoks = 0
-        ppairs = 0.0
-        pkv = 0.0
-        chunks: list = []
-        if budget > 0 and (prefilling or waiting):
-            for i in prefilling:
-                d = pf_done[i]
-                c = pf_target[i] - d
-                if c > budget:
-                    c = budget
-                ptoks += c
-                ppairs += c * d + c * (c + 1) * 0.5
-                pkv += d
-                chunks.append((i, c))
-                budget -= c
-                if budget <= 0:
-                    break
-            used_ub = None
-            res = 0.0   # output_reserve: blocks held back for outputs (running, then admitted now)
-            # vLLM V1 admits nothing in a step that had to preempt (the victim would come straight back)
-            while budget > 0 and waiting and len(running) < cap and not preempted_now:
-                i = waiting[0]
-                if any_rejected and rejected[i]:
-                    reject_skip()
-                    continue
-                target = inp[i] + (int(round(steps_done[i] * gain[i])) if steps_done[i] else 0)
-                cached = 0
-                if use_prefix and pre[i] > 0 and grp[i] in cached_groups:
-                    cached = min(pre[i], target - 1)
-                shared = cached // bt
-                need = -(-target // bt) - shared
-                if used_ub is None:
-                    used_ub = (ctx_sum + n_dec) / bt + n_dec - shared_dec + alloc_pf + pinned
-                    if reserve:
-                        res = reserve_blocks()
-                own = min((nsteps[i] - steps_done[i]) * gain[i] + 1, RESERVE_CLIP_TOKENS) / bt if reserve else 0.0
-                # an empty engine takes the head whatever its output (it fits: not rejected)
-                extra = res + own if running else 0.0
-                if used_ub + need + extra > total_blocks - watermark_blocks:
-                    used = dec_blocks(0) + alloc_pf + pinned
-                    if used + need + extra > total_blocks - watermark_blocks:
-                        if not running and pinned:
-                            pinned = 0  # an empty engine that cannot take the head: drop the prefix cache
-                            cached_groups.clear()
-                            used_ub = None
-                            continue
-                        break
-                    used_ub = used
-                waiting.popleft()
-                running[i] = None
-                res += own
-                pf_done[i], pf_target[i], pf_alloc[i] = cached, target, need
-                shared_of[i] = shared
-                alloc_pf += need
-                used_ub += need
-                prefilling.append(i)
-                c = target - cached
-                if c > budget:
-                    c = budget
-                ptoks += c
-                ppairs += c * cached + c * (c + 1) * 0.5
-                pkv += cached
-                chunks.append((i, c))
-                budget -= c
-        m = 1
-        if ptoks > 0 and chunk_runs and budget == 0 and len(chunks) == 1 and not preempted_now:
-            # one prompt takes the whole budget: the next steps repeat this one (same chunk, the
-            # prompt's cached prefix and the decodes' contexts growing linearly) until the prompt's
-            # last chunk, the next completion or the block bound; nothing can be admitted meanwhile
-            i, c = chunks[0]
-            m = 1 + max(pf_target[i] - pf_done[i] - c - 1, 0) // c
-            if n_dec:
-                while heap[0][2] != epoch[heap[0][1]]:
-                    heapq.heappop(heap)
-                m = min(m, heap[0][0] - gstep)
-                if G > 0:
-                    room = (total_blocks - n_dec + shared_dec - alloc_pf - pinned) * bt - n_dec - ctx_sum
-                    m = min(m, 1 + max(int(room // G), 0))
-        if m > 1:
-            # ---- a run of m identical-shape mixed steps, in closed form ----------------------
-            d0 = pf_done[i]
-            k = m - 1
-            t0, mem0, comp0 = step._terms(n_dec, ctx_sum, c, c * d0 + c * (c + 1) * 0.5, d0)[:3]
-            _, mem1, comp1 = step._terms(n_dec, ctx_sum + k * G, c, c * (d0 + k * c) + c * (c + 1) * 0.5,
-                                         d0 + k * c)[:3]
-            j = np.arange(m) / k
-            t += float(np.sum(np.maximum(mem0 + j * (mem1 - mem0), comp0 + j * (comp1 - comp0)))) \
-                + m * (t0 - max(mem0, comp0))
-            gstep += m
-            ctx_sum += m * G
-            pf_done[i] = d0 + m * c
-        elif ptoks > 0:
-            # ---- one explicit step: mixed, or prefill only (the decodes wait: no decode step) ----
-            if prefill_first:
-                t += step_time(0, 0.0, ptoks, ppairs, pkv)
-            else:
-                t += step_time(n_dec, ctx_sum, ptoks, ppairs, pkv)
-                gstep += 1
-                ctx_sum += G
-            for i, c in chunks:
-                d = pf_done[i] + c
-                pf_done[i] = d
-                if d < pf_target[i]:
-                    continue
-                prefilling.remove(i)
-                alloc_pf -= pf_alloc[i]
-                if use_prefix and pre[i] > 0 and grp[i] >= 0 and grp[i] not in cached_groups:
-                    pb = -(-pre[i] // bt)
-                    if dec_bound(0) + alloc_pf + pinned + pb + -(-(d + 1) // bt) <= total_blocks:
-                        cached_groups.add(grp[i])
-                        pinned += pb
-                if first_t[i] != first_t[i]:  # NaN: the first token of this request
-                    first_t[i] = t
-                left = nsteps[i] - steps_done[i]
-                if left <= 0:
-                    fin_t[i] = t
-                    del running[i]
-                    n_left -= 1
-                    on_done(i)
-                    continue
-                s = heapq.heappop(free_slots)
-                active[s] = True
-                if s >= top[0]:
-                    top[0] = s + 1
-                slot_of[i] = s
-                g = gain[i]
-                L0_of[i], S0_of[i] = float(d), gstep
-                sL0[s], sS0[s], sg[s], ssh[s], sF[s] = float(d), gstep, g, shared_of[i], gstep + left
-                ctx_sum += d
-                G += g
-                n_dec += 1
-                shared_dec += shared_of[i]
-                heapq.heappush(heap, (gstep + left, i, epoch[i]))
-        elif n_dec:
-            # ---- a run of pure decode steps up to the next event, in closed form ----------------
-            while heap[0][2] != epoch[heap[0][1]]:
-                heapq.heappop(heap)
-            m = heap[0][0] - gstep                   # steps until the first completion
-            pcs = None if naive else pieces_of(n_dec)
-            if pcs is None or (preempted_now and waiting):
-                m = 1  # after a preemption the next step may admit again: no run ahead
-            elif reserve and waiting and len(running) < cap:
-                m = 1  # the output reserve shrinks step by step: the head may be admitted at any step
-            elif not waiting and nxt < n_trace:
-                # the next arrival joins after the step during which it arrives
-                tau = arr[nxt] - t
-                if len(pcs) == 1:
-                    # one linear piece (the common case): S(k) = k a1 + b1 k (k - 1) / 2, solved inline
-                    _, a, b = pcs[0]
-                    a1 = a + b * ctx_sum
-                    b1 = b * G
-                    if m * a1 + b1 * m * (m - 1) * 0.5 > tau:
-                        m = steps_until(pcs, ctx_sum, G, tau)
-                else:
-                    ma = steps_until(pcs, ctx_sum, G, tau)
-                    if ma < m:
-                        m = ma
-            if m > 1 and (ctx_sum + (m - 1) * G + n_dec) / bt + n_dec - shared_dec + alloc_pf + pinned > total_blocks:
-                # the pool may run out inside the run: stop before the first step that does not fit
-                m = first_short_step(total_blocks - alloc_pf - pinned, m)
-            if m == 1:
-                t += step_time(n_dec, ctx_sum)
-            elif len(pcs) == 1:
-                _, a, b = pcs[0]
-                t += m * (a + b * ctx_sum) + b * G * m * (m - 1) * 0.5
-            else:
-                t += time_of(pcs, ctx_sum, G, m)
-            gstep += m
-            ctx_sum += m * G
-        else:
-            # nothing can run: the head does not fit an empty engine (cannot happen after rejection)
-            raise AssertionError("simulator stalled with an empty engine")
-        # ---- completions at this step boundary --------------------------------------------------
-        while heap and heap[0][0] <= gstep:
-            fs, i, ep = heapq.heappop(heap)
-            if ep != epoch[i]:
-                continue
-            fin_t[i] = t
-            s = slot_of[i]
-            ctx_sum -= L0_of[i] + (gstep - S0_of[i]) * gain[i]
-            G -= gain[i]
-            n_dec -= 1
-            shared_dec -= shared_of[i]
-            free_slot(s)
-            slot_of[i] = -1
-            steps_done[i] = nsteps[i]
-            del running[i]
-            n_left -= 1
-            on_done(i)
-        if n_dec == 0:
-            ctx_sum, G = 0.0, 0.0
+    x = ReplicaInputs(inp=inp, out=out, pre=pre, grp=grp, arr=arr, nsteps=nsteps, gain=gain, rejected=rejected,
+                      n_trace=n_trace, clients=k0 if arrival == "closed" else 0, all_at_once=arrival == "inf",
+                      kv_ready=None if kv_ready is None else np.asarray(kv_ready, dtype=bool)[order].tolist())
+    r = Replica(step, x, batch_cap=config.batch_cap, chunk_tokens=config.chunk_tokens,
+                block_tokens=config.block_tokens, prefix_caching=config.prefix_caching, total_blocks=total_blocks,
+                watermark_blocks=watermark_blocks, scheduling=scheduling_for(config.prefill_first),
+                admission=admission_for(config.output_reserve), naive=naive)
+    r.run()
+    arr_t, first_t, fin_t = x.arr, r.first_t, r.fin_t
+    preemptions, gstep, events = r.preemptions, r.gstep, r.events
 
     # ---- results (back in the caller's order) ----------------------------------------------------
     inv = np.empty(n, dtype=np.int64)
     inv[order] = np.arange(n)
-    arr_s = np.asarray(arr_t)[inv]
-    first = np.asarray(first_t)[inv]
-    fin = np.asarray(fin_t)[inv]
-    rej = rejected_mask[inv]
+    front_s = float(getattr(step, "request_overhead_s", 0.0))
+    return build_result(requests, np.asarray(arr_t)[inv], np.asarray(first_t)[inv], np.asarray(fin_t)[inv],
+                        rejected_mask[inv], front_s, warmup_frac, arrival, preemptions, gstep, events, wall0,
+                        reject_reason)
+
+
+def build_result(requests: Requests, arr_s: np.ndarray, first: np.ndarray, fin: np.ndarray, rej: np.ndarray,
+                 front_s: float, warmup_frac: float, arrival: str, preemptions: int, steps: int, events: int,
+                 wall0: float, reject_reason: str) -> SimResult:
+    """A ``SimResult`` from each request's arrival, first-token and finish times (engine clock, in
+    the caller's order), the rejected ones and ``front_s``, the front end's share of every request
+    (HTTP, tokenizing, streaming the first token) outside the engine's steps."""
+    n = len(arr_s)
+    first = first.copy()
+    fin = fin.copy()
     first[rej] = math.inf
     fin[rej] = math.inf
-    # the front end's share (HTTP, tokenizing, streaming the first token), outside the engine's steps
-    front_s = float(getattr(step, "request_overhead_s", 0.0))
     ttft = first - arr_s + front_s
     e2e = fin - arr_s + front_s
     out_c = requests.output_tokens.astype(np.int64)
@@ -758,7 +442,7 @@ def _simulate(step: StepModel, requests: Requests, config: SimConfig, arrival: s
     return SimResult(
         arrival_s=arr_s, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, met_slo=met, measured=measured,
         output_tokens=out_c, preemptions=preemptions, rejected=int(rej.sum()), makespan_s=makespan,
-        output_tok_s=out_tok_s, request_s=req_s, slo_attainment=att, steps=gstep, events=events,
+        output_tok_s=out_tok_s, request_s=req_s, slo_attainment=att, steps=steps, events=events,
         arrival=arrival, warmup_frac=float(warmup_frac), sim_wall_s=time.perf_counter() - wall0,
         reject_reason=reject_reason)
 

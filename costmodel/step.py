@@ -152,6 +152,36 @@ class StepModel:
         self._draft_frac = self.spec.k * self.spec.draft_cost if self.spec else 0.0
         self.tokens_per_step = self.spec.tokens_per_step if self.spec else 1.0
 
+    # ---- the protocol the simulator reads (costmodel.replica, costmodel.sim_clock) ----------
+    # step times are StepModel's piecewise-linear function of context: runs of steps may be summed
+    # in closed form (a step model that interpolates measurements says False)
+    closed_form_ok = True
+
+    @property
+    def verify_tokens_per_seq(self) -> int:
+        """Tokens each decoding sequence puts through a step: 1, or k + 1 with speculation."""
+        return self._q_per_seq
+
+    @property
+    def has_sliding_window(self) -> bool:
+        """Whether some layers attend over a sliding window (KV reads not linear in context)."""
+        return self._sliding
+
+    def step_terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
+                   prefill_pairs: float, prefill_kv_read: float) -> tuple:
+        """(time, mem, compute, comm, draft, bytes, flops) of one step, seconds, bytes and FLOPs
+        per GPU: ``breakdown`` without the record (the simulator's hot path)."""
+        return self._terms(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)
+
+    def plain_decode_mem_s(self, n_decode: float, decode_ctx_sum: float) -> float:
+        """Memory time of a plain (non-speculative) decode step: the draft's share of a step is
+        ``draft_frac x max(this, compute)``."""
+        return (self.weight_read_bytes(n_decode) + self._kv_read_tokens(n_decode, decode_ctx_sum) * self._kv_gpu) / self._bw
+
+    def plain_decode_compute_coeffs(self, n_decode: float) -> tuple[float, float]:
+        """(c0, c1): a plain decode step's compute time is c0 + c1 x context sum (seconds)."""
+        return n_decode * self._gemm_flops_tok / self._dec_gemm_rate, self._attn_flops_pair / self._dec_attn_rate
+
     def _parallel_comm(self, model: ModelArch, gpu: GPU, e: Efficiency, par: Parallel) -> None:
         """Communication of a layout beyond one node's TP group (``costmodel.parallel``): per stage,
         the TP all-reduces (hierarchical when the group spans nodes), DP attention's gathers for the

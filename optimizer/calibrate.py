@@ -20,6 +20,7 @@ import yaml
 
 from costmodel import __version__
 from costmodel.calibration import ENGINES, efficiency_for, load_calibration
+from costmodel.engines import REGISTRY
 from costmodel.efficiency import FP8_PARAMS, IDEAL, PARAM_BOUNDS, Efficiency
 from costmodel.dtypes import KNOWN as KNOWN_DTYPES, canonical as canonical_dtype
 from costmodel.errors import DoesNotFit, InputError
@@ -192,21 +193,21 @@ def calibration_yaml(d: dict) -> str:
 # then a second stage fits request_overhead_s alone to its TTFT at concurrency <= TTFT_MAX_CONCURRENCY
 # (above that TTFT jumps by up to a second while TPOT stays put: a queue the data does not explain).
 SHIPPED_METRICS = ("step_ms", "tpot_ms", "output_tok_s")
-TTFT_STAGE_ENGINES = ("trtllm",)
+TTFT_STAGE_ENGINES = tuple(sorted(e.name for e in REGISTRY.values() if e.fit_ttft_stage))  # costmodel.engines
 TTFT_MAX_CONCURRENCY = 32
 # SGLang prefills a waiting prompt in a batch of its own while the decodes wait
 # (costmodel.fit.PREFILL_FIRST_ENGINES), so clients that start together stay in lock-step: each
 # round's prompts are prefilled together, then all decode together. Its TPOT then carries no
 # prefill at all and TTFT is the only figure that sees the prefill rate, so TTFT is fitted with
 # the rest, on runs whose clients' prompts and outputs fit the KV pool with room to spare.
-TTFT_JOINT_ENGINES = ("sglang",)
+TTFT_JOINT_ENGINES = tuple(sorted(e.name for e in REGISTRY.values() if e.fit_ttft_joint))
 # Above POOL_PRESSURE, SGLang's admission (which holds room for the outputs: costmodel.fit.
 # OUTPUT_RESERVE_ENGINES) keeps requests waiting for whole lifetimes, so those runs' TTFT measures
 # the pool's size, which the runs did not record. A second stage fits activation_reserve_bytes (per
 # GPU, held back from the pool) to those TTFTs alone, the first stage's parameters fixed, by a scan
 # of POOL_RESERVE_GRID_GB refined to POOL_RESERVE_STEP_GB: TTFT is a step function of the pool, so a
 # gradient solver does not move.
-POOL_STAGE_ENGINES = ("sglang",)
+POOL_STAGE_ENGINES = tuple(sorted(e.name for e in REGISTRY.values() if e.fit_pool_stage))
 POOL_PRESSURE = 0.7
 POOL_RESERVE_GRID_GB = tuple(x * 0.25 for x in range(41))   # 0 to 10 GB per GPU
 POOL_RESERVE_STEP_GB = 0.02

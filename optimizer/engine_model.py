@@ -25,8 +25,9 @@ from pathlib import Path
 
 from costmodel import StepModel, get_gpu
 from costmodel._data import profiles_path
-from costmodel.calibration import ENGINES, efficiency_for, find_calibration
+from costmodel.calibration import efficiency_for, find_calibration
 from costmodel.efficiency import IDEAL, Efficiency
+from costmodel.engines import ENGINE_NAMES, Engine, get_engine
 from costmodel.errors import InputError, ProfileDataMissing
 from costmodel.hardware import GPU, load_gpu_file
 from costmodel.measured import MeasuredStepModel
@@ -80,8 +81,8 @@ def resolve_calibration(mode: str, gpu: str, calibration: str | None = None,
     ``calibration="ideal"`` is the same as ``mode="ideal"``."""
     if mode not in MODES:
         raise InputError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if engine is not None and engine not in ENGINES:
-        raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine is not None and engine not in ENGINE_NAMES:
+        raise InputError(f"--engine must be one of {', '.join(ENGINE_NAMES)}, got {engine!r}")
     if mode == "ideal" or calibration == "ideal":
         return IDEAL, {"name": "ideal"}
     eff = efficiency_for("calibrated", gpu, calibration, engine)
@@ -168,14 +169,29 @@ class EngineModel:
         return m
 
     @property
+    def engine_info(self) -> Engine | None:
+        """The named engine's record in ``costmodel.engines`` (name, display name, version, its
+        scheduling and admission policies), or None when no engine is named."""
+        return get_engine(self.engine) if self.engine else None
+
+    @property
+    def display_name(self) -> str:
+        """The engine as a person writes it ("vLLM", "SGLang", "TensorRT-LLM"), or "" if none."""
+        return self.engine_info.display_name if self.engine else ""
+
+    @property
+    def default_calibration(self) -> str | None:
+        """The calibration name ``--engine`` selects on this GPU (None when no engine is named)."""
+        return self.engine_info.default_calibration(self.gpu.name) if self.engine else None
+
+    @property
     def output_reserve(self) -> bool:
         """Whether this engine's admission holds pool room for the outputs (SGLang)."""
-        from costmodel.fit import OUTPUT_RESERVE_ENGINES
-        return self.engine in OUTPUT_RESERVE_ENGINES
+        return bool(self.engine) and self.engine_info.output_reserve
 
     def sim_config(self, batch_cap: int, chunk_tokens: int, block_tokens: int = 16, prefix_caching: bool = True):
         """The simulator's scheduler for this engine: mixed prefill chunks (as kvtune's launch lines
-        configure every engine), with SGLang's output reserve at admission when the engine is SGLang."""
+        configure every engine), with the engine's admission policy (SGLang's output reserve)."""
         from costmodel.simulate import SimConfig
         return SimConfig(int(batch_cap), int(chunk_tokens), int(block_tokens), bool(prefix_caching),
                          output_reserve=self.output_reserve)

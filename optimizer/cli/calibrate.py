@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from costmodel.engines import ENGINE_NAMES
 from costmodel.errors import InputError
 from costmodel.closed_loop import STAGGERED_ENGINES
 from costmodel.fit import RowPredictor
@@ -18,7 +19,7 @@ from ._common import dumps, echo_table, write_atomic
 @click.argument("tables", nargs=-1, required=True)
 @click.option("--gpu", default="h100-sxm", show_default=True,
               help="Catalog GPU name, or a hardware YAML file (see profiles/hardware-cpu-example.yaml).")
-@click.option("--engine", type=click.Choice(["vllm", "sglang", "trtllm", "llamacpp"]), default=None,
+@click.option("--engine", type=click.Choice(list(ENGINE_NAMES)), default=None,
               help="Use only this engine's rows (rows that name no engine count).")
 @click.option("--base", default="ideal", show_default=True,
               help="Start (and value of unfitted parameters): ideal, calibrated (the shipped one) or a calibration file.")

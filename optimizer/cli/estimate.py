@@ -7,6 +7,7 @@ from dataclasses import replace
 import click
 
 from costmodel import SpecConfig, estimate, get_model
+from costmodel.engines import ENGINE_NAMES
 
 from ._common import dumps, echo_table, parse_int_list
 
@@ -21,7 +22,7 @@ from ._common import dumps, echo_table, parse_int_list
 @click.option("--kv-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True)
 @click.option("--mode", type=click.Choice(["ideal", "calibrated"]), default="calibrated", show_default=True)
 @click.option("--calibration", default=None, help="Calibration file, shipped name or 'ideal' (calibrated mode).")
-@click.option("--engine", type=click.Choice(["vllm", "sglang", "trtllm"]), default=None,
+@click.option("--engine", type=click.Choice(list(ENGINE_NAMES)), default=None,
               help="Pick the shipped calibration fitted for this engine.")
 @click.option("--profile", default=None,
               help="Measured profile table: its decode step times inside its range, the calibration outside.")

@@ -11,6 +11,7 @@ import click
 from costmodel import get_model
 from costmodel.closed_loop import CLIENT_STARTS, default_clients, run_closed_loop
 from costmodel.dtypes import KNOWN as DTYPE_NAMES
+from costmodel.engines import ENGINE_NAMES
 from costmodel.errors import Infeasible, InputError
 from costmodel.goodput import goodput
 from costmodel.simulate import simulate_fleet
@@ -93,7 +94,7 @@ def _config_options(f):
         click.option("--mode", type=_Choice(("calibrated", "ideal")), default="calibrated", show_default=True),
         click.option("--calibration", default=None,
                      help="Calibration file, shipped name or 'ideal' (default: the workload's, else the shipped one)."),
-        click.option("--engine", type=_Choice(("vllm", "sglang", "trtllm", "llamacpp")), default=None,
+        click.option("--engine", type=_Choice(ENGINE_NAMES), default=None,
                      help="Use the shipped calibration fitted for this engine (overrides the workload's engine and "
                           "calibration unless --calibration is given)."),
         click.option("--profile", default=None,
@@ -258,6 +259,7 @@ def goodput_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tok
            "output_tok_s": g.summary["output_tok_s"] * replicas, "preemptions": g.summary["preemptions"],
            "reason": g.reason, "iterations": g.iterations, "bracket_req_s": list(g.bracket), "rel_tol": rel_tol,
            "requests_per_simulation": g.n_requests, "upper_bound_req_s": g.upper_bound_req_s,
+           "capacity_limited": g.capacity_limited, "saturated_req_s": g.saturated_req_s, "limit": g.limit,
            "sim_wall_s": wall,
            "config": _config_dict(spec, step, tp, batch_cap, kv_dtype, spec_k, chunk_tokens, block_tokens,
                                   not no_prefix_caching, replicas, mode),
@@ -275,6 +277,8 @@ def goodput_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tok
                f"{g.attainment:.3f} >= {target:g}; {g.iterations} simulations of {g.n_requests} requests, "
                f"bracket {g.bracket[0]:.3g}-{g.bracket[1]:.3g} req/s, {wall:.2f} s")
     click.echo(f"  at that rate: {_tails(g.summary)}")
+    if g.capacity_limited:
+        click.echo(f"  a limit of {g.limit} (analytic bound {g.upper_bound_req_s:.3g} req/s per replica)")
 
 
 COMMANDS = [simulate_cmd, goodput_cmd]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from costmodel.engines import ENGINE_NAMES
 from costmodel.errors import InputError
 
 from ._common import dumps, echo_table
@@ -14,7 +15,7 @@ from ._common import dumps, echo_table
 @click.option("--calibration", default=None,
               help="Calibration file or shipped name (default: the shipped one for each row's GPU and engine; "
                    "ideal where kvtune ships none).")
-@click.option("--engine", type=click.Choice(["vllm", "sglang", "trtllm", "llamacpp"]), default=None,
+@click.option("--engine", type=click.Choice(list(ENGINE_NAMES)), default=None,
               help="Only this engine's rows (rows that name no engine count), with its calibration.")
 @click.option("--gpu", default=None,
               help="Catalog GPU name or hardware YAML file for every row (default: each row's gpu column).")

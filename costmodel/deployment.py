@@ -1,0 +1,188 @@
+"""A disaggregated deployment (xPyD): a pool of prefill replicas, a pool of decode replicas, a
+router and the KV transfer between them, simulated with the same replica as aggregated serving.
+
+A request's path:
+
+1. the router sends it to a prefill replica, round robin in arrival order (each replica of x sees
+   every x-th request: a smoother stream than a random split);
+2. the prefill replica (``costmodel.replica.Replica`` with the prefill pool's step model and
+   scheduler) computes the prompt in chunks of its token budget and, as the step that completes a
+   prompt does, its first token;
+3. the prompt's KV goes to a decode replica (round robin too): ``prompt tokens x KV bytes per
+   token`` over ``min(TP_p, TP_d)`` GPU-to-GPU streams of the link between the pools, after the
+   prefill completes (not overlapped with it), one transfer at a time into each decode replica
+   (``KVLink``: NVLink when both pools sit in one node, the node's network otherwise);
+4. the decode replica admits it on its own KV pool when the KV has arrived (the batch cap, the
+   pool and the engine's admission rule as for any request, with nothing to prefill) and streams
+   its first token then: the token came with the KV, as SGLang's disaggregation sends it with the
+   KV; the remaining ``output - 1`` tokens are decode steps of that replica.
+
+So at vanishing load TTFT = front end + prefill + transfer (no decode step), and TPOT carries no
+prefill: the decode pool's steps hold only decodes. A request that can never fit either pool is
+rejected (never served) with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+from .hardware import GPU
+from .requests import Requests
+from .simulate import SimConfig, SimResult, _simulate, build_result, default_warmup_frac
+from .step import StepModel
+
+__all__ = ["Pool", "KVLink", "kv_link", "DisaggResult", "simulate_disaggregated", "disaggregated_bound_req_s"]
+
+
+@dataclass(frozen=True)
+class Pool:
+    """``replicas`` identical replicas, each a TP group with this step model and scheduler."""
+
+    step: StepModel
+    config: SimConfig
+    replicas: int
+
+    def __post_init__(self) -> None:
+        r = self.replicas
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1:
+            raise InputError(f"deployment: a pool needs replicas >= 1, got {r!r}")
+
+    @property
+    def gpus(self) -> int:
+        return int(self.replicas) * int(self.step.tp)
+
+
+@dataclass(frozen=True)
+class KVLink:
+    """The link a prompt's KV crosses, per GPU and direction."""
+
+    bytes_per_s: float
+    latency_s: float
+    source: str
+
+    def transfer_s(self, kv_bytes: np.ndarray, streams: int) -> np.ndarray:
+        """Seconds to move ``kv_bytes`` over ``streams`` GPU pairs in parallel."""
+        return self.latency_s + kv_bytes / (max(int(streams), 1) * self.bytes_per_s)
+
+
+def kv_link(gpu: GPU, same_node: bool) -> KVLink:
+    """NVLink within a node, the node's scale-out network across nodes (``profiles/hardware.yaml``
+    gives both with their sources)."""
+    if same_node:
+        return KVLink(gpu.link_bytes_per_s, 0.0, f"{gpu.name} NVLink within a node")
+    return KVLink(gpu.network_bytes_per_s, gpu.network_latency_s, f"{gpu.name} network between nodes")
+
+
+@dataclass(frozen=True, eq=False)
+class DisaggResult:
+    result: SimResult            # the deployment as a user sees it (TTFT, TPOT, goodput inputs)
+    prefill_s: np.ndarray        # arrival -> prompt done on its prefill replica (engine time)
+    transfer_s: np.ndarray       # the KV transfer itself (inf where rejected)
+    kv_wait_s: np.ndarray        # prompt done -> KV arrived (queueing on the link + transfer)
+    gpus: int
+    link: KVLink
+
+
+def simulate_disaggregated(prefill: Pool, decode: Pool, requests: Requests, link: KVLink,
+                           arrival: str = "trace", seed: int = 0, warmup_frac: float | None = None) -> DisaggResult:
+    """Simulate ``requests`` through a prefill pool, the KV link and a decode pool (see the module
+    docstring). ``arrival``: "trace" (``requests.arrival_s``) or "inf" (all at t=0)."""
+    wall0 = time.perf_counter()
+    if arrival not in ("trace", "inf"):
+        raise InputError(f"a disaggregated deployment simulates arrival trace or inf, got {arrival!r}")
+    if warmup_frac is None:
+        warmup_frac = default_warmup_frac(arrival)
+    n = len(requests)
+    if n == 0:
+        raise InputError("simulate: no requests")
+    arr = requests.arrival_s.astype(float) if arrival == "trace" else np.zeros(n)
+    order = np.argsort(arr, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    x, y = int(prefill.replicas), int(decode.replicas)
+
+    # ---- prefill pool: each request's prompt, and the first token with it ----------------------
+    ready = np.full(n, math.inf)      # engine time the prompt is done
+    rej = np.zeros(n, dtype=bool)
+    preemptions = steps = events = 0
+    reasons = []
+    for p in range(x):
+        idx = order[p::x]
+        if idx.size == 0:
+            continue
+        sub = _subset(requests, idx, arr[idx], output_tokens=np.ones(idx.size, dtype=np.int64))
+        r = _simulate(prefill.step, sub, prefill.config, arrival, None, seed, 0.0, naive=False)
+        front = float(getattr(prefill.step, "request_overhead_s", 0.0))
+        done = r.arrival_s + r.e2e_s - front
+        ok = ~np.isinf(r.ttft_s)
+        ready[idx[ok]] = done[ok]
+        rej[idx[~ok]] = True
+        preemptions, steps, events = preemptions + r.preemptions, steps + r.steps, events + r.events
+        if r.reject_reason:
+            reasons.append(f"prefill pool: {r.reject_reason}")
+
+    # ---- the KV transfers, one at a time into each decode replica -------------------------------
+    kv_bytes = requests.input_tokens.astype(float) * float(prefill.step.memory.kv_bytes_per_token)
+    xfer = link.transfer_s(kv_bytes, min(int(prefill.step.tp), int(decode.step.tp)))
+    arrive_d = np.full(n, math.inf)
+    dest = rank % y
+    for d in range(y):
+        mine = np.flatnonzero((dest == d) & ~rej)
+        free = -math.inf
+        for i in mine[np.argsort(ready[mine], kind="stable")]:
+            start = ready[i] if ready[i] > free else free
+            free = start + xfer[i]
+            arrive_d[i] = free
+
+    # ---- decode pool: admitted with the KV, first token then, the rest decoded ------------------
+    first = np.full(n, math.inf)
+    fin = np.full(n, math.inf)
+    for d in range(y):
+        idx = np.flatnonzero((dest == d) & ~rej)
+        if idx.size == 0:
+            continue
+        sub = _subset(requests, idx, arrive_d[idx])
+        r = _simulate(decode.step, sub, decode.config, "trace", None, seed, 0.0, naive=False,
+                      kv_ready=np.ones(idx.size, dtype=bool))
+        front = float(getattr(decode.step, "request_overhead_s", 0.0))
+        ok = ~np.isinf(r.ttft_s)
+        first[idx[ok]] = (r.arrival_s + r.ttft_s - front)[ok]
+        fin[idx[ok]] = (r.arrival_s + r.e2e_s - front)[ok]
+        rej[idx[~ok]] = True
+        preemptions, steps, events = preemptions + r.preemptions, steps + r.steps, events + r.events
+        if r.reject_reason:
+            reasons.append(f"decode pool: {r.reject_reason}")
+
+    front_s = float(getattr(prefill.step, "request_overhead_s", 0.0))
+    res = build_result(requests, arr, first, fin, rej, front_s, warmup_frac, arrival, preemptions, steps, events,
+                       wall0, "; ".join(reasons))
+    with np.errstate(invalid="ignore"):
+        return DisaggResult(res, np.where(rej, math.inf, ready - arr), np.where(rej, math.inf, xfer),
+                            np.where(rej, math.inf, arrive_d - ready), prefill.gpus + decode.gpus, link)
+
+
+def _subset(req: Requests, idx: np.ndarray, arrival_s: np.ndarray, output_tokens: np.ndarray | None = None) -> Requests:
+    return Requests(arrival_s=np.asarray(arrival_s, dtype=float), input_tokens=req.input_tokens[idx],
+                    output_tokens=req.output_tokens[idx] if output_tokens is None else output_tokens,
+                    prefix_tokens=req.prefix_tokens[idx], prefix_group=req.prefix_group[idx],
+                    ttft_slo_s=req.ttft_slo_s[idx], tpot_slo_s=req.tpot_slo_s[idx], class_idx=req.class_idx[idx],
+                    class_names=req.class_names)
+
+
+def disaggregated_bound_req_s(prefill: Pool, decode: Pool, mean_input_tokens: float, mean_output_tokens: float) -> float:
+    """An upper bound on the deployment's throughput: the lower of the prefill pool's (a full
+    chunk per step with no cached context before it, the fastest a prompt token can go) and the
+    decode pool's (``goodput.capacity_bound_req_s`` per replica)."""
+    from .goodput import capacity_bound_req_s
+
+    c = int(prefill.config.chunk_tokens)
+    t = prefill.step.step_time_s(0, 0.0, c, StepModel.chunk_pairs(c, 0), 0.0)
+    pre = prefill.replicas * c / t / max(mean_input_tokens, 1.0)
+    dec = decode.replicas * capacity_bound_req_s(decode.step, mean_input_tokens, mean_output_tokens,
+                                                 decode.config.batch_cap, 0.0, decode.config.kv_pool_tokens)
+    return min(pre, dec)

@@ -1,0 +1,48 @@
+"""The serving engines kvtune models, registered in one place.
+
+Each engine (``Engine``) carries its name (``--engine``, the workload's ``engine:``, profile rows),
+its display name, the engine version its rules follow, its scheduling and admission policies (what
+the simulator's replica asks: ``costmodel.engines.policies``) and how ``kvtune calibrate`` fits its
+rows. The step models, ``fit``, ``calibrate``, ``optimizer.engine_model`` and the CLI read this
+registry; to add an engine, add a module beside ``vllm.py`` and list it in ``_ALL``.
+"""
+
+from __future__ import annotations
+
+from ..errors import InputError
+from .base import Engine
+from .policies import (Admission, MixedChunkedPrefill, OutputReserveAdmission, PrefillFirst, PromptAdmission,
+                       Scheduling)
+from .llamacpp import LLAMACPP
+from .sglang import SGLANG
+from .trtllm import TRTLLM
+from .vllm import VLLM
+
+__all__ = ["Engine", "REGISTRY", "ENGINE_NAMES", "get_engine", "scheduling_for", "admission_for",
+           "Scheduling", "Admission", "MixedChunkedPrefill", "PrefillFirst", "PromptAdmission",
+           "OutputReserveAdmission"]
+
+_ALL = (VLLM, SGLANG, TRTLLM, LLAMACPP)
+REGISTRY: dict[str, Engine] = {e.name: e for e in _ALL}
+ENGINE_NAMES: tuple[str, ...] = tuple(REGISTRY)
+
+_MIXED, _PREFILL_FIRST = MixedChunkedPrefill(), PrefillFirst()
+_PROMPT, _RESERVE = PromptAdmission(), OutputReserveAdmission()
+
+
+def get_engine(name: str) -> Engine:
+    """The registered engine called ``name``; ``InputError`` naming the choices otherwise."""
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        raise InputError(f"engine must be one of {', '.join(ENGINE_NAMES)}, got {name!r}") from None
+
+
+def scheduling_for(prefill_first: bool) -> Scheduling:
+    """The scheduling policy a ``SimConfig`` names with its ``prefill_first`` flag."""
+    return _PREFILL_FIRST if prefill_first else _MIXED
+
+
+def admission_for(output_reserve: bool) -> Admission:
+    """The admission policy a ``SimConfig`` names with its ``output_reserve`` flag."""
+    return _RESERVE if output_reserve else _PROMPT

@@ -1,0 +1,13 @@
+"""SGLang: by default a waiting prompt gets a prefill-only batch and the decoding sequences wait for
+it (``enable_mixed_chunk`` off); admission (its ``PrefillAdder``) holds room for the request's
+whole output and a decaying share of the running requests' remaining output, with the defaults of
+SGLang 0.4 to 0.5.x (``costmodel.engines.policies``)."""
+
+from __future__ import annotations
+
+from .base import Engine
+from .policies import OutputReserveAdmission, PrefillFirst
+
+SGLANG = Engine(name="sglang", display_name="SGLang", version="0.4-0.5.x",
+                scheduling=PrefillFirst(), admission=OutputReserveAdmission(),
+                fit_ttft_joint=True, fit_pool_stage=True)

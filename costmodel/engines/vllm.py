@@ -1,0 +1,12 @@
+"""vLLM V1: every step decodes every running sequence and fills the rest of
+``max_num_batched_tokens`` with prompt chunks (running prompts first, then the waiting queue in
+FCFS order); a request is admitted when the KV pool has blocks for its prompt; a step that had to
+preempt admits nothing (the V1 scheduler, vllm/v1/core/sched/scheduler.py)."""
+
+from __future__ import annotations
+
+from .base import Engine
+from .policies import MixedChunkedPrefill, PromptAdmission
+
+VLLM = Engine(name="vllm", display_name="vLLM", version="V1 engine (0.8 and later)",
+              scheduling=MixedChunkedPrefill(), admission=PromptAdmission(), staggered_clients=True)
