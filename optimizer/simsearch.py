@@ -184,8 +184,9 @@ def _miss_reason(res, req, attainment: float) -> str:
         miss_tpot = (req.output_tokens[m] > 1) & ~(tpot <= req.tpot_slo_s[m])
         if miss_ttft.any():
             long_in = int(np.percentile(req.input_tokens[m], q))
+            size = f"{long_in / 1e3:,.0f}k" if long_in >= 10_000 else f"{long_in:,}"
             parts.append(f"TTFT p{q:g} {np.percentile(ttft, q) * 1e3:,.0f} ms > {np.median(req.ttft_slo_s[m]) * 1e3:,.0f} ms "
-                         f"({miss_ttft.mean():.0%} of requests miss it; the p{q:g} prompt is {long_in:,} tokens)")
+                         f"({miss_ttft.mean():.0%} of requests miss it; the p{q:g} prompt is {size} tokens)")
         if miss_tpot.any():
             tp = tpot[~np.isnan(tpot)]
             parts.append(f"TPOT p{q:g} {np.percentile(tp, q) * 1e3:.1f} ms > {np.median(req.tpot_slo_s[m]) * 1e3:.1f} ms "
