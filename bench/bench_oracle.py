@@ -71,8 +71,8 @@ def _oracle_one(args) -> tuple[str, dict]:
     ctx = _ctx(path)
     ev = evaluate(ctx, params)
     t0 = time.perf_counter()
-    if not ev["fits"]:
-        return config_key(params), {"fits": False, "reason": ev["reason"]}
+    if not ev.fits:
+        return config_key(params), {"fits": False, "reason": ev.reason}
     try:
         v = verify_config(ctx, params)
     except Exception as exc:  # recorded and counted, never the optimum

@@ -80,7 +80,7 @@ def _base(ctx: SolveContext, study, evals, sampler, r: Race) -> dict:
             "sampler": sampler, **_source(ctx),
             "objective": ctx.spec.objective, "study_name": study.study_name,
             "target_rate_req_s": ctx.rate_req_s,
-            "trials": {"completed": len(evals), "feasible": sum(1 for e in evals if e["feasible"])},
+            "trials": {"completed": len(evals), "feasible": sum(1 for e in evals if e.feasible)},
             "verification": {"configs": len(r.verified), "simulations": r.simulations, "work_items": r.work_items,
                              "outcomes": r.counts()}}
 
@@ -106,7 +106,7 @@ def _ok(ctx, pick, ev, r: Race, notes) -> dict:
     items = [{"gpus": v["gpus"], "usd_per_hour": v["usd_per_hour"], "goodput_req_s": v["goodput_req_s"],
               "config": dict(v["params"], replicas=v["replicas"]), "evidence": "simulated"}
              for v in r.verified if v.get("feasible")]
-    detail = ev.get("detail", {})
+    detail = ev.detail
     headroom = pick["goodput_req_s"] / ctx.rate_req_s - 1 if ctx.rate_req_s > 0 else float("nan")
     return {
         "status": "ok",
@@ -119,12 +119,11 @@ def _ok(ctx, pick, ev, r: Race, notes) -> dict:
                       "output_tok_s": pick["output_tok_s"],
                       "tok_s_per_user": 1000.0 / tpot_mean if tpot_mean and tpot_mean > 0 else float("nan"),
                       "load_per_replica_req_s": pick["load_per_replica_req_s"], "evidence": "simulated"},
-        "screened": {k: ev.get(k) for k in ("per_replica_goodput_req_s", "batch", "batch_limit", "tpot_ms", "ttft_ms",
-                                            "ttft_zero_load_ms", "tpot_batch1_ms")},
+        "screened": ev.screened(),
         "cost": {"usd_per_hour": usd, "usd_per_gpu_hour": spec.hardware.usd_per_gpu_hour,
                  "usd_per_million_output_tokens": usd / (out_tok_s * 3600) * 1e6 if out_tok_s > 0 else float("inf"),
                  "priced_at": "target rate" if spec.objective == "min_cost" else "goodput"},
-        "bottleneck": {"term": ev.get("bottleneck"), "batch_limit": ev.get("batch_limit"), "operating_batch": ev.get("batch"),
+        "bottleneck": {"term": ev.bottleneck, "batch_limit": ev.batch_limit, "operating_batch": ev.batch,
                        **{k: detail.get(k) for k in ("step_ms", "mem_ms", "compute_ms", "comm_ms", "kv_pool_tokens",
                                                      "kv_pool_used", "prefill_tokens_per_step", "limits")}},
         "headroom": headroom,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodel.requests import Requests
-from costmodel.step import StepModel
+from costmodel.step import StepCost, StepModel
 
 __all__ = ["WorkloadStats", "Screen", "screen"]
 
@@ -94,7 +94,7 @@ class Screen:
     reason: str = ""
 
 
-def _ttft_grid(step: StepModel, w: WorkloadStats, n_decode: int, chunk_tokens: int) -> np.ndarray:
+def _ttft_grid(step: StepCost, w: WorkloadStats, n_decode: int, chunk_tokens: int) -> np.ndarray:
     """TTFT of prompts of ``w.len_grid`` uncached tokens: ceil(L / free chunk) mixed steps of an
     average chunk, ``n_decode`` other sequences' decodes riding along. Attention pairs and KV
     reads are linear in the prior tokens, so the average chunk is exact for them."""
@@ -108,7 +108,7 @@ def _ttft_grid(step: StepModel, w: WorkloadStats, n_decode: int, chunk_tokens: i
         for k, m, l in zip(n_ch, n, L)])
 
 
-def _lumpy_step_s(step: StepModel, w: WorkloadStats, b: int, chunk_tokens: int, t0_s: float) -> float:
+def _lumpy_step_s(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int, t0_s: float) -> float:
     """Mean step time when prompts arrive whole: each request's prefill rides on ceil(L / free
     chunk) steps of the ``b`` decodes, and each such step costs t(b, chunk) instead of t0.
 
@@ -130,7 +130,7 @@ def _lumpy_step_s(step: StepModel, w: WorkloadStats, b: int, chunk_tokens: int, 
     return t0_s + b * step.tokens_per_step / w.mean_output_tokens * max(per_req, 0.0)
 
 
-def _at_batch(step: StepModel, w: WorkloadStats, b: int, chunk_tokens: int):
+def _at_batch(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int):
     """Step time, TPOT, per-request TTFT and SLO share at ``b`` concurrent sequences."""
     tps, q = step.tokens_per_step, step.verify_tokens_per_seq
     ctx = w.mean_input_tokens + w.mean_output_tokens / 2
@@ -154,7 +154,7 @@ def _at_batch(step: StepModel, w: WorkloadStats, b: int, chunk_tokens: int):
     return bd, tpot_s, ttft, float(met.mean()), p + b * q
 
 
-def screen(step: StepModel, w: WorkloadStats, batch_cap: int, chunk_tokens: int) -> Screen:
+def screen(step: StepCost, w: WorkloadStats, batch_cap: int, chunk_tokens: int) -> Screen:
     pool = step.memory.kv_pool_tokens
     hold = w.mean_input_tokens + w.mean_output_tokens / 2  # KV a running sequence holds on average
     b_pool = int(pool // hold)
@@ -218,7 +218,7 @@ def _slo_binding(w: WorkloadStats, tpot_s: float, ttft: np.ndarray) -> str:
     return "ttft" if miss_ttft >= miss_tpot else "tpot"
 
 
-def _miss_reason(step: StepModel, w: WorkloadStats, tpot_s: float, ttft: np.ndarray) -> str:
+def _miss_reason(step: StepCost, w: WorkloadStats, tpot_s: float, ttft: np.ndarray) -> str:
     a = w.attainment
     pct = f"p{a * 100:g}"
     t_q = float(np.quantile(ttft, a))

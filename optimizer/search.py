@@ -32,23 +32,29 @@ import math
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import numpy as np
 import optuna
 from optuna.trial import TrialState
 
-from costmodel import SpecConfig, StepModel, get_model
+from costmodel import SpecConfig, get_model
+from costmodel.efficiency import Efficiency
 from costmodel.errors import DoesNotFit, InputError
+from costmodel.hardware import GPU, resolve_gpu
+from costmodel.models import ModelArch
 
 from costmodel.parallel import Parallel
+from costmodel.step import StepCost
 
-from .engine_model import EngineModel, resolve_gpu
+from .engine_model import EngineModel
 from .layouts import gpus_per_replica, search_layouts
 from .screen import WorkloadStats, screen
+from .workload import WorkloadSpec
 
-__all__ = ["SolveContext", "evaluate", "make_storage", "open_study", "run_search", "grid_space",
+__all__ = ["SolveContext", "Evaluation", "evaluate", "make_storage", "open_study", "run_search", "grid_space",
            "SAMPLERS", "STALE_S", "config_key"]
 
 SAMPLERS = ("tpe", "grid", "nsga2")
@@ -58,11 +64,13 @@ UNCLAIMED_S = 10.0     # a RUNNING trial that never wrote its host/pid this long
 N_SCREEN_REQUESTS = 2000  # requests sampled to describe the workload's lengths and SLOs
 GOODPUT_BONUS = 0.01   # share of $/h a config with 100% screened headroom gains in the objective
 PARSIMONY = 2e-5       # share of $/h the largest batch cap and chunk budget lose in the objective
+SEEDER_ATTR = "kvtune_seeder"  # study user attribute: the process that created the study (and seeds it)
+PROCESS_TOKEN = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # this process, unique
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class SolveContext:
-    """Everything a trial needs, built once per solve from the workload spec.
+    """Everything a trial needs, built once per solve from the workload spec (``build``).
 
     Two seeds: ``seed`` drives the sampler; ``workload_seed`` (``search.seed`` of the spec) draws
     the request sample the screen describes and the simulator verifies with. Keeping the sample
@@ -70,49 +78,46 @@ class SolveContext:
     verification of a config the same answer (common random numbers), so two searches can be
     compared on what they found rather than on which requests they happened to draw."""
 
-    spec: object                       # optimizer.workload.WorkloadSpec
+    spec: WorkloadSpec                 # the workload file, loaded (optimizer.workload)
     seed: int
-    workload_seed: int = 0
-    model: object = None
-    gpu: object = None
-    eff: object = None
-    stats: WorkloadStats = None
-    rate_req_s: float = 0.0
-    engine: EngineModel = None         # builds the step models; records calibration and profile use
-    layouts: dict = field(default_factory=dict)  # multi-node layouts searched instead of TP (optimizer.layouts)
+    workload_seed: int
+    model: ModelArch
+    gpu: GPU
+    eff: Efficiency
+    stats: WorkloadStats
+    rate_req_s: float                  # the target rate; nan for max_goodput without one
+    engine: EngineModel                # builds the step models; records calibration and profile use
+    layouts: dict[str, dict] = field(default_factory=dict)  # multi-node layouts searched instead of TP (optimizer.layouts)
     memo: dict = field(default_factory=dict)  # results derived from this context alone (simsearch's never-fit check)
-    _steps: dict = field(default_factory=dict)
+    steps: dict[tuple, StepCost | Exception] = field(default_factory=dict)  # step models built, by config
 
     @classmethod
-    def build(cls, spec, seed: int | None = None, calibration: str | None = None, engine: str | None = None,
-              profile: str | None = None) -> "SolveContext":
+    def build(cls, spec: WorkloadSpec, seed: int | None = None, calibration: str | None = None,
+              engine: str | None = None, profile: str | None = None) -> "SolveContext":
         """``calibration``/``engine``/``profile`` override the workload's (``--calibration`` etc.):
         a calibration file, shipped name or "ideal"; an engine alone picks its shipped calibration."""
-        seed = spec.search.seed if seed is None else seed
-        ctx = cls(spec=spec, seed=seed, workload_seed=spec.search.seed)
-        ctx.model = spec.model if hasattr(spec.model, "n_layers") else get_model(spec.model)
-        ctx.gpu = resolve_gpu(spec.hardware.gpu, getattr(spec.hardware, "gpu_file", None))
+        model = spec.model if isinstance(spec.model, ModelArch) else get_model(spec.model)
+        gpu = resolve_gpu(spec.hardware.gpu, spec.hardware.gpu_file)
         cal = calibration if calibration is not None else (None if engine is not None else spec.calibration)
-        ctx.engine = EngineModel.build(ctx.gpu, "calibrated", cal, engine or spec.engine,
-                                       profile or getattr(spec, "profile", None))
-        ctx.engine.check_profile_covers(ctx.model, ctx.weight_dtype)
-        ctx.eff = ctx.engine.efficiency
+        em = EngineModel.build(gpu, "calibrated", cal, engine or spec.engine, profile or spec.profile)
+        weight_dtype = spec.weights or "bf16"
+        em.check_profile_covers(model, weight_dtype)
         rate = spec.workload.mean_rate_req_s
         if rate is None or not math.isfinite(rate):
             if spec.objective == "min_cost":
                 raise InputError(f"{spec.path}: workload.rate_req_s: objective min_cost needs a finite target rate")
             rate = math.nan  # max_goodput without a target: no headroom to report
-        ctx.rate_req_s = float(rate)
-        req = spec.requests(N_SCREEN_REQUESTS, ctx.workload_seed)
-        ctx.stats = WorkloadStats.from_requests(req, spec.slo.attainment)
+        req = spec.requests(N_SCREEN_REQUESTS, spec.search.seed)
         h = spec.hardware
-        ctx.layouts = search_layouts(ctx.model, ctx.gpu, ctx.weight_dtype, spec.search.tp, h.gpus_per_node,
-                                     h.max_nodes, spec.gpu_mem_util, ctx.eff.activation_reserve_bytes)
-        return ctx
+        layouts = search_layouts(model, gpu, weight_dtype, spec.search.tp, h.gpus_per_node,
+                                 h.max_nodes, spec.gpu_mem_util, em.efficiency.activation_reserve_bytes)
+        return cls(spec=spec, seed=spec.search.seed if seed is None else seed, workload_seed=spec.search.seed,
+                   model=model, gpu=gpu, eff=em.efficiency, stats=WorkloadStats.from_requests(req, spec.slo.attainment),
+                   rate_req_s=float(rate), engine=em, layouts=layouts)
 
     @property
     def weight_dtype(self) -> str:
-        return getattr(self.spec, "weights", None) or "bf16"
+        return self.spec.weights or "bf16"
 
     def spec_config(self, k: int) -> SpecConfig | None:
         s = self.spec.speculative
@@ -120,23 +125,28 @@ class SolveContext:
             return None
         return SpecConfig(k, s.acceptance, s.draft_cost, s.method)
 
-    def step(self, tp: int, kv_dtype: str, spec_k: int, layout: str | None = None) -> StepModel:
+    def step(self, tp: int, kv_dtype: str, spec_k: int, layout: str | None = None) -> StepCost | Exception:
+        """The step model of a config (measured step times where the profile table covers it), or
+        the error that says why it cannot run (does not fit, bad layout); built once per config."""
         key = (tp, kv_dtype, spec_k, layout)
-        if key not in self._steps:
+        if key not in self.steps:
             par = None
             if layout is not None:  # a multi-node layout (optimizer.layouts)
                 par = Parallel(gpus_per_node=self.spec.hardware.gpus_per_node, **self.layouts[layout])
             try:
-                if self.engine is None:
-                    self._steps[key] = StepModel(self.model, self.gpu, tp, self.weight_dtype, kv_dtype, self.eff,
-                                                 self.spec_config(spec_k), self.spec.gpu_mem_util, parallel=par)
-                else:  # measured step times where the profile table covers this config
-                    self._steps[key] = self.engine.step(self.model, tp, self.weight_dtype, kv_dtype,
-                                                        self.spec_config(spec_k), self.spec.gpu_mem_util,
-                                                        require_profile=False, parallel=par)
+                self.steps[key] = self.engine.step(self.model, tp, self.weight_dtype, kv_dtype,
+                                                   self.spec_config(spec_k), self.spec.gpu_mem_util,
+                                                   require_profile=False, parallel=par)
             except (DoesNotFit, InputError) as exc:
-                self._steps[key] = exc
-        return self._steps[key]
+                self.steps[key] = exc
+        return self.steps[key]
+
+    def fitting_step(self, params: dict) -> StepCost:
+        """The step model of a config known to fit (the simulator's): its error raised otherwise."""
+        sm = self.step(params["tp"], params["kv_dtype"], params["spec_k"], params.get("layout"))
+        if isinstance(sm, Exception):
+            raise sm
+        return sm
 
     @property
     def max_gpus(self) -> int:
@@ -178,7 +188,61 @@ def _aggressiveness(ctx: SolveContext, params: dict) -> float:
     return sum(pos) / len(pos)
 
 
-def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> dict:
+@dataclass(frozen=True)
+class Evaluation:
+    """One configuration screened and sized (``evaluate``): what a trial stores in
+    ``user_attrs['eval']`` (``to_json``) and what the race and the result read (``from_json``).
+    A config that does not fit carries only the first eight fields."""
+
+    params: dict                   # tp, batch_cap, kv_dtype, spec_k, chunk_tokens (+ layout, pp, ...)
+    fits: bool
+    feasible: bool
+    constraint: tuple[float, ...]  # memory shortfall GB, SLO-share shortfall, nodes over budget: all <= 0 feasible
+    value: float                   # the screened objective (lower is better)
+    reason: str
+    per_replica_goodput_req_s: float
+    bottleneck: str
+    batch: int = 0
+    batch_limit: str = ""
+    tpot_ms: float = math.nan
+    tpot_batch1_ms: float = math.nan
+    ttft_ms: float = math.nan
+    ttft_zero_load_ms: float = math.nan
+    slo_share: float = 0.0
+    detail: dict = field(default_factory=dict)
+    kv_pool_tokens: float = 0.0
+    replicas: int = 0
+    gpus: int = 0
+    nodes: int = 0
+    usd_per_hour: float = 0.0
+    goodput_req_s: float = 0.0
+    headroom: float = 0.0
+    trial: int | None = None       # the optuna trial number, when read back from a study
+
+    _NO_FIT_KEYS = ("params", "fits", "feasible", "constraint", "value", "reason", "per_replica_goodput_req_s",
+                    "bottleneck")
+
+    def to_json(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trial"}
+        if not self.fits:
+            d = {k: d[k] for k in self._NO_FIT_KEYS}
+        d["constraint"] = list(self.constraint)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict, trial: int | None = None) -> "Evaluation":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known and k != "constraint"},
+                   constraint=tuple(d["constraint"]), trial=trial)
+
+    def screened(self) -> dict:
+        """The screen's figures the result shows under ``screened``."""
+        return {"per_replica_goodput_req_s": self.per_replica_goodput_req_s, "batch": self.batch,
+                "batch_limit": self.batch_limit, "tpot_ms": self.tpot_ms, "ttft_ms": self.ttft_ms,
+                "ttft_zero_load_ms": self.ttft_zero_load_ms, "tpot_batch1_ms": self.tpot_batch1_ms}
+
+
+def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> Evaluation:
     """Screen one configuration and size the deployment: a JSON-able record (``user_attrs['eval']``).
 
     ``constraint`` = [memory shortfall GB, SLO-share shortfall, nodes over budget]: all <= 0 is
@@ -192,8 +256,8 @@ def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> 
     worst = ctx.max_gpus * h.usd_per_gpu_hour
     if isinstance(sm, Exception):
         short = getattr(sm, "shortfall_bytes", 0.0) / 1e9
-        return {"params": params, "fits": False, "feasible": False, "constraint": [max(short, 1e-3), 1.0, 0.0],
-                "value": 2 * worst, "reason": str(sm), "per_replica_goodput_req_s": 0.0, "bottleneck": "memory"}
+        return Evaluation(params=params, fits=False, feasible=False, constraint=(max(short, 1e-3), 1.0, 0.0),
+                          value=2 * worst, reason=str(sm), per_replica_goodput_req_s=0.0, bottleneck="memory")
     s = screen(sm, ctx.stats, params["batch_cap"], params["chunk_tokens"])
     size = _size(ctx, gpus_per_replica(params), s.goodput_req_s, nodes_pick)
     over = 0.0
@@ -214,14 +278,14 @@ def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> 
                   f"{s.goodput_req_s:.2f} req/s per TP-{params['tp']}"
                   + (f" x PP-{params['pp']}" if params.get("pp", 1) > 1 else "")
                   + f" replica ({gpus_per_replica(params)} GPUs) > hardware.max_nodes {h.max_nodes}")
-    return {
-        "params": params, "fits": True, "feasible": feasible,
-        "constraint": [0.0, s.slo_shortfall, over], "value": value, "reason": reason,
-        "per_replica_goodput_req_s": s.goodput_req_s, "batch": s.batch, "batch_limit": s.batch_limit,
-        "tpot_ms": s.tpot_ms, "tpot_batch1_ms": s.tpot_batch1_ms, "ttft_ms": s.ttft_ms,
-        "ttft_zero_load_ms": s.ttft_zero_load_ms, "slo_share": s.slo_share, "bottleneck": s.bottleneck,
-        "detail": s.detail, "kv_pool_tokens": s.pool_tokens, **size,
-    }
+    return Evaluation(
+        params=params, fits=True, feasible=feasible,
+        constraint=(0.0, s.slo_shortfall, over), value=value, reason=reason,
+        per_replica_goodput_req_s=s.goodput_req_s, batch=s.batch, batch_limit=s.batch_limit,
+        tpot_ms=s.tpot_ms, tpot_batch1_ms=s.tpot_batch1_ms, ttft_ms=s.ttft_ms,
+        ttft_zero_load_ms=s.ttft_zero_load_ms, slo_share=s.slo_share, bottleneck=s.bottleneck,
+        detail=s.detail, kv_pool_tokens=s.pool_tokens, **size,
+    )
 
 
 # ---- search space -----------------------------------------------------------------------------
@@ -288,13 +352,13 @@ _CONSTRAINT_NAMES = ("memory_gb", "slo_share", "nodes_over")
 
 
 def make_sampler(name: str, ctx: SolveContext, seed: int) -> optuna.samplers.BaseSampler:
-    cf = {} if _NATIVE_CONSTRAINTS else {"constraints_func": _constraints}
+    cf = None if _NATIVE_CONSTRAINTS else _constraints
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10, **cf)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10, constraints_func=cf)
     if name == "grid":
         return optuna.samplers.GridSampler(grid_space(ctx), seed=seed)
     if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=20, **cf)
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=20, constraints_func=cf)
     raise InputError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {name!r}")
 
 
@@ -348,7 +412,9 @@ def open_study(ctx: SolveContext, sampler: str, storage_url: str | None, study_n
     digest = workload_digest(ctx, sampler)
     name = study_name or f"kvtune-{digest}"
     storage = make_storage(storage_url)
-    directions = ["minimize", "maximize"] if sampler == "nsga2" else ["minimize"]
+    directions: list[optuna.study.StudyDirection] = (
+        [optuna.study.StudyDirection.MINIMIZE, optuna.study.StudyDirection.MAXIMIZE] if sampler == "nsga2"
+        else [optuna.study.StudyDirection.MINIMIZE])
     try:
         study = optuna.create_study(storage=storage, study_name=name, directions=directions,
                                     sampler=make_sampler(sampler, ctx, ctx.seed))
@@ -358,8 +424,9 @@ def open_study(ctx: SolveContext, sampler: str, storage_url: str | None, study_n
                                     sampler=make_sampler(sampler, ctx, ctx.seed), load_if_exists=True)
         created = False
     # only the process that created the study seeds it, so two processes that start together on
-    # one storage do not both enqueue the structure screen
-    study.kvtune_seeds = created
+    # one storage do not both enqueue the structure screen: the study's own record says which
+    if created:
+        study.set_user_attr(SEEDER_ATTR, PROCESS_TOKEN)
     have = study.user_attrs.get("digest")
     if have is None:
         study.set_user_attr("digest", digest)
@@ -425,7 +492,8 @@ def run_search(ctx: SolveContext, study: optuna.Study, n_trials: int, sampler: s
     fail_stale_trials(study)
     nsga2 = sampler == "nsga2"
     ran = 0
-    if sampler != "grid" and getattr(study, "kvtune_seeds", True) and not study.get_trials(deepcopy=False):
+    seeder = study.user_attrs.get(SEEDER_ATTR, PROCESS_TOKEN)  # a study made elsewhere: this process seeds
+    if sampler != "grid" and seeder == PROCESS_TOKEN and not study.get_trials(deepcopy=False):
         for params in seed_trials(ctx, n_trials):
             study.enqueue_trial(params)
 
@@ -439,16 +507,16 @@ def run_search(ctx: SolveContext, study: optuna.Study, n_trials: int, sampler: s
             raise _Surplus()
         params, nodes = _suggest(trial, ctx, nsga2)
         ev = evaluate(ctx, params, nodes)
-        trial.set_user_attr("eval", ev)
-        trial.set_user_attr("constraint", ev["constraint"])
+        trial.set_user_attr("eval", ev.to_json())
+        trial.set_user_attr("constraint", list(ev.constraint))
         if _NATIVE_CONSTRAINTS:
-            for k, v in zip(_CONSTRAINT_NAMES, ev["constraint"]):
+            for k, v in zip(_CONSTRAINT_NAMES, ev.constraint):
                 trial.set_constraint(k, float(v))
         ran += 1
         if nsga2:
             worst = 2 * ctx.max_gpus * ctx.spec.hardware.usd_per_gpu_hour
-            return ev["usd_per_hour"] if ev["fits"] else worst, ev.get("goodput_req_s", 0.0)
-        return ev["value"]
+            return ev.usd_per_hour if ev.fits else worst, ev.goodput_req_s
+        return ev.value
 
     def callback(study: optuna.Study, trial) -> None:
         done = _counted(study)
@@ -478,11 +546,11 @@ def run_search(ctx: SolveContext, study: optuna.Study, n_trials: int, sampler: s
             return ran
 
 
-def completed_evals(study: optuna.Study) -> list[dict]:
+def completed_evals(study: optuna.Study) -> list[Evaluation]:
     """Every complete trial's evaluation, in trial order, with its trial number."""
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         ev = t.user_attrs.get("eval")
         if ev is not None:
-            out.append({**ev, "trial": t.number})
+            out.append(Evaluation.from_json(ev, t.number))
     return out

@@ -314,15 +314,15 @@ def candidates(ctx: SolveContext, runner=None) -> tuple[list[dict], list[dict]]:
     configs = lattice_configs(ctx)
     evs = runner.screen(configs) if runner is not None and hasattr(runner, "screen") else \
         [evaluate(ctx, p) for p in configs]
-    return [e for e in evs if e["fits"]], [e for e in evs if not e["fits"]]
+    return [e for e in evs if e.fits], [e for e in evs if not e.fits]
 
 
 def _prior(ctx: SolveContext, ev: dict) -> tuple:
     """Race order: the screen's objective for screen-feasible configs, then the rest by
     decode-bound capacity per GPU; the config key breaks ties."""
-    p = ev["params"]
-    if ev["feasible"]:
-        return (0, ev["value"], config_key(p))
+    p = ev.params
+    if ev.feasible:
+        return (0, ev.value, config_key(p))
     return (1, -_capacity(ctx, p) / gpus_per_replica(p), config_key(p))
 
 
@@ -332,7 +332,7 @@ def _capacity(ctx: SolveContext, p: dict) -> float:
 
 
 def _n(ctx: SolveContext, ev: dict) -> int:
-    return config_requests(ctx, ev["params"])
+    return config_requests(ctx, ev.params)
 
 
 # ---- what it takes to beat the best --------------------------------------------------------------
@@ -398,9 +398,9 @@ def race(ctx: SolveContext, runner=None, on_stage: Callable[[str, int], None] | 
         st.race_goodput(alive, seeds)
     else:
         st.race_cost(alive)
-    order = {config_key(ev["params"]): i for i, ev in enumerate(fit)}
+    order = {config_key(ev.params): i for i, ev in enumerate(fit)}
     outs = tuple(sorted(st.outcomes.values(), key=lambda o: order[config_key(o.config)]))
-    return Race(outs, st.sims, tuple(st.zl), tuple((config_key(e["params"]), e["reason"]) for e in nofit),
+    return Race(outs, st.sims, tuple(st.zl), tuple((config_key(e.params), e.reason) for e in nofit),
                 len(st.keys))
 
 
@@ -431,36 +431,36 @@ class _State:
         return res
 
     def verify(self, evs: list[dict]) -> list[dict]:
-        work = [Work("verify", _freeze(ev["params"])) for ev in evs]
+        work = [Work("verify", _freeze(ev.params)) for ev in evs]
         self.keys.update(w.key for w in work)
         res = self.runner.run(work)
         for ev, v in zip(evs, res):
-            k = config_key(ev["params"])
+            k = config_key(ev.params)
             self.sims += v.get("simulations", 0)
             self.spent[k] = self.spent.get(k, 0) + v.get("simulations", 0)
-            self.outcomes[k] = Outcome(_freeze(ev["params"]), "verified", "" if v["feasible"] else v.get("reason", ""),
+            self.outcomes[k] = Outcome(_freeze(ev.params), "verified", "" if v["feasible"] else v.get("reason", ""),
                                        self.spent[k], v)
         return res
 
     def out(self, ev: dict, status: str, reason: str) -> None:
-        k = config_key(ev["params"])
-        self.outcomes[k] = Outcome(_freeze(ev["params"]), status, reason, self.spent.get(k, 0))
+        k = config_key(ev.params)
+        self.outcomes[k] = Outcome(_freeze(ev.params), status, reason, self.spent.get(k, 0))
 
     # 1. zero load, per (tp, kv, k, chunk) group: the largest batch cap stands for the group
     def zero_load(self, fit: list[dict]) -> list[dict]:
         ctx, a = self.ctx, self.a
         groups: dict[tuple, list[dict]] = {}
         for ev in fit:
-            why = never_fit_reason(ctx, ev["params"])
+            why = never_fit_reason(ctx, ev.params)
             if why:
                 self.out(ev, "never_fits", why)
                 continue
-            p = ev["params"]
+            p = ev.params
             groups.setdefault((p["tp"], p.get("layout"), p["kv_dtype"], p["spec_k"], p["chunk_tokens"]), []).append(ev)
         # a short probe first; the full one only where the short one is not clearly in or out
         n_zl = sim_requests(a, 1)
         n_short = min(n_zl, SHORT_MIN)
-        reps = [max(g, key=lambda e: e["params"]["batch_cap"])["params"] for g in groups.values()]
+        reps = [max(g, key=lambda e: e.params["batch_cap"]).params for g in groups.values()]
         rates = [ZERO_LOAD_SHARE * _capacity(ctx, p) for p in reps]
         self.stage("zero load", len(reps))
         zl = self.probe([(p, r, n_short) for p, r in zip(reps, rates)])
@@ -482,7 +482,7 @@ class _State:
         says they cannot, are out here without a simulation."""
         keep = []
         for ev in chunk:
-            p = ev["params"]
+            p = ev.params
             bar, r, why = bar_req_s(self.ctx, p, self.best)
             if bar is None:
                 self.out(ev, "pruned", why)
@@ -499,23 +499,23 @@ class _State:
         """Short simulations at the bar, then full ones for the configs not clearly out: those that meet."""
         ctx, a = self.ctx, self.a
         ns = [max(SHORT_MIN, int(SHORT_SHARE * _n(ctx, ev))) for ev, _, _, _ in cands]
-        short = self.probe([(ev["params"], bar, n) for (ev, bar, _, _), n in zip(cands, ns)])
+        short = self.probe([(ev.params, bar, n) for (ev, bar, _, _), n in zip(cands, ns)])
         full, done = [], {}
         for c, pr, n in zip(cands, short, ns):
             ev, bar, _, why = c
             if n >= _n(ctx, ev):
-                done[config_key(ev["params"])] = pr
+                done[config_key(ev.params)] = pr
             elif pr.attainment < a - SHORT_MARGIN:
                 self.out(ev, "beaten", f"attainment {pr.attainment:.3f} at {bar:.3g} req/s per replica "
                                        f"({n} requests): cannot beat {why}")
                 continue
             else:
                 full.append(c)
-        for (ev, _, _, _), pr in zip(full, self.probe([(ev["params"], bar, _n(ctx, ev)) for ev, bar, _, _ in full])):
-            done[config_key(ev["params"])] = pr
+        for (ev, _, _, _), pr in zip(full, self.probe([(ev.params, bar, _n(ctx, ev)) for ev, bar, _, _ in full])):
+            done[config_key(ev.params)] = pr
         winners = []
         for c in cands:
-            pr = done.get(config_key(c[0]["params"]))
+            pr = done.get(config_key(c[0].params))
             if pr is None:
                 continue
             if pr.meets:
@@ -533,7 +533,7 @@ class _State:
         for i in range(0, len(alive), BATCH):
             self.stage("race", len(alive[i:i + BATCH]))
             for ev, bar, r, why in self.meets_bar(self.screen_bar(alive[i:i + BATCH])):
-                p = ev["params"]
+                p = ev.params
                 bar2, r2, why2 = bar_req_s(ctx, p, self.best)
                 if bar2 is None:                      # an earlier winner of this batch is cheaper
                     self.out(ev, "beaten", f"meets {bar:.3g} req/s per replica, but {why2}")
@@ -558,7 +558,7 @@ class _State:
         """max_goodput: seeds verified, then every config against the best goodput per GPU."""
         seeds, structs = [], set()
         for ev in alive:
-            s = (ev["params"]["tp"], ev["params"].get("layout"), ev["params"]["kv_dtype"], ev["params"]["spec_k"])
+            s = (ev.params["tp"], ev.params.get("layout"), ev.params["kv_dtype"], ev.params["spec_k"])
             if s not in structs:
                 structs.add(s)
                 seeds.append(ev)
@@ -566,7 +566,7 @@ class _State:
                 break
         self.stage("seeds", len(seeds))
         self._take(seeds, self.verify(seeds))
-        rest = [ev for ev in alive if config_key(ev["params"]) not in self.outcomes]
+        rest = [ev for ev in alive if config_key(ev.params) not in self.outcomes]
         for i in range(0, len(rest), BATCH):
             chunk = rest[i:i + BATCH]
             self.stage("race", len(chunk))

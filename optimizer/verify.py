@@ -50,7 +50,7 @@ def sim_requests(attainment: float, operating_batch: int) -> int:
 def slots(ctx: SolveContext, params: dict) -> int:
     """Sequences the batch cap and the KV pool admit at once on a workload's mean request
     (``costmodel.goodput``'s own measure of the in-flight set); 0 if the pool is too small."""
-    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"], params.get("layout"))
+    sm = ctx.fitting_step(params)
     per_seq = max(ctx.stats.mean_input_tokens + ctx.stats.mean_output_tokens, 1.0)
     return int(min(params["batch_cap"], sm.memory.kv_pool_tokens // per_seq))
 
@@ -66,7 +66,7 @@ def verify_config(ctx: SolveContext, params: dict) -> dict:
     requests, the bisection started at the screened goodput."""
     from .search import evaluate
     ev = evaluate(ctx, params)
-    return verify(ctx, params, max(slots(ctx, params), 1), ev.get("per_replica_goodput_req_s") or None)
+    return verify(ctx, params, max(slots(ctx, params), 1), ev.per_replica_goodput_req_s or None)
 
 
 def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: float | None = None) -> dict:
@@ -76,7 +76,7 @@ def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: f
     from costmodel.goodput import goodput
     from costmodel.simulate import simulate
 
-    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"], params.get("layout"))
+    sm = ctx.fitting_step(params)
     spec, seed = ctx.spec, ctx.workload_seed
     cfg = sim_config(ctx, params)
     n = sim_requests(spec.slo.attainment, operating_batch)

@@ -82,24 +82,24 @@ def test_screen_impossible_ttft_names_prefill():
 def test_evaluate_sizes_replicas_from_screened_goodput():
     ctx = SolveContext.build(small_spec())
     ev = evaluate(ctx, {"tp": 1, "batch_cap": 64, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 2048})
-    assert ev["feasible"] and ev["constraint"] == [0.0, 0.0, 0.0]
+    assert ev.feasible and ev.constraint == (0.0, 0.0, 0.0)
     import math
-    assert ev["replicas"] == math.ceil(20 / ev["per_replica_goodput_req_s"])
-    assert ev["usd_per_hour"] == ev["gpus"] * 2.0 and ev["gpus"] == ev["replicas"]
+    assert ev.replicas == math.ceil(20 / ev.per_replica_goodput_req_s)
+    assert ev.usd_per_hour == ev.gpus * 2.0 and ev.gpus == ev.replicas
 
 
 def test_over_node_budget_is_a_positive_constraint():
     ctx = SolveContext.build(small_spec(workload={"rate_req_s": 5000, "classes": [
         {"name": "c", "share": 1.0, "input_tokens": 1000, "output_tokens": 200}]}))
     ev = evaluate(ctx, {"tp": 1, "batch_cap": 64, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 2048})
-    assert not ev["feasible"] and ev["constraint"][2] > 0 and "max_nodes" in ev["reason"]
+    assert not ev.feasible and ev.constraint[2] > 0 and "max_nodes" in ev.reason
 
 
 def test_does_not_fit_is_a_memory_constraint():
     spec = small_spec(model="llama-3.1-70b")
     ctx = SolveContext.build(spec)
     ev = evaluate(ctx, {"tp": 1, "batch_cap": 64, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 2048})
-    assert not ev["fits"] and ev["constraint"][0] > 0 and "GB" in ev["reason"]
+    assert not ev.fits and ev.constraint[0] > 0 and "GB" in ev.reason
 
 
 def test_grid_space_is_powers_of_two_and_skips_spec_without_speculative():
@@ -117,7 +117,7 @@ def test_lattice_keeps_the_bounds_and_tpe_stays_on_it():
     st = open_study(ctx, "tpe", None, None)
     run_search(ctx, st, 12, "tpe")
     for ev in completed_evals(st):
-        assert ev["params"]["batch_cap"] in g["batch_cap"] and ev["params"]["chunk_tokens"] in g["chunk_tokens"]
+        assert ev.params["batch_cap"] in g["batch_cap"] and ev.params["chunk_tokens"] in g["chunk_tokens"]
 
 
 def test_grid_walks_the_whole_grid_once():
@@ -125,7 +125,7 @@ def test_grid_walks_the_whole_grid_once():
     st = open_study(ctx, "grid", None, None)
     n = 2 * 2 * 6 * 5
     run_search(ctx, st, n, "grid")
-    keys = {config_key(e["params"]) for e in completed_evals(st)}
+    keys = {config_key(e.params) for e in completed_evals(st)}
     assert len(keys) == n
 
 
@@ -134,7 +134,7 @@ def _best(sampler, seed):
     st = open_study(ctx, sampler, None, None)
     run_search(ctx, st, 25, sampler)
     ev = completed_evals(st)
-    return [config_key(e["params"]) for e in ev], min(e["value"] for e in ev)
+    return [config_key(e.params) for e in ev], min(e.value for e in ev)
 
 
 def test_same_seed_same_trials():
@@ -249,9 +249,9 @@ def test_sampler_seed_leaves_the_workload_sample_alone():
     assert a.seed != b.seed and a.workload_seed == b.workload_seed == spec.search.seed
     p = {"tp": 1, "batch_cap": 64, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 2048}
     ea, eb = evaluate(a, p), evaluate(b, p)
-    assert ea["per_replica_goodput_req_s"] == eb["per_replica_goodput_req_s"] and ea["value"] == eb["value"]
+    assert ea.per_replica_goodput_req_s == eb.per_replica_goodput_req_s and ea.value == eb.value
     from optimizer.recommend import verify
-    va, vb = verify(a, p, ea["batch"], ea["per_replica_goodput_req_s"]), verify(b, p, eb["batch"], eb["per_replica_goodput_req_s"])
+    va, vb = verify(a, p, ea.batch, ea.per_replica_goodput_req_s), verify(b, p, eb.batch, eb.per_replica_goodput_req_s)
     assert va["per_replica_goodput_req_s"] == vb["per_replica_goodput_req_s"] > 0
 
 
