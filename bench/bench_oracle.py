@@ -78,7 +78,7 @@ def _oracle_one(args) -> tuple[str, dict]:
     except Exception as exc:  # recorded and counted, never the optimum
         return config_key(params), {"fits": True, "crash": f"{exc.__class__.__name__}: {exc}",
                                     "seconds": time.perf_counter() - t0}
-    keep = {k: v.get(k) for k in ("params", "feasible", "per_replica_goodput_req_s", "replicas", "gpus", "usd_per_hour",
+    keep = {k: v.to_json().get(k) for k in ("params", "feasible", "per_replica_goodput_req_s", "replicas", "gpus", "usd_per_hour",
                                   "goodput_req_s", "simulations", "reason")}
     return config_key(params), {"fits": True, **keep, "seconds": time.perf_counter() - t0}
 

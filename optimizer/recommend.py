@@ -23,8 +23,9 @@ from .launch import scheduling as launch_scheduling
 from .layouts import gpus_per_replica, layout_params
 from .search import (SolveContext, completed_evals, config_key, evaluate, grid_space, make_storage, open_study,
                      run_search)
+from .scaleout import StudyRunner
 from .simsearch import LocalRunner, Race, race, rank
-from .verify import sim_requests, verify
+from .verify import Verification, sim_requests, verify
 
 __all__ = ["solve", "verify", "recommend", "pareto_front", "sim_requests", "VERIFY_TOP"]
 
@@ -54,24 +55,24 @@ def recommend(ctx: SolveContext, study, sampler: str, verify_top: int = VERIFY_T
         if own:
             runner.close()
     verified = r.verified
-    ok = [v for v in verified if v["feasible"]]
+    ok = [v for v in verified if v.feasible]
     if not ok:
         return _base(ctx, study, evals, sampler, r) | _infeasible(ctx, r)
     pick = min(ok, key=lambda v: rank(ctx, v))
     notes = _dtype_notes(ctx, pick, r)
-    ev = evaluate(ctx, pick["params"])
+    ev = evaluate(ctx, pick.params)
     return _base(ctx, study, evals, sampler, r) | _ok(ctx, pick, ev, r, notes)
 
 
-def _dtype_notes(ctx: SolveContext, pick: dict, r: Race) -> list[str]:
+def _dtype_notes(ctx: SolveContext, pick: Verification, r: Race) -> list[str]:
     kv = list(ctx.spec.search.kv_dtype)
     if kv == ["bf16"]:
         return ["FP8 KV excluded by search.kv_dtype: [bf16]"]
     if "bf16" not in kv:
         return []
-    if pick["params"]["kv_dtype"] == "bf16":
+    if pick.params["kv_dtype"] == "bf16":
         return ["bf16 KV: FP8 KV buys no saving here (every fp8 config was raced for a cheaper deployment)"]
-    return [f"FP8 KV: no bf16 config meets the target at ${pick['usd_per_hour']:.2f}/h (simulated); "
+    return [f"FP8 KV: no bf16 config meets the target at ${pick.usd_per_hour:.2f}/h (simulated); "
             "check quality on your hardest evals"]
 
 
@@ -93,32 +94,32 @@ def _source(ctx: SolveContext) -> dict:
 
 
 def _ok(ctx, pick, ev, r: Race, notes) -> dict:
-    spec, p = ctx.spec, pick["params"]
+    spec, p = ctx.spec, pick.params
     # min_cost is priced at the target rate it serves; max_goodput at its goodput
     out_tok_s = ctx.rate_req_s * ctx.stats.mean_output_tokens if spec.objective == "min_cost" \
-        else pick["output_tok_s_at_goodput"]
-    usd = pick["usd_per_hour"]
-    tpot_mean = pick["tpot_ms"]["mean"]
+        else pick.output_tok_s_at_goodput
+    usd = pick.usd_per_hour
+    tpot_mean = pick.tpot_ms["mean"]
     sdict = None
     if spec.speculative is not None:
         s = spec.speculative
         sdict = {"method": s.method, "draft_model": s.draft_model}
-    items = [{"gpus": v["gpus"], "usd_per_hour": v["usd_per_hour"], "goodput_req_s": v["goodput_req_s"],
-              "config": dict(v["params"], replicas=v["replicas"]), "evidence": "simulated"}
-             for v in r.verified if v.get("feasible")]
+    items = [{"gpus": v.gpus, "usd_per_hour": v.usd_per_hour, "goodput_req_s": v.goodput_req_s,
+              "config": dict(v.params, replicas=v.replicas), "evidence": "simulated"}
+             for v in r.verified if v.feasible]
     detail = ev.detail
-    headroom = pick["goodput_req_s"] / ctx.rate_req_s - 1 if ctx.rate_req_s > 0 else float("nan")
+    headroom = pick.goodput_req_s / ctx.rate_req_s - 1 if ctx.rate_req_s > 0 else float("nan")
     return {
         "status": "ok",
         "recommendation": {**{k: p[k] for k in _PARAM_KEYS}, **layout_params(p, spec.hardware.gpus_per_node),
                            **({"layout": p["layout"]} if p.get("layout") else {}),
-                           "replicas": pick["replicas"], "gpus": pick["gpus"],
-                           "nodes": pick["nodes"], "gpu": ctx.gpu.name, "model": ctx.model.name},
-        "predicted": {"goodput_req_s": pick["goodput_req_s"], "per_replica_goodput_req_s": pick["per_replica_goodput_req_s"],
-                      "slo_attainment": pick["slo_attainment"], "ttft_ms": pick["ttft_ms"], "tpot_ms": pick["tpot_ms"],
-                      "output_tok_s": pick["output_tok_s"],
+                           "replicas": pick.replicas, "gpus": pick.gpus,
+                           "nodes": pick.nodes, "gpu": ctx.gpu.name, "model": ctx.model.name},
+        "predicted": {"goodput_req_s": pick.goodput_req_s, "per_replica_goodput_req_s": pick.per_replica_goodput_req_s,
+                      "slo_attainment": pick.slo_attainment, "ttft_ms": pick.ttft_ms, "tpot_ms": pick.tpot_ms,
+                      "output_tok_s": pick.output_tok_s,
                       "tok_s_per_user": 1000.0 / tpot_mean if tpot_mean and tpot_mean > 0 else float("nan"),
-                      "load_per_replica_req_s": pick["load_per_replica_req_s"], "evidence": "simulated"},
+                      "load_per_replica_req_s": pick.load_per_replica_req_s, "evidence": "simulated"},
         "screened": ev.screened(),
         "cost": {"usd_per_hour": usd, "usd_per_gpu_hour": spec.hardware.usd_per_gpu_hour,
                  "usd_per_million_output_tokens": usd / (out_tok_s * 3600) * 1e6 if out_tok_s > 0 else float("inf"),
@@ -131,7 +132,7 @@ def _ok(ctx, pick, ev, r: Race, notes) -> dict:
         "verified": [_verified_row(v) for v in r.verified],
         "race": [{k: o.to_json()[k] for k in ("config", "status", "reason", "simulations")} for o in r.outcomes],
         "launch": launch_settings(ctx.model.hf_id or spec.model, {**p, **layout_params(p, spec.hardware.gpus_per_node)},
-                                  pick["replicas"], spec.gpu_mem_util, sdict,
+                                  pick.replicas, spec.gpu_mem_util, sdict,
                                   name=f"kvtune-{ctx.model.name}", arch=ctx.model, gpu=ctx.gpu,
                                   weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
                                   gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine),
@@ -139,10 +140,10 @@ def _ok(ctx, pick, ev, r: Race, notes) -> dict:
     }
 
 
-def _verified_row(v: dict) -> dict:
-    return {"config": v["params"], "feasible": v["feasible"], "usd_per_hour": v.get("usd_per_hour"),
-            "goodput_req_s": v.get("goodput_req_s"), "per_replica_goodput_req_s": v.get("per_replica_goodput_req_s"),
-            "simulations": v.get("simulations", 0), "reason": v.get("reason", "")}
+def _verified_row(v: Verification) -> dict:
+    return {"config": v.params, "feasible": v.feasible, "usd_per_hour": v.usd_per_hour,
+            "goodput_req_s": v.goodput_req_s, "per_replica_goodput_req_s": v.per_replica_goodput_req_s,
+            "simulations": v.simulations, "reason": v.reason}
 
 
 def _infeasible(ctx, r: Race) -> dict:
@@ -168,10 +169,10 @@ def _infeasible(ctx, r: Race) -> dict:
                   f"{pr.attainment:.1%} of requests < {spec.slo.attainment:g}")
         return base | {"reason": reason, "closest": {"config": o.config, "miss": pr.reason, "attainment": pr.attainment}}
     if r.verified:
-        v = max(r.verified, key=lambda v: (v.get("per_replica_goodput_req_s") or 0.0) / gpus_per_replica(v["params"]))
-        reason = v.get("reason") or "simulated SLO attainment misses the target"
-        return base | {"reason": reason, "closest": {"config": v["params"], "miss": reason,
-                                                     "usd_per_hour": v.get("usd_per_hour")}}
+        v = max(r.verified, key=lambda v: (v.per_replica_goodput_req_s or 0.0) / gpus_per_replica(v.params))
+        reason = v.reason or "simulated SLO attainment misses the target"
+        return base | {"reason": reason, "closest": {"config": v.params, "miss": reason,
+                                                     "usd_per_hour": v.usd_per_hour}}
     o = alive[0]
     h = spec.hardware
     reason = (f"no configuration serves {ctx.rate_req_s:g} req/s within hardware.max_nodes {h.max_nodes} "
@@ -194,8 +195,8 @@ def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str
             if sampler == "grid":
                 trials = math.prod(len(v) for v in grid_space(ctx).values())
         run_search(ctx, study, trials, sampler, on_trial)
+        runner: LocalRunner | StudyRunner
         if storage:   # the race's simulations shared with every process on this storage
-            from .scaleout import StudyRunner
             runner = StudyRunner(ctx, make_storage(storage), study.study_name)
         else:
             runner = LocalRunner(ctx, jobs)

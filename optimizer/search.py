@@ -204,10 +204,10 @@ class Evaluation:
     bottleneck: str
     batch: int = 0
     batch_limit: str = ""
-    tpot_ms: float = math.nan
-    tpot_batch1_ms: float = math.nan
-    ttft_ms: float = math.nan
-    ttft_zero_load_ms: float = math.nan
+    tpot_ms: float = 0.0
+    tpot_batch1_ms: float = 0.0
+    ttft_ms: float = 0.0
+    ttft_zero_load_ms: float = 0.0
     slo_share: float = 0.0
     detail: dict = field(default_factory=dict)
     kv_pool_tokens: float = 0.0

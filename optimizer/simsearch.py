@@ -39,8 +39,8 @@ import numpy as np
 from costmodel.goodput import capacity_bound_req_s
 
 from .layouts import gpus_per_replica
-from .search import SolveContext, config_key, evaluate, grid_space
-from .verify import REL_TOL, config_requests, sim_config, sim_requests, verify_config
+from .search import Evaluation, SolveContext, config_key, evaluate, grid_space
+from .verify import REL_TOL, Verification, config_requests, sim_config, sim_requests, verify_config
 
 __all__ = ["Probe", "Outcome", "Race", "race", "candidates", "bar_req_s", "rank", "LocalRunner",
            "ZERO_LOAD_SHARE", "SEEDS", "BATCH", "CAPACITY_SLACK", "SHORT_SHARE", "SHORT_MARGIN"]
@@ -89,7 +89,7 @@ class Outcome:
     status: str
     reason: str
     simulations: int
-    verification: dict | None = None
+    verification: Verification | None = None
 
     @property
     def config(self) -> dict:
@@ -97,11 +97,14 @@ class Outcome:
 
     def to_json(self) -> dict:
         return {"config": self.config, "status": self.status, "reason": self.reason,
-                "simulations": self.simulations, "verification": self.verification}
+                "simulations": self.simulations,
+                "verification": self.verification.to_json() if self.verification is not None else None}
 
     @classmethod
     def from_json(cls, d: dict) -> "Outcome":
-        return cls(_freeze(d["config"]), d["status"], d["reason"], d["simulations"], d.get("verification"))
+        v = d.get("verification")
+        return cls(_freeze(d["config"]), d["status"], d["reason"], d["simulations"],
+                   Verification.from_json(v) if v is not None else None)
 
 
 def _freeze(p: dict) -> tuple:
@@ -120,8 +123,8 @@ class Race:
     work_items: int = 0  # distinct simulation jobs (probes and verifications) the race ran
 
     @property
-    def verified(self) -> list[dict]:
-        return [o.verification for o in self.outcomes if o.status == "verified"]
+    def verified(self) -> list[Verification]:
+        return [o.verification for o in self.outcomes if o.status == "verified" and o.verification is not None]
 
     def counts(self) -> dict:
         out: dict = {}
@@ -160,7 +163,7 @@ def execute(ctx: SolveContext, w: Work) -> dict:
     """Run one work item: a JSON-able result (a ``Probe``'s or ``verify``'s record)."""
     p = dict(w.params)
     if w.kind == "verify":
-        return verify_config(ctx, p)
+        return verify_config(ctx, p).to_json()
     from costmodel.simulate import simulate
     sm = _step(ctx, p)
     seed = ctx.workload_seed
@@ -200,10 +203,12 @@ _POOL_CTX: SolveContext | None = None  # the context forked pool processes work 
 
 
 def _pool_execute(w: "Work") -> dict:
+    assert _POOL_CTX is not None, "set by LocalRunner before the pool forks"
     return execute(_POOL_CTX, w)
 
 
-def _pool_screen(params: dict) -> dict:
+def _pool_screen(params: dict) -> Evaluation:
+    assert _POOL_CTX is not None, "set by LocalRunner before the pool forks"
     return evaluate(_POOL_CTX, params)
 
 
@@ -226,7 +231,7 @@ class LocalRunner:
             self._pool = mp.get_context("fork").Pool(self.jobs)
         return self._pool
 
-    def screen(self, configs: list[dict]) -> list[dict]:
+    def screen(self, configs: list[dict]) -> list[Evaluation]:
         pool = self._get_pool() if len(configs) > 64 else None
         if pool is None:
             return [evaluate(self.ctx, p) for p in configs]
@@ -309,7 +314,7 @@ def lattice_configs(ctx: SolveContext) -> list[dict]:
     return out
 
 
-def candidates(ctx: SolveContext, runner=None) -> tuple[list[dict], list[dict]]:
+def candidates(ctx: SolveContext, runner=None) -> tuple[list[Evaluation], list[Evaluation]]:
     """(screen evaluations of the configs that fit in memory, of those that do not), in lattice order."""
     configs = lattice_configs(ctx)
     evs = runner.screen(configs) if runner is not None and hasattr(runner, "screen") else \
@@ -317,7 +322,7 @@ def candidates(ctx: SolveContext, runner=None) -> tuple[list[dict], list[dict]]:
     return [e for e in evs if e.fits], [e for e in evs if not e.fits]
 
 
-def _prior(ctx: SolveContext, ev: dict) -> tuple:
+def _prior(ctx: SolveContext, ev: Evaluation) -> tuple:
     """Race order: the screen's objective for screen-feasible configs, then the rest by
     decode-bound capacity per GPU; the config key breaks ties."""
     p = ev.params
@@ -331,20 +336,20 @@ def _capacity(ctx: SolveContext, p: dict) -> float:
     return capacity_bound_req_s(sm, ctx.stats.mean_input_tokens, ctx.stats.mean_output_tokens, p["batch_cap"])
 
 
-def _n(ctx: SolveContext, ev: dict) -> int:
+def _n(ctx: SolveContext, ev: Evaluation) -> int:
     return config_requests(ctx, ev.params)
 
 
 # ---- what it takes to beat the best --------------------------------------------------------------
-def rank(ctx: SolveContext, v: dict) -> tuple:
+def rank(ctx: SolveContext, v: Verification) -> tuple:
     """Verified feasible configs, best first: min_cost by $/h, then bf16 KV over fp8 at equal cost
     (when both are searched), then goodput; max_goodput by goodput per $. The config key last, so
     the order never depends on which stage verified them."""
-    p = v["params"]
+    p = v.params
     if ctx.spec.objective == "max_goodput":
-        return (-v["per_replica_goodput_req_s"] / gpus_per_replica(p), v["usd_per_hour"], config_key(p))
+        return (-v.per_replica_goodput_req_s / gpus_per_replica(p), v.usd_per_hour, config_key(p))
     fp8_last = p["kv_dtype"] != "bf16" and _both_dtypes(ctx)
-    return (v["usd_per_hour"], fp8_last, -v["goodput_req_s"], gpus_per_replica(p), config_key(p))
+    return (v.usd_per_hour, fp8_last, -(v.goodput_req_s or 0.0), gpus_per_replica(p), config_key(p))
 
 
 def _both_dtypes(ctx: SolveContext) -> bool:
@@ -352,7 +357,7 @@ def _both_dtypes(ctx: SolveContext) -> bool:
     return "bf16" in kv and any(k != "bf16" for k in kv)
 
 
-def bar_req_s(ctx: SolveContext, p: dict, best: dict | None) -> tuple[float | None, int, str]:
+def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None) -> tuple[float | None, int, str]:
     """(per-replica rate config ``p`` must serve to beat ``best``, the replicas it would then
     take, what it would beat); rate None: it cannot beat it at any rate.
 
@@ -364,8 +369,8 @@ def bar_req_s(ctx: SolveContext, p: dict, best: dict | None) -> tuple[float | No
     if ctx.spec.objective == "max_goodput":
         if best is None:
             return None, 0, "no config verified yet"
-        q = best["per_replica_goodput_req_s"] / gpus_per_replica(best["params"])
-        return q * tp * (1 + REL_TOL), ctx.max_gpus // tp, f"{q:.3g} req/s per GPU of {config_key(best['params'])}"
+        q = best.per_replica_goodput_req_s / gpus_per_replica(best.params)
+        return q * tp * (1 + REL_TOL), ctx.max_gpus // tp, f"{q:.3g} req/s per GPU of {config_key(best.params)}"
     rate = ctx.rate_req_s
     if best is None:
         r = ctx.max_gpus // tp
@@ -373,10 +378,10 @@ def bar_req_s(ctx: SolveContext, p: dict, best: dict | None) -> tuple[float | No
             return None, 0, (f"a replica needs {tp} GPUs > the {ctx.max_gpus} GPUs of hardware.max_nodes "
                              f"{ctx.spec.hardware.max_nodes}")
         return rate / r, r, f"the most {tp}-GPU replicas hardware.max_nodes allows ({r})"
-    gpus = best["gpus"]
-    why = f"${best['usd_per_hour']:.2f}/h ({gpus} GPUs) of {config_key(best['params'])}"
+    gpus = best.gpus or 0  # a verified best: sized
+    why = f"${best.usd_per_hour:.2f}/h ({gpus} GPUs) of {config_key(best.params)}"
     r = (gpus - 1) // tp
-    if (gpus % tp == 0 and p["kv_dtype"] == "bf16" and best["params"]["kv_dtype"] != "bf16"
+    if (gpus % tp == 0 and p["kv_dtype"] == "bf16" and best.params["kv_dtype"] != "bf16"
             and _both_dtypes(ctx)):
         r = gpus // tp                                          # bf16 KV on as many GPUs wins
     if r < 1:
@@ -412,7 +417,7 @@ class _State:
         self.outcomes: dict[str, Outcome] = {}
         self.sims = 0
         self.zl: list[Probe] = []
-        self.best: dict | None = None
+        self.best: Verification | None = None
         self.spent: dict[str, int] = {}
         self.a = ctx.spec.slo.attainment
         self.keys: set[str] = set()
@@ -430,26 +435,26 @@ class _State:
             self.spent[config_key(p)] = self.spent.get(config_key(p), 0) + 1
         return res
 
-    def verify(self, evs: list[dict]) -> list[dict]:
+    def verify(self, evs: list[Evaluation]) -> list[Verification]:
         work = [Work("verify", _freeze(ev.params)) for ev in evs]
         self.keys.update(w.key for w in work)
-        res = self.runner.run(work)
+        res = [Verification.from_json(d) for d in self.runner.run(work)]
         for ev, v in zip(evs, res):
             k = config_key(ev.params)
-            self.sims += v.get("simulations", 0)
-            self.spent[k] = self.spent.get(k, 0) + v.get("simulations", 0)
-            self.outcomes[k] = Outcome(_freeze(ev.params), "verified", "" if v["feasible"] else v.get("reason", ""),
+            self.sims += v.simulations
+            self.spent[k] = self.spent.get(k, 0) + v.simulations
+            self.outcomes[k] = Outcome(_freeze(ev.params), "verified", "" if v.feasible else v.reason,
                                        self.spent[k], v)
         return res
 
-    def out(self, ev: dict, status: str, reason: str) -> None:
+    def out(self, ev: Evaluation, status: str, reason: str) -> None:
         k = config_key(ev.params)
         self.outcomes[k] = Outcome(_freeze(ev.params), status, reason, self.spent.get(k, 0))
 
     # 1. zero load, per (tp, kv, k, chunk) group: the largest batch cap stands for the group
-    def zero_load(self, fit: list[dict]) -> list[dict]:
+    def zero_load(self, fit: list[Evaluation]) -> list[Evaluation]:
         ctx, a = self.ctx, self.a
-        groups: dict[tuple, list[dict]] = {}
+        groups: dict[tuple, list[Evaluation]] = {}
         for ev in fit:
             why = never_fit_reason(ctx, ev.params)
             if why:
@@ -477,7 +482,7 @@ class _State:
                     self.out(ev, "zero_load", f"misses at zero load (attainment {pr.attainment:.3f} < {a:g}): {pr.reason}")
         return alive
 
-    def screen_bar(self, chunk: list[dict]) -> list[tuple[dict, float, int, str]]:
+    def screen_bar(self, chunk: list[Evaluation]) -> list[tuple[Evaluation, float, int, str]]:
         """Each config's bar against the best; those that cannot beat it, or whose capacity bound
         says they cannot, are out here without a simulation."""
         keep = []
@@ -495,7 +500,7 @@ class _State:
             keep.append((ev, bar, r, why))
         return keep
 
-    def meets_bar(self, cands: list[tuple[dict, float, int, str]]) -> list[tuple[dict, float, int, str]]:
+    def meets_bar(self, cands: list[tuple[Evaluation, float, int, str]]) -> list[tuple[Evaluation, float, int, str]]:
         """Short simulations at the bar, then full ones for the configs not clearly out: those that meet."""
         ctx, a = self.ctx, self.a
         ns = [max(SHORT_MIN, int(SHORT_SHARE * _n(ctx, ev))) for ev, _, _, _ in cands]
@@ -515,16 +520,17 @@ class _State:
             done[config_key(ev.params)] = pr
         winners = []
         for c in cands:
-            pr = done.get(config_key(c[0].params))
-            if pr is None:
+            got = done.get(config_key(c[0].params))
+            if got is None:
                 continue
+            pr = got
             if pr.meets:
                 winners.append(c)
             else:
                 self.out(c[0], "beaten", f"attainment {pr.attainment:.3f} at {c[1]:.3g} req/s per replica: cannot beat {c[3]}")
         return winners
 
-    def race_cost(self, alive: list[dict]) -> None:
+    def race_cost(self, alive: list[Evaluation]) -> None:
         """min_cost: every config against the cheapest verified deployment so far. A config that
         meets the rate it needs is sized by probes (fewer replicas while it still meets), then
         verified, and becomes the best if its verification says it is: the best is always a
@@ -551,10 +557,10 @@ class _State:
                         break
                     r -= 1
                 v = self.verify([ev])[0]
-                if v["feasible"] and (self.best is None or rank(ctx, v) < rank(ctx, self.best)):
+                if v.feasible and (self.best is None or rank(ctx, v) < rank(ctx, self.best)):
                     self.best = v
 
-    def race_goodput(self, alive: list[dict], n_seeds: int) -> None:
+    def race_goodput(self, alive: list[Evaluation], n_seeds: int) -> None:
         """max_goodput: seeds verified, then every config against the best goodput per GPU."""
         seeds, structs = [], set()
         for ev in alive:
@@ -576,7 +582,7 @@ class _State:
             winners = [c[0] for c in self.meets_bar(self.screen_bar(chunk))]
             self._take(winners, self.verify(winners))
 
-    def _take(self, evs: list[dict], res: list[dict]) -> None:
+    def _take(self, evs: list[Evaluation], res: list[Verification]) -> None:
         for v in res:
-            if v["feasible"] and (self.best is None or rank(self.ctx, v) < rank(self.ctx, self.best)):
+            if v.feasible and (self.best is None or rank(self.ctx, v) < rank(self.ctx, self.best)):
                 self.best = v

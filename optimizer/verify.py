@@ -8,15 +8,53 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass, field, fields
 
 from .launch import scheduling as launch_scheduling
 from .layouts import gpus_per_replica
 from .search import SolveContext
 
-__all__ = ["verify", "verify_config", "sim_requests", "config_requests", "sim_config", "MAX_SIM_REQUESTS", "REL_TOL"]
+__all__ = ["Verification", "verify", "verify_config", "sim_requests", "config_requests", "sim_config", "MAX_SIM_REQUESTS", "REL_TOL"]
 
 MAX_SIM_REQUESTS = 6000  # cap on requests per simulated rate (simulation time)
 REL_TOL = 0.005        # goodput bisection tolerance: two configs compared at 1% need a finer step
+
+
+@dataclass(frozen=True)
+class Verification:
+    """One config's simulator verification (``verify``): per-replica goodput, the deployment it
+    sizes to and its latencies at the real per-replica load. A config that misses even at a trickle
+    carries only the first five fields. ``to_json``/``from_json``: the record work items return
+    (shared through the study's storage by ``optimizer.scaleout``) and the race's outcomes keep."""
+
+    params: dict
+    per_replica_goodput_req_s: float
+    simulations: int
+    feasible: bool
+    reason: str = ""                        # why not feasible ("" when feasible)
+    replicas: int | None = None
+    gpus: int | None = None
+    nodes: int | None = None
+    usd_per_hour: float | None = None
+    goodput_req_s: float | None = None
+    load_per_replica_req_s: float | None = None
+    output_tok_s_at_goodput: float | None = None  # output tok/s when the fleet serves its goodput
+    slo_attainment: float | None = None
+    ttft_ms: dict = field(default_factory=dict)   # mean, p50, p90, p99 at the per-replica load
+    tpot_ms: dict = field(default_factory=dict)
+    output_tok_s: float | None = None
+    preemptions: int | None = None
+    sim_requests: int | None = None
+
+    def to_json(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.replicas is None:  # missed even at a trickle: no deployment, no latencies
+            return {k: d[k] for k in ("params", "per_replica_goodput_req_s", "simulations", "feasible", "reason")}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Verification":
+        return cls(**d)
 
 
 def sim_config(ctx: SolveContext, params: dict):
@@ -61,7 +99,7 @@ def config_requests(ctx: SolveContext, params: dict) -> int:
     return sim_requests(ctx.spec.slo.attainment, max(slots(ctx, params), 1))
 
 
-def verify_config(ctx: SolveContext, params: dict) -> dict:
+def verify_config(ctx: SolveContext, params: dict) -> Verification:
     """``verify`` one config the way the search and the oracle both do: ``config_requests``
     requests, the bisection started at the screened goodput."""
     from .search import evaluate
@@ -69,7 +107,7 @@ def verify_config(ctx: SolveContext, params: dict) -> dict:
     return verify(ctx, params, max(slots(ctx, params), 1), ev.per_replica_goodput_req_s or None)
 
 
-def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: float | None = None) -> dict:
+def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: float | None = None) -> Verification:
     """Simulated per-replica goodput, sizing and latencies at the target load for one config.
     ``guess_req_s`` (the screened goodput) starts the goodput bracket; it does not bias the answer
     beyond the bisection tolerance."""
@@ -88,9 +126,9 @@ def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: f
                 guess_req_s=guess_req_s)
     per_replica = float(g.goodput_req_s)
     h = spec.hardware
-    out = {"params": dict(params), "per_replica_goodput_req_s": per_replica, "simulations": g.iterations}
     if per_replica <= 0:
-        return out | {"feasible": False, "reason": g.reason or "simulated SLO attainment misses the target even at a trickle"}
+        return Verification(dict(params), per_replica, g.iterations, False,
+                            g.reason or "simulated SLO attainment misses the target even at a trickle")
     if spec.objective == "max_goodput":
         replicas = ctx.max_gpus // gpus_per_replica(params)
     else:
@@ -103,18 +141,18 @@ def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: f
         load = per_replica if not math.isfinite(ctx.rate_req_s) else min(ctx.rate_req_s / replicas, per_replica)
     res = simulate(sm, make(load, n, seed + 1), cfg, arrival="trace", seed=seed)
     summ = res.summary()
-    out |= {"replicas": replicas, "gpus": gpus, "nodes": nodes, "usd_per_hour": gpus * h.usd_per_gpu_hour,
-            "goodput_req_s": per_replica * replicas, "load_per_replica_req_s": load,
-            # output tokens per second when the fleet serves its goodput (what max_goodput is priced at)
-            "output_tok_s_at_goodput": per_replica * replicas * ctx.stats.mean_output_tokens,
-            "slo_attainment": float(res.slo_attainment), "ttft_ms": _pct(summ, "ttft_ms"),
-            "tpot_ms": _pct(summ, "tpot_ms"), "output_tok_s": float(res.output_tok_s) * replicas,
-            "preemptions": int(getattr(res, "preemptions", 0)), "sim_requests": n,
-            "simulations": g.iterations + 1}
-    out["feasible"] = nodes <= h.max_nodes and out["slo_attainment"] >= spec.slo.attainment - 1e-9
+    attainment = float(res.slo_attainment)
+    feasible = nodes <= h.max_nodes and attainment >= spec.slo.attainment - 1e-9
+    reason = ""
     if nodes > h.max_nodes:
-        out["reason"] = f"needs {nodes} nodes > max_nodes {h.max_nodes} at {per_replica:.2f} req/s per replica (simulated)"
-    elif not out["feasible"]:
-        out["reason"] = (f"simulated SLO attainment {out['slo_attainment']:.3f} < {spec.slo.attainment:g} "
-                         f"at {load:.2f} req/s per replica")
-    return out
+        reason = f"needs {nodes} nodes > max_nodes {h.max_nodes} at {per_replica:.2f} req/s per replica (simulated)"
+    elif not feasible:
+        reason = (f"simulated SLO attainment {attainment:.3f} < {spec.slo.attainment:g} "
+                  f"at {load:.2f} req/s per replica")
+    return Verification(
+        params=dict(params), per_replica_goodput_req_s=per_replica, simulations=g.iterations + 1,
+        feasible=feasible, reason=reason, replicas=replicas, gpus=gpus, nodes=nodes,
+        usd_per_hour=gpus * h.usd_per_gpu_hour, goodput_req_s=per_replica * replicas, load_per_replica_req_s=load,
+        output_tok_s_at_goodput=per_replica * replicas * ctx.stats.mean_output_tokens,
+        slo_attainment=attainment, ttft_ms=_pct(summ, "ttft_ms"), tpot_ms=_pct(summ, "tpot_ms"),
+        output_tok_s=float(res.output_tok_s) * replicas, preemptions=int(res.preemptions), sim_requests=n)

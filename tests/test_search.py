@@ -252,7 +252,7 @@ def test_sampler_seed_leaves_the_workload_sample_alone():
     assert ea.per_replica_goodput_req_s == eb.per_replica_goodput_req_s and ea.value == eb.value
     from optimizer.recommend import verify
     va, vb = verify(a, p, ea.batch, ea.per_replica_goodput_req_s), verify(b, p, eb.batch, eb.per_replica_goodput_req_s)
-    assert va["per_replica_goodput_req_s"] == vb["per_replica_goodput_req_s"] > 0
+    assert va.per_replica_goodput_req_s == vb.per_replica_goodput_req_s > 0
 
 
 def test_importing_leaves_optuna_logging_alone_and_solve_restores_it():

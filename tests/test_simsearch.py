@@ -6,9 +6,9 @@ import json
 import pytest
 
 from optimizer.recommend import solve
-from optimizer.search import SolveContext, config_key
+from optimizer.search import Evaluation, SolveContext, config_key, evaluate
 from optimizer.simsearch import (Outcome, Probe, Work, LocalRunner, bar_req_s, lattice_configs, race, rank)
-from optimizer.verify import REL_TOL, verify_config
+from optimizer.verify import REL_TOL, Verification, verify_config
 from optimizer.workload import load_workload_dict
 
 
@@ -28,7 +28,7 @@ def tiny_spec(objective="min_cost", **over):
 
 def _oracle(ctx):
     out = [verify_config(ctx, p) for p in lattice_configs(ctx)]
-    return [v for v in out if v["feasible"]]
+    return [v for v in out if v.feasible]
 
 
 @pytest.mark.parametrize("objective", ["min_cost", "max_goodput"])
@@ -37,14 +37,14 @@ def test_race_finds_the_exhaustive_simulated_optimum(objective):
     ctx = SolveContext.build(tiny_spec(objective))
     ok = _oracle(ctx)
     r = race(ctx)
-    got = [v for v in r.verified if v["feasible"]]
+    got = [v for v in r.verified if v.feasible]
     assert ok and got
     pick = min(got, key=lambda v: rank(ctx, v))
     if objective == "min_cost":
-        assert pick["usd_per_hour"] == min(v["usd_per_hour"] for v in ok)
+        assert pick.usd_per_hour == min(v.usd_per_hour for v in ok)
     else:
-        best = max(v["goodput_req_s"] / v["usd_per_hour"] for v in ok)
-        assert pick["goodput_req_s"] / pick["usd_per_hour"] >= 0.98 * best
+        best = max(v.goodput_req_s / v.usd_per_hour for v in ok)
+        assert pick.goodput_req_s / pick.usd_per_hour >= 0.98 * best
     # the race simulated fewer configs fully than the lattice holds
     assert len(r.verified) < len(lattice_configs(ctx))
     assert {o.status for o in r.outcomes} <= {"verified", "sized", "beaten", "pruned", "zero_load", "never_fits"}
@@ -55,21 +55,30 @@ def test_bars_hand_cases():
     p = {"tp": 1, "batch_cap": 16, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 1024}
     # nothing yet: the rate on the most replicas one node holds
     assert bar_req_s(ctx, p, None)[:2] == (30 / 8, 8)
-    best = {"params": dict(p, tp=2, kv_dtype="fp8"), "gpus": 4, "usd_per_hour": 8.0}
+    best = Verification(dict(p, tp=2, kv_dtype="fp8"), 0.0, 0, True, gpus=4, usd_per_hour=8.0)
     # TP1 bf16 against 4 GPUs of fp8: on 4 GPUs (bf16 wins a tie), 7.5 req/s each
     assert bar_req_s(ctx, p, best)[:2] == (30 / 4, 4)
     # TP1 fp8 must be cheaper: 3 replicas
     assert bar_req_s(ctx, dict(p, kv_dtype="fp8"), best)[:2] == (10.0, 3)
     # TP2 on fewer than 4 GPUs: one replica
     assert bar_req_s(ctx, dict(p, tp=2, kv_dtype="fp8"), best)[:2] == (30.0, 1)
-    assert bar_req_s(ctx, dict(p, tp=4), {"params": p, "gpus": 4, "usd_per_hour": 8.0})[0] is None
+    assert bar_req_s(ctx, dict(p, tp=4), Verification(p, 0.0, 0, True, gpus=4, usd_per_hour=8.0))[0] is None
     gctx = SolveContext.build(tiny_spec("max_goodput"))
-    v = {"params": dict(p, tp=2), "per_replica_goodput_req_s": 10.0}
+    v = Verification(dict(p, tp=2), 10.0, 0, True)
     assert bar_req_s(gctx, p, v)[0] == pytest.approx(5.0 * (1 + REL_TOL))
 
 
 def test_records_round_trip_through_json():
     p = {"tp": 1, "batch_cap": 16, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 1024}
+    ctx = SolveContext.build(tiny_spec())
+    for ev in (evaluate(ctx, p), evaluate(ctx, dict(p, tp=8))):  # one that fits, one that may not
+        back = Evaluation.from_json(json.loads(json.dumps(ev.to_json())), trial=3)
+        assert json.dumps(back.to_json()) == json.dumps(ev.to_json()) and back.trial == 3
+        assert back.params == ev.params and back.fits == ev.fits and back.constraint == ev.constraint
+    v = verify_config(ctx, p)
+    assert Verification.from_json(json.loads(json.dumps(v.to_json()))) == v
+    miss = Verification(p, 0.0, 3, False, "misses at a trickle")
+    assert Verification.from_json(json.loads(json.dumps(miss.to_json()))) == miss
     pr = Probe("k", 1.5, 300, 0.8, False, 2, "why")
     assert Probe.from_json(json.loads(json.dumps(pr.to_json()))) == pr
     w = Work("probe", tuple(p.items()), 2.0, 300)
@@ -129,7 +138,7 @@ def test_requests_that_never_fit_the_pool_rule_a_config_out_with_the_reason():
     r = race(ctx)
     never = [o for o in r.outcomes if o.status == "never_fits" and "never fit the KV pool" in o.reason]
     assert never, [o.reason for o in r.outcomes][:3]
-    ok = [v for v in r.verified if v["feasible"]]
+    ok = [v for v in r.verified if v.feasible]
     if ok:
         pick = min(ok, key=lambda v: rank(ctx, v))
-        assert config_key(pick["params"]) not in {config_key(o.config) for o in never}
+        assert config_key(pick.params) not in {config_key(o.config) for o in never}
