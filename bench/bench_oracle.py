@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT))
 
 from optimizer.simsearch import lattice_configs, never_fit_reason  # noqa: E402
 from optimizer.verify import verify_config  # noqa: E402
-from optimizer.search import SolveContext, config_key, evaluate, grid_space  # noqa: E402
+from optimizer.search import SolveContext, config_key, evaluate  # noqa: E402
 from optimizer.workload import load_workload  # noqa: E402
 
 CODE_FILES = ("costmodel/simulate.py", "costmodel/goodput.py", "costmodel/step.py", "costmodel/memory.py",
-              "costmodel/sim_clock.py", "costmodel/workload.py", "optimizer/verify.py", "optimizer/screen.py")
+              "costmodel/sim_clock.py", "costmodel/traffic.py", "optimizer/verify.py", "optimizer/screen.py")
 MAX_GOODPUT_PASS = 0.98  # issue 11: max_goodput must reach 98% of the oracle's goodput per $
 
 
@@ -195,7 +195,6 @@ def main() -> int:
     print(f"(machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start)")
     for path in paths:
         spec = load_workload(path)
-        t0 = time.process_time()
         res, spent = oracle(path, a.jobs, cache_dir)
         cpu = sum(r.get("seconds", 0.0) for r in res.values())
         fit = sum(1 for r in res.values() if r.get("fits"))

@@ -149,17 +149,20 @@ class EngineModel:
     @property
     def display_name(self) -> str:
         """The engine as a person writes it ("vLLM", "SGLang", "TensorRT-LLM"), or "" if none."""
-        return self.engine_info.display_name if self.engine else ""
+        info = self.engine_info
+        return info.display_name if info is not None else ""
 
     @property
     def default_calibration(self) -> str | None:
         """The calibration name ``--engine`` selects on this GPU (None when no engine is named)."""
-        return self.engine_info.default_calibration(self.gpu.name) if self.engine else None
+        info = self.engine_info
+        return info.default_calibration(self.gpu.name) if info is not None else None
 
     @property
     def output_reserve(self) -> bool:
         """Whether this engine's admission holds pool room for the outputs (SGLang)."""
-        return bool(self.engine) and self.engine_info.output_reserve
+        info = self.engine_info
+        return info is not None and info.output_reserve
 
     def sim_config(self, batch_cap: int, chunk_tokens: int, block_tokens: int = BLOCK_TOKENS, prefix_caching: bool = True):
         """The simulator's scheduler for this engine: mixed prefill chunks (as kvtune's launch lines

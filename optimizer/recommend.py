@@ -19,7 +19,6 @@ import optuna
 from costmodel import __version__
 
 from .launch import launch_settings
-from .launch import scheduling as launch_scheduling
 from .layouts import gpus_per_replica, layout_params
 from .search import (SolveContext, completed_evals, config_key, evaluate, grid_space, make_storage, open_study,
                      run_search)

@@ -104,8 +104,8 @@ def _ttft_grid(step: StepCost, w: WorkloadStats, n_decode: int, chunk_tokens: in
     n_ch = np.ceil(L / free)
     n = L / n_ch
     return step.request_overhead_s + np.array([
-        k * step.step_time_s(n_decode, n_decode * ctx, m, StepModel.chunk_pairs(m, (l - m) / 2), (l - m) / 2)
-        for k, m, l in zip(n_ch, n, L)])
+        k * step.step_time_s(n_decode, n_decode * ctx, m, StepModel.chunk_pairs(m, (ln - m) / 2), (ln - m) / 2)
+        for k, m, ln in zip(n_ch, n, L)])
 
 
 def _lumpy_step_s(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int, t0_s: float) -> float:

@@ -36,7 +36,6 @@ import uuid
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
-import numpy as np
 import optuna
 from optuna.trial import TrialState
 

@@ -30,7 +30,6 @@ which process ran which simulation (``optimizer.scaleout`` shares batches betwee
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -431,7 +430,7 @@ class _State:
         self.keys.update(w.key for w in work)
         res = [Probe.from_json(r) for r in self.runner.run(work)]
         self.sims += len(res)
-        for (p, _, _), pr in zip(items, res):
+        for p, _, _ in items:
             self.spent[config_key(p)] = self.spent.get(config_key(p), 0) + 1
         return res
 
@@ -538,7 +537,7 @@ class _State:
         ctx = self.ctx
         for i in range(0, len(alive), BATCH):
             self.stage("race", len(alive[i:i + BATCH]))
-            for ev, bar, r, why in self.meets_bar(self.screen_bar(alive[i:i + BATCH])):
+            for ev, bar, r, _why in self.meets_bar(self.screen_bar(alive[i:i + BATCH])):
                 p = ev.params
                 bar2, r2, why2 = bar_req_s(ctx, p, self.best)
                 if bar2 is None:                      # an earlier winner of this batch is cheaper

@@ -37,9 +37,9 @@ def check_storage_url(url: str | None) -> None:
     if not url:
         return
     if url.startswith("journal:"):
-        path = url[len("journal:"):]
-        if path:
-            check_journal(Path(path), url)
+        journal = url[len("journal:"):]
+        if journal:
+            check_journal(Path(journal), url)
         return
     if url.startswith("sqlite:"):
         path = _sqlite_path(url)

@@ -345,6 +345,7 @@ def _length(r: _Reader, v, key: str, floor: int = 0) -> LengthDist:
         r.int_(val, f"{key}.value", 1)
         return _dist(r, key, v, "fixed", (int(val),), lo or 1, hi)
     if d == "uniform":
+        assert lo is not None and hi is not None  # min and max are required above
         return _dist(r, key, v, "uniform", (lo, hi), lo, hi)
     r.num(v["mean"], f"{key}.mean", 0, MAX_LENGTH_TOKENS, lo_open=True)
     r.num(v[names[1]], f"{key}.{names[1]}", 0, MAX_LENGTH_TOKENS)
@@ -531,7 +532,7 @@ SMALL_BATCH_ENGINES = ("llamacpp",)
 
 def _search_defaults(hw: HardwareSpec, engine: str | None) -> SearchSpec:
     gpu = load_gpu_file(hw.gpu_file) if hw.gpu_file else get_gpu(hw.gpu)
-    kv = KV_DTYPES
+    kv: tuple[str, ...] = KV_DTYPES
     if engine == "llamacpp":
         kv = ("fp16",) if gpu.fp8_flops_per_s <= 0 else ("fp16", "fp8")
     lo = 1 if engine in SMALL_BATCH_ENGINES else SearchSpec().batch_cap[0]

@@ -51,6 +51,7 @@ def test_fp8_weights_refuse_a_gpu_without_fp8_in_the_list():
         load_workload_dict(d)
 
 
+@pytest.mark.slow
 def test_the_cheapest_type_wins_and_the_others_say_why():
     spec = load_workload_dict(_doc(gpu=["h100-sxm", "h200", "a100"],
                                    usd_per_gpu_hour={"h100-sxm": 3.0, "h200": 3.8, "a100": 1.8}))

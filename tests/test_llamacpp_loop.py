@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -44,6 +45,7 @@ def test_llamacpp_search_defaults_start_below_8_without_fp8_on_a_cpu():
     assert h100.batch_cap[0] == 8 and h100.kv_dtype == ("bf16", "fp8")  # other targets as before
 
 
+@pytest.mark.slow
 def test_solve_for_a_llamacpp_cpu_target_picks_a_small_cap_and_launches_llamacpp(tmp_path):
     cal = tmp_path / "cpu-2core.yaml"
     code, out = kvtune("calibrate", CPU_TABLE, "--gpu", CPU_HW, "-o", cal)

@@ -31,6 +31,7 @@ def test_layout_params_defaults():
 
 
 @pytest.mark.parametrize("example", ["multinode-llama3.1-405b.yaml", "multinode-deepseek-v3.yaml"])
+@pytest.mark.slow
 def test_solve_recommends_multi_node(example):
     spec = load_workload(ROOT / "examples" / example)
     r = solve(spec, trials=30)

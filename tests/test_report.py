@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from optimizer.recommend import solve
 from optimizer.report import write_report
 from optimizer.workload import load_workload
@@ -9,6 +11,7 @@ from optimizer.workload import load_workload
 EX = Path(__file__).resolve().parents[1] / "examples"
 
 
+@pytest.mark.slow
 def test_report_writes_markdown_and_plots(tmp_path):
     spec = load_workload(EX / "chat-llama3.1-8b.yaml")
     r = solve(spec, trials=20)

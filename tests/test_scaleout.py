@@ -61,6 +61,7 @@ def _check_shared(url, one, two, trials):
     _same_answer(one, two)
 
 
+@pytest.mark.slow
 def test_two_workers_on_a_journal_give_the_single_process_answer(tmp_path):
     one = _solve(tmp_path, "one", "--jobs", "1")
     url = f"journal:{tmp_path / 'j.log'}"
@@ -82,6 +83,7 @@ def test_two_workers_on_postgresql_give_the_single_process_answer(tmp_path):
         srv.cleanup()
 
 
+@pytest.mark.slow
 def test_workers_without_a_storage_use_a_temporary_journal(tmp_path):
     one = _solve(tmp_path, "one", "--jobs", "1")
     two = _solve(tmp_path, "two", "--workers", "2")

@@ -185,6 +185,7 @@ def _load(storage_url):
     return optuna.load_study(study_name="shared", storage=make_storage(storage_url))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["journal", "sqlite"])
 def test_two_processes_share_exactly_the_requested_trials(tmp_path, kind):
     url = f"journal:{tmp_path / 'j.log'}" if kind == "journal" else f"sqlite:///{tmp_path / 's.db'}"
@@ -200,6 +201,7 @@ def test_two_processes_share_exactly_the_requested_trials(tmp_path, kind):
     assert len(pids) == 2  # both did work
 
 
+@pytest.mark.slow
 def test_sigkill_resumes_without_losing_finished_trials(tmp_path):
     url = f"journal:{tmp_path / 'k.log'}"
     # far more trials than it can finish before the kill, however slow or fast the machine

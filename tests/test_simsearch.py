@@ -32,6 +32,7 @@ def _oracle(ctx):
 
 
 @pytest.mark.parametrize("objective", ["min_cost", "max_goodput"])
+@pytest.mark.slow
 def test_race_finds_the_exhaustive_simulated_optimum(objective):
     """Every config of a 36-config lattice verified (the oracle) against the race's pick."""
     ctx = SolveContext.build(tiny_spec(objective))
@@ -95,6 +96,7 @@ def test_one_or_two_local_processes_give_the_same_race():
     assert a.outcomes == b.outcomes and a.simulations == b.simulations
 
 
+@pytest.mark.slow
 def test_same_seed_same_pick_and_sampler_seed_does_not_move_it():
     spec = tiny_spec()
     r = [solve(spec, seed=s, trials=8) for s in (0, 0, 5)]

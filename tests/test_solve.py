@@ -48,6 +48,7 @@ def test_example_solves_and_meets_its_slo_when_resimulated(name):
         assert r["launch"][key]
 
 
+@pytest.mark.slow
 def test_same_seed_same_recommendation():
     spec = load_workload(EX / "chat-llama3.1-8b.yaml")
     a, b = solve(spec, trials=25, seed=7), solve(spec, trials=25, seed=7)
@@ -66,6 +67,7 @@ def _spec(tpot_ms, rate, spec_k=(0, 4), kv=("bf16",), trials=50, ttft_ms=2000, i
                    "chunk_tokens": [512, 16384], "trials": trials, "seed": 0}}, "<test>")
 
 
+@pytest.mark.slow
 def test_tight_tpot_at_small_batch_favours_speculation():
     # 5 ms/token: a plain 8B decode step on one H100 takes ~6.6 ms, so without drafts it needs TP 2
     r = solve(_spec(tpot_ms=5, rate=4))
@@ -75,6 +77,7 @@ def test_tight_tpot_at_small_batch_favours_speculation():
     assert plain["status"] == "infeasible" or plain["cost"]["usd_per_hour"] > r["cost"]["usd_per_hour"]
 
 
+@pytest.mark.slow
 def test_loose_tpot_with_a_huge_rate_disfavours_speculation():
     # compute-bound big batches: k + 1 verify tokens per sequence cost more than the ~2.7 they emit
     r = solve(_spec(tpot_ms=200, rate=300))
@@ -92,6 +95,7 @@ def _spec_len(model, inp, out, rate, ttft_ms=5000, tpot_ms=50, trials=40):
                    "chunk_tokens": [512, 16384], "trials": trials, "seed": 0}}, "<test>")
 
 
+@pytest.mark.slow
 def test_long_prompts_push_to_fp8_kv():
     """The final (simulator-verified) picks: 1k-token prompts at 5 req/s keep bf16 KV (their ~250
     sequences in flight fit one GPU's bf16 pool, so fp8 buys no saving); 16k-token prompts with the
@@ -103,6 +107,7 @@ def test_long_prompts_push_to_fp8_kv():
     assert long["recommendation"]["kv_dtype"] == "fp8"
 
 
+@pytest.mark.slow
 def test_longer_prompts_push_to_larger_tp():
     """Llama-3.1-70B: 1k/8k RAG prompts are served at TP 4; 100k-128k documents need TP 8, where
     prefill of a whole document is fastest and the pool holds the most sequences."""

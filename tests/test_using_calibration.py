@@ -70,6 +70,7 @@ def fixed_workload(path: Path, input_tokens: int, output_tokens: int, **top) -> 
 
 # ---- solve: the calibration chosen is named and changes the answer ------------------------------
 
+@pytest.mark.slow
 def test_solve_names_its_calibration_and_two_calibrations_give_different_answers(tmp_path):
     runs = {}
     for name, flags in (("h100-sxm-trtllm", ["--calibration", "h100-sxm-trtllm"]), ("h100-sxm", []),
@@ -101,6 +102,7 @@ def test_solve_names_its_calibration_and_two_calibrations_give_different_answers
     assert gpus["ideal"] < gpus["h100-sxm-trtllm"] and gpus["ideal"] <= gpus["h100-sxm"]
 
 
+@pytest.mark.slow
 def test_solve_engine_flag_overrides_the_workload_calibration(tmp_path):
     wl = yaml.safe_load(CHAT.read_text())
     wl["calibration"] = "h100-sxm"

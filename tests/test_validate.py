@@ -104,6 +104,7 @@ def test_poisson_json_says_what_warm_up_it_excludes():
 
 # ---- item 2: kvtune validate ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_validate_cpu_table_before_and_after_calibration(tmp_path):
     before = kvtune_json("validate", CPU_TABLE, "--gpu", CPU_HW)
     rows = read_table(CPU_TABLE)
@@ -173,6 +174,7 @@ def test_calibrate_names_file_and_row_of_an_unknown_format(tmp_path):
     assert not (tmp_path / "x.yaml").exists()
 
 
+@pytest.mark.slow
 def test_calibration_keeps_a_command_line_source_whole(tmp_path):
     cal = tmp_path / "cpu.yaml"
     code, out = kvtune("calibrate", CPU_TABLE, "--gpu", CPU_HW, "-o", cal)
@@ -183,6 +185,7 @@ def test_calibration_keeps_a_command_line_source_whole(tmp_path):
     assert any(i["source"].startswith("h100_") for i in pub["inputs"])
 
 
+@pytest.mark.slow
 def test_hardware_example_commands_run(tmp_path, monkeypatch):
     """The commands in profiles/hardware-cpu-example.yaml's comments work on the committed table
     (run from the repository root, the calibration written into a scratch folder)."""

@@ -56,8 +56,8 @@ def llamacpp_argv(p: LaunchPick) -> tuple[list[str], list[str]]:
     else:
         raise Unsupported("no memory plan and no request length to size -c (total context) from")
     if per_slot < 1:
-        raise Unsupported(f"the KV pool ({p.memory.kv_pool_tokens} tokens) holds less than one token per slot "
-                          f"at {slots} slots")
+        held = f"the KV pool ({p.memory.kv_pool_tokens} tokens)" if p.memory is not None else "the request length"
+        raise Unsupported(f"{held} holds less than one token per slot at {slots} slots")
     argv = ["llama-server", "-m", f"<{p.model} as a BF16 GGUF>", "-np", str(slots), "-c", str(slots * per_slot),
             "-kvu", "-b", str(p.chunk_tokens), "-ub", str(p.chunk_tokens), "-cb", "-ngl", "all",
             "--cache-prompt" if p.prefix_caching else "--no-cache-prompt", *_spec(p),

@@ -37,7 +37,7 @@ def sglang_mixed_chunk(method: str | None, spec_k: int) -> bool:
 
 
 def _spec(p: LaunchPick) -> list[str]:
-    if not p.speculating:
+    if not p.speculating or p.spec_method is None:
         return []
     algo = sglang_algorithm(p.spec_method)
     k = int(p.spec_k)
@@ -84,7 +84,7 @@ def sglang_argv(p: LaunchPick, node_rank: str | None = None, dist_addr: str | No
     if sglang_mixed_chunk(p.spec_method, p.spec_k):
         argv.append("--enable-mixed-chunk")
     else:
-        notes.append(f"scheduling: SGLang 0.5.23 turns mixed chunks off under {_ALGO[p.spec_method]} speculation, "
+        notes.append(f"scheduling: SGLang 0.5.23 turns mixed chunks off under {_ALGO.get(p.spec_method or '', p.spec_method)} speculation, "
                      f"so prefill batches run alone while decodes wait; kvtune simulated that (prefill-first) "
                      f"for this pick")
     argv += ["--mem-fraction-static", f"{p.gpu_mem_util:g}", *qflags]

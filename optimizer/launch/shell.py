@@ -10,7 +10,8 @@ __all__ = ["command", "comment_block", "argv_of"]
 def command(argv: list[str], head: int = 0) -> str:
     """``argv`` as one shell command, a flag and its value per continued line; the first ``head``
     words (the program, e.g. ``python -m sglang.launch_server``) stay on the first line."""
-    lines, cur = [], []
+    lines: list[str] = []
+    cur: list[str] = []
     for i, a in enumerate(argv):
         if a.startswith("-") and cur and i >= head:
             lines.append(" ".join(cur))

@@ -80,7 +80,7 @@ def trtllm_api(p: LaunchPick) -> tuple[dict, list[str]]:
     api |= {"max_batch_size": p.batch_cap, "max_num_tokens": p.chunk_tokens, "enable_chunked_prefill": True}
     kv: dict = {"dtype": "fp8" if p.kv_dtype == "fp8" else "auto"}
     frac = free_fraction(p)
-    if frac is not None:
+    if frac is not None and p.memory is not None:  # a fraction comes only with a memory plan
         kv["free_gpu_memory_fraction"] = math.floor(frac * 1e4) / 1e4   # down: max_tokens holds the rest
         kv["max_tokens"] = int(p.memory.kv_pool_tokens_per_gpu)   # per rank's pool
         notes.append(f"memory: free_gpu_memory_fraction {frac:.4f} of the memory left after loading gives the "
