@@ -48,7 +48,7 @@ from costmodel.models import ModelArch
 from costmodel.parallel import Parallel
 from costmodel.step import StepCost
 
-from .engine_model import EngineModel
+from .step_factory import StepFactory
 from .layouts import gpus_per_replica, search_layouts
 from .screen import WorkloadStats, screen
 from .workload import WorkloadSpec
@@ -85,7 +85,7 @@ class SolveContext:
     eff: Efficiency
     stats: WorkloadStats
     rate_req_s: float                  # the target rate; nan for max_goodput without one
-    engine: EngineModel                # builds the step models; records calibration and profile use
+    engine: StepFactory                # builds the step models; records calibration and profile use
     layouts: dict[str, dict] = field(default_factory=dict)  # multi-node layouts searched instead of TP (optimizer.layouts)
     memo: dict = field(default_factory=dict)  # results derived from this context alone (simsearch's never-fit check)
     steps: dict[tuple, StepCost | Exception] = field(default_factory=dict)  # step models built, by config
@@ -98,7 +98,7 @@ class SolveContext:
         model = spec.model if isinstance(spec.model, ModelArch) else get_model(spec.model)
         gpu = resolve_gpu(spec.hardware.gpu, spec.hardware.gpu_file)
         cal = calibration if calibration is not None else (None if engine is not None else spec.calibration)
-        em = EngineModel.build(gpu, "calibrated", cal, engine or spec.engine, profile or spec.profile)
+        em = StepFactory.build(gpu, "calibrated", cal, engine or spec.engine, profile or spec.profile)
         weight_dtype = spec.weights or "bf16"
         em.check_profile_covers(model, weight_dtype)
         rate = spec.workload.mean_rate_req_s

@@ -13,7 +13,7 @@ from costmodel.errors import InputError
 from costmodel.hardware import get_gpu
 from optimizer import calibrate
 from optimizer.cli import main
-from optimizer.engine_model import EngineModel
+from optimizer.step_factory import StepFactory
 
 
 def test_every_engine_is_described_in_one_record():
@@ -50,11 +50,11 @@ def test_fit_calibrate_engine_model_and_cli_read_the_registry():
     assert calibrate.TTFT_STAGE_ENGINES == ("trtllm",) and calibrate.TTFT_JOINT_ENGINES == ("sglang",)
     gpu = get_gpu("h100-sxm")
     for name in ENGINE_NAMES:
-        em = EngineModel.build(gpu, engine=name)
+        em = StepFactory.build(gpu, engine=name)
         assert em.display_name == REGISTRY[name].display_name
         assert em.default_calibration == (f"h100-sxm-{name}" if name != "llamacpp" else "h100-sxm")
         assert em.sim_config(64, 2048).output_reserve == REGISTRY[name].output_reserve
-    assert EngineModel.build(gpu).default_calibration is None
+    assert StepFactory.build(gpu).default_calibration is None
     from costmodel.closed_loop import STAGGERED_ENGINES
     assert STAGGERED_ENGINES == {"vllm", "trtllm"}
     for cmd in ("simulate", "goodput", "estimate", "calibrate", "validate"):

@@ -42,7 +42,7 @@ REACHED_BY = {
 REACHED_BY |= {f"optimizer/launch/{p.name}": () for p in (ROOT / "optimizer" / "launch").glob("*.py")}
 # (module, flag): raised only on a path that the commands lacking the flag never take
 UNREACHABLE = {
-    ("optimizer/engine_model.py", "mode"): "solve always passes mode 'calibrated'; only estimate/simulate/goodput "
+    ("optimizer/step_factory.py", "mode"): "solve always passes mode 'calibrated'; only estimate/simulate/goodput "
                                            "take --mode, and they check it with click first",
 }
 

@@ -122,10 +122,10 @@ def test_engine_picks_the_simulators_admission():
     """The simulator admits as the engine does: SGLang holds pool room for the outputs, vLLM and
     TensorRT-LLM (and no engine named) admit on the prompt; kvtune's launch lines mix prefill chunks
     into decode steps for every engine, so the simulator does too."""
-    from optimizer.engine_model import EngineModel
+    from optimizer.step_factory import StepFactory
     gpu = get_gpu("h100-sxm")
     for engine, reserve in (("sglang", True), ("vllm", False), ("trtllm", False), (None, False)):
-        cfg = EngineModel.build(gpu, "calibrated", None, engine).sim_config(64, 2048)
+        cfg = StepFactory.build(gpu, "calibrated", None, engine).sim_config(64, 2048)
         assert (cfg.batch_cap, cfg.chunk_tokens, cfg.output_reserve, cfg.prefill_first) == (64, 2048, reserve, False)
 
 

@@ -3,7 +3,7 @@
 Each engine (``Engine``) carries its name (``--engine``, the workload's ``engine:``, profile rows),
 its display name, the engine version its rules follow, its scheduling and admission policies (what
 the simulator's replica asks: ``costmodel.engines.policies``) and how ``kvtune calibrate`` fits its
-rows. The step models, ``fit``, ``calibrate``, ``optimizer.engine_model`` and the CLI read this
+rows. The step models, ``fit``, ``calibrate``, ``optimizer.step_factory`` and the CLI read this
 registry; to add an engine, add a module beside ``vllm.py`` and list it in ``_ALL``.
 """
 

@@ -38,12 +38,12 @@ def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, c
                  gpu_mem_util, spec_k, spec_alpha, spec_draft_cost, as_json):
     """What a decode step costs, how many sequences fit and the tokens per second."""
     from costmodel.hardware import resolve_gpu
-    from optimizer.engine_model import EngineModel
+    from optimizer.step_factory import StepFactory
 
     batches = parse_int_list(batch, "batch")
     m, g = get_model(model), resolve_gpu(gpu)
     _check_flags(m, tp, context, gpu_mem_util, spec_k, spec_alpha, spec_draft_cost)
-    em = EngineModel.build(g, mode, calibration, engine, profile)
+    em = StepFactory.build(g, mode, calibration, engine, profile)
     eff = em.efficiency
     mode = "ideal" if eff.name == "ideal" else mode
     spec = SpecConfig(spec_k, spec_alpha, spec_draft_cost) if spec_k else None

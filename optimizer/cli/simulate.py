@@ -130,14 +130,14 @@ def engine_choice(spec, calibration, engine, profile) -> tuple:
 
 def _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile):
     from costmodel.hardware import resolve_gpu
-    from optimizer.engine_model import EngineModel
+    from optimizer.step_factory import StepFactory
     from optimizer.workload import load_workload
 
     spec = load_workload(workload)
     model = get_model(spec.model)
     gpu = resolve_gpu(spec.hardware.gpu, spec.hardware.gpu_file)
     cal, eng, prof = engine_choice(spec, calibration, engine, profile)
-    em = EngineModel.build(gpu, mode, cal, eng, prof)
+    em = StepFactory.build(gpu, mode, cal, eng, prof)
     sc = None
     if spec_k:
         if spec_alpha is None and spec.speculative is None:

@@ -1,4 +1,5 @@
-"""The step model every command runs on, and the record of where its numbers come from.
+"""The factory of the step models every command runs on (``StepFactory``), and the record of
+where their numbers come from.
 
 One place decides the efficiency (``--mode ideal``, ``--calibration FILE|NAME|ideal``, or the
 shipped calibration for the GPU and ``--engine``) and, with ``--profile TABLE``, wraps the step
@@ -28,15 +29,14 @@ from costmodel.calibration import lookup_calibration
 from costmodel.efficiency import Efficiency
 from costmodel.engines import ENGINE_NAMES, Engine, get_engine
 from costmodel.errors import InputError, ProfileDataMissing
-from costmodel.hardware import GPU, resolve_gpu
+from costmodel.hardware import GPU
 from costmodel.measured import MeasuredStepModel
 from costmodel.memory import BLOCK_TOKENS, GPU_MEM_UTIL
 from costmodel.models import ModelArch
 from costmodel.profile_table import ProfileRow, read_table
 from costmodel.step import SpecConfig
 
-__all__ = ["EngineModel", "MeasuredProfile", "engine_model", "resolve_gpu", "resolve_calibration", "load_profile"]
-# resolve_gpu: costmodel.hardware's, re-exported for the commands that build step models here
+__all__ = ["StepFactory", "MeasuredProfile", "step_model_for", "resolve_calibration", "load_profile"]
 
 MODES = ("calibrated", "ideal")
 
@@ -85,7 +85,7 @@ def _config_label(tp: int, weight_dtype: str, kv_dtype: str, spec_k: int) -> str
     return f"tp{tp}-w{weight_dtype}-kv{kv_dtype}-k{spec_k}"
 
 
-class EngineModel:
+class StepFactory:
     """Builds step models with one efficiency (and optionally one measured table) and records
     what they used. ``step()`` may be called for many configurations (``kvtune solve``)."""
 
@@ -104,7 +104,7 @@ class EngineModel:
 
     @classmethod
     def build(cls, gpu: GPU, mode: str = "calibrated", calibration: str | None = None, engine: str | None = None,
-              profile: str | Path | MeasuredProfile | None = None) -> "EngineModel":
+              profile: str | Path | MeasuredProfile | None = None) -> "StepFactory":
         eff, rec = resolve_calibration(mode, gpu.name, calibration, engine)
         prof = load_profile(profile) if isinstance(profile, (str, Path)) else profile
         return cls(gpu, eff, rec, engine, prof)
@@ -192,11 +192,11 @@ class EngineModel:
         return out
 
 
-def engine_model(model: ModelArch, gpu: GPU, tp: int = 1, weight_dtype: str = "bf16", kv_dtype: str = "bf16", *,
-                 mode: str = "calibrated", calibration: str | None = None, engine: str | None = None,
-                 profile: str | Path | MeasuredProfile | None = None, spec: SpecConfig | None = None,
-                 gpu_mem_util: float = GPU_MEM_UTIL):
-    """The step model for one configuration and the ``EngineModel`` that made it (its
+def step_model_for(model: ModelArch, gpu: GPU, tp: int = 1, weight_dtype: str = "bf16", kv_dtype: str = "bf16", *,
+                   mode: str = "calibrated", calibration: str | None = None, engine: str | None = None,
+                   profile: str | Path | MeasuredProfile | None = None, spec: SpecConfig | None = None,
+                   gpu_mem_util: float = GPU_MEM_UTIL):
+    """The step model for one configuration and the ``StepFactory`` that made it (its
     ``record()`` is the ``source``/``calibration``/``profile`` part of a command's JSON)."""
-    em = EngineModel.build(gpu, mode, calibration, engine, profile)
+    em = StepFactory.build(gpu, mode, calibration, engine, profile)
     return em.step(model, tp, weight_dtype, kv_dtype, spec, gpu_mem_util), em
