@@ -118,7 +118,9 @@ class SolveContext:
     def weight_dtype(self) -> str:
         return self.spec.weights or "bf16"
 
-    def spec_config(self, k: int) -> SpecConfig | None:
+    def speculation(self, k: int) -> SpecConfig | None:
+        """Draft length k of the workload's speculative section as the step model's config (None: off).
+        In SolveContext ``spec`` is the workload file; speculation is spelled out."""
         s = self.spec.speculative
         if not k or s is None:
             return None
@@ -134,7 +136,7 @@ class SolveContext:
                 par = Parallel(gpus_per_node=self.spec.hardware.gpus_per_node, **self.layouts[layout])
             try:
                 self.steps[key] = self.engine.step(self.model, tp, self.weight_dtype, kv_dtype,
-                                                   self.spec_config(spec_k), self.spec.gpu_mem_util,
+                                                   self.speculation(spec_k), self.spec.gpu_mem_util,
                                                    require_profile=False, parallel=par)
             except (DoesNotFit, InputError) as exc:
                 self.steps[key] = exc
