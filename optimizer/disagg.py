@@ -103,14 +103,16 @@ def search_disaggregated(step_for: Callable[[int], object], sim_config: Callable
                          max_gpus: int, engine: str | None = None, seed: int = 0, final_n: int = 400,
                          short_n: int = 150, short_keep: int = 48, final_keep: int = 4, rel_tol: float = 0.05,
                          prefill_chunks=PREFILL_CHUNKS, prefill_caps=PREFILL_CAPS, decode_caps=DECODE_CAPS,
-                         max_replicas: int = MAX_REPLICAS, time_budget_s: float | None = None) -> DisaggSearch:
+                         max_replicas: int = MAX_REPLICAS, time_budget_s: float | None = None,
+                         score: Callable[[DisaggCandidate], tuple] | None = None) -> DisaggSearch:
     """The best disaggregated deployment by simulated goodput per GPU (module docstring).
 
     ``step_for(tp)``: the step model of one replica at ``tp`` (None or an exception instance
     where the model does not fit); ``sim_config(batch_cap, chunk_tokens)``: the engine's
     ``SimConfig``; ``make_requests(rate, n, seed)``: the workload's requests; ``tps``: the TPs to
     try for either pool. ``time_budget_s`` stops round 2 early (the candidates not yet simulated
-    are reported as pruned by time)."""
+    are reported as pruned by time). ``score`` ranks simulated candidates, lowest first (default:
+    most goodput per GPU; ``kvtune solve`` passes the objective's: $/h at the target rate)."""
     wall0 = time.perf_counter()
     eng = engine or DEFAULT_ENGINE
     steps = {}
@@ -170,7 +172,10 @@ def search_disaggregated(step_for: Callable[[int], object], sim_config: Callable
         short.append((c, g, it, why))
         best_short = max(best_short, g / (c[2].gpus + c[3].gpus))
     pruned = screened - len(short)
-    short.sort(key=lambda s: (-s[1] / (s[0][2].gpus + s[0][3].gpus), s[0][2].gpus + s[0][3].gpus))
+    if score is None:
+        def score(o: DisaggCandidate) -> tuple:
+            return (-o.goodput_per_gpu_req_s, o.gpus)
+    short.sort(key=lambda s: score(DisaggCandidate(s[0][2], s[0][3], s[0][4], s[0][1], s[1])))
 
     # ---- 3. the few: full goodput for the best knobs of the best pool shapes ---------------------
     out = []
@@ -184,11 +189,10 @@ def search_disaggregated(step_for: Callable[[int], object], sim_config: Callable
             out.append(DisaggCandidate(c[2], c[3], c[4], c[1], gf, it + itf, "final", whyf))
         else:
             out.append(DisaggCandidate(c[2], c[3], c[4], c[1], g, it, "short", why))
-    finals = sorted((o for o in out if o.round == "final"),
-                    key=lambda o: (-o.goodput_per_gpu_req_s, o.gpus))
-    rest = sorted((o for o in out if o.round != "final"), key=lambda o: (-o.goodput_per_gpu_req_s, o.gpus))
+    finals = sorted((o for o in out if o.round == "final"), key=score)
+    rest = sorted((o for o in out if o.round != "final"), key=score)
     ranked = tuple(finals + rest)
-    best = finals[0] if finals and finals[0].goodput_req_s > 0 else None
+    best = finals[0] if finals and finals[0].goodput_req_s > 0 and math.isfinite(score(finals[0])[0]) else None
     return DisaggSearch(best, ranked, screened, pruned, sims, time.perf_counter() - wall0, eng)
 
 
