@@ -6,13 +6,16 @@ the screen only prunes):
 
 1. screen: every (TP_p, TP_d, x, y, prefill chunk budget, prefill batch cap, decode batch cap)
    within ``max_gpus`` gets its capacity bound (``costmodel.deployment.disaggregated_bound_req_s``:
-   the prefill pool's full-chunk rate and the decode pool's KV/batch bound), per GPU. The bound is
-   an upper bound on goodput, so a candidate whose bound per GPU is below a goodput per GPU already
-   simulated cannot win and is pruned; the rest go in order of bound per GPU (balanced x:y first);
-2. short simulations: goodput bisection with few requests and a loose tolerance for the best
-   ``short_keep`` survivors (stopping early once the next bound falls below the best found);
-3. the few: a full goodput bisection for the best knobs of the ``final_keep`` best pool shapes
-   (TP_p, x, TP_d, y) of round 2; the winner is the most goodput per GPU among them.
+   the prefill pool's full-chunk rate and the decode pool's KV/batch bound) and the score it would
+   get with that goodput (goodput per GPU; for ``kvtune solve``, $/h at the target rate). The bound
+   is an upper bound on goodput, so a candidate whose best possible score is worse than a score
+   already simulated cannot win and is pruned; the rest go best possible score first;
+2. short simulations: goodput bisection with few requests and a loose tolerance for the
+   ``short_keep`` candidates with the best possible scores;
+3. the few: a full goodput bisection for the best knobs of the best pool shapes (TP_p, x, TP_d,
+   y) of round 2: at least ``final_keep`` shapes, then on while a shape's short score beats the best
+   full one (short runs read optimistic), at most ``final_max``; the winner is the best score
+   among the full runs.
 
 The KV link: NVLink when both pools fit in one node (x TP_p + y TP_d <= GPUs per node), the
 node's network otherwise. The engine's transfer overlap and first-token rule come from the
@@ -101,7 +104,8 @@ class DisaggSearch:
 def search_disaggregated(step_for: Callable[[int], object], sim_config: Callable[[int, int], object],
                          make_requests: Callable, attainment: float, *, tps, gpu, gpus_per_node: int,
                          max_gpus: int, engine: str | None = None, seed: int = 0, final_n: int = 400,
-                         short_n: int = 150, short_keep: int = 48, final_keep: int = 4, rel_tol: float = 0.05,
+                         short_n: int = 150, short_keep: int = 48, final_keep: int = 3, final_max: int = 8,
+                         rel_tol: float = 0.05,
                          prefill_chunks=PREFILL_CHUNKS, prefill_caps=PREFILL_CAPS, decode_caps=DECODE_CAPS,
                          max_replicas: int = MAX_REPLICAS, time_budget_s: float | None = None,
                          score: Callable[[DisaggCandidate], tuple] | None = None) -> DisaggSearch:
@@ -115,6 +119,9 @@ def search_disaggregated(step_for: Callable[[int], object], sim_config: Callable
     most goodput per GPU; ``kvtune solve`` passes the objective's: $/h at the target rate)."""
     wall0 = time.perf_counter()
     eng = engine or DEFAULT_ENGINE
+    if score is None:
+        def score(o: DisaggCandidate) -> tuple:
+            return (-o.goodput_per_gpu_req_s, o.gpus)
     steps = {}
     for tp in sorted(set(int(t) for t in tps)):
         s = step_for(tp)
@@ -139,9 +146,11 @@ def search_disaggregated(step_for: Callable[[int], object], sim_config: Callable
                                 pp = Pool(sp, sim_config(pcap, chunk), x)
                                 dp = Pool(sd, sim_config(dcap, DECODE_CHUNK), y)
                                 ub = disaggregated_bound_req_s(pp, dp, mean_in, mean_out)
-                                cands.append((ub / gpus, ub, PoolChoice(tpp, x, pcap, chunk),
-                                              PoolChoice(tpd, y, dcap, DECODE_CHUNK), link, pp, dp))
-    cands.sort(key=lambda c: (-c[0], c[2].gpus + c[3].gpus, c[2].tp, c[3].tp, c[2].replicas, c[3].replicas,
+                                pc, dc = PoolChoice(tpp, x, pcap, chunk), PoolChoice(tpd, y, dcap, DECODE_CHUNK)
+                                # the best score this candidate could reach: its bound as its goodput
+                                lb = score(DisaggCandidate(pc, dc, link, ub, ub))
+                                cands.append((lb, ub, pc, dc, link, pp, dp))
+    cands.sort(key=lambda c: (c[0], c[2].gpus + c[3].gpus, c[2].tp, c[3].tp, c[2].replicas, c[3].replicas,
                               c[2].chunk_tokens, c[3].batch_cap))
     screened = len(cands)
 
@@ -159,34 +168,35 @@ def search_disaggregated(step_for: Callable[[int], object], sim_config: Callable
     # ---- 2. short simulations, branch and bound on the bound per GPU ----------------------------
     short = []
     sims = 0
-    best_short = 0.0
     for i, c in enumerate(cands):
         if len(short) >= short_keep:
-            break
-        if c[0] < best_short:   # its bound cannot reach a goodput per GPU already simulated
             break
         if time_budget_s is not None and time.perf_counter() - wall0 > time_budget_s and short:
             break
         g, it, why = run(c, short_n, 0.1)
         sims += it
         short.append((c, g, it, why))
-        best_short = max(best_short, g / (c[2].gpus + c[3].gpus))
     pruned = screened - len(short)
-    if score is None:
-        def score(o: DisaggCandidate) -> tuple:
-            return (-o.goodput_per_gpu_req_s, o.gpus)
     short.sort(key=lambda s: score(DisaggCandidate(s[0][2], s[0][3], s[0][4], s[0][1], s[1])))
 
     # ---- 3. the few: full goodput for the best knobs of the best pool shapes ---------------------
+    # (short runs read optimistic: one whose short score is already worse than the best full one
+    # stops the round once ``final_keep`` shapes have run)
     out = []
     shapes = set()
+    best_final = None
     for c, g, it, why in short:
         shape = (c[2].tp, c[2].replicas, c[3].tp, c[3].replicas)
-        if len(shapes) < final_keep and shape not in shapes and g > 0:
+        sc = score(DisaggCandidate(c[2], c[3], c[4], c[1], g))
+        go = (g > 0 and shape not in shapes and len(shapes) < final_max
+              and (len(shapes) < final_keep or best_final is None or sc < best_final))
+        if go:
             shapes.add(shape)
             gf, itf, whyf = run(c, final_n, rel_tol)
             sims += itf
-            out.append(DisaggCandidate(c[2], c[3], c[4], c[1], gf, it + itf, "final", whyf))
+            o = DisaggCandidate(c[2], c[3], c[4], c[1], gf, it + itf, "final", whyf)
+            best_final = score(o) if best_final is None or score(o) < best_final else best_final
+            out.append(o)
         else:
             out.append(DisaggCandidate(c[2], c[3], c[4], c[1], g, it, "short", why))
     finals = sorted((o for o in out if o.round == "final"), key=score)

@@ -75,11 +75,11 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
         from optimizer.gpu_choice import solve_gpu_choice
         solve = solve_gpu_choice  # noqa: F811
-    if "disaggregated" in spec.search.deployment:  # and disaggregated deployments (optimizer.deployment_choice)
-        from functools import partial
+    # aggregated and/or disaggregated deployments (search.deployment; optimizer.deployment_choice)
+    from functools import partial
 
-        from optimizer.deployment_choice import solve_deployments
-        solve = partial(solve_deployments, solve_one=solve)  # noqa: F811
+    from optimizer.deployment_choice import solve_deployments
+    solve = partial(solve_deployments, solve_one=solve)  # noqa: F811
     result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=storage,
                    study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
                    profile=profile, **extra)
