@@ -126,3 +126,42 @@ def test_same_inputs_same_settings_and_unsupported_picks_say_why():
     r = disaggregated_launch(PRE, _pick(L70, 2, 256, 8192, 1, spec_k=3, spec=spec), "a")
     assert set(r["unsupported"]) == {"vllm", "sglang", "trtllm", "k8s"}
     assert "speculative" in r["vllm"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_disaggregated_manifest_matches_the_kubernetes_api_schema(engine):
+    """Opt-in (pip install -e .[k8s]): every object, strictly, against Kubernetes 1.33's schemas."""
+    kv = pytest.importorskip("kubernetes_validate")
+    for d in yaml.safe_load_all(disaggregated_launch(PRE, DEC, "kvtune-x", engine=engine)["k8s"]):
+        kv.validate(d, "1.33", strict=True)
+
+
+def test_vllm_parser_accepts_the_disaggregated_commands(monkeypatch):
+    """Opt-in (vllm installed): ``vllm serve``'s own parser reads both pools' commands, the KV
+    transfer config included."""
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    pytest.importorskip("vllm")
+    from vllm.config.kv_transfer import KVTransferConfig
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    *servers, _ = _blocks(disaggregated_launch(PRE, DEC, "x")["vllm"])
+    for argv in servers:
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[2:])
+        cfg = args.kv_transfer_config
+        cfg = cfg if isinstance(cfg, KVTransferConfig) else KVTransferConfig(**cfg)
+        assert cfg.kv_connector == "NixlConnector" and cfg.kv_role == "kv_both"
+
+
+def test_sglang_parser_accepts_the_disaggregated_commands():
+    """Opt-in (sglang installed): SGLang's own server-args parser reads both pools' commands."""
+    pytest.importorskip("sglang.srt.server_args")
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+    *servers, _ = _blocks(disaggregated_launch(PRE, DEC, "x")["sglang"])
+    for argv, mode in zip(servers, ("prefill", "decode")):
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        args = parser.parse_args(argv[3:])
+        assert args.disaggregation_mode == mode and args.disaggregation_transfer_backend == "mooncake"
