@@ -150,6 +150,20 @@ def _launch(spec, rec: dict, ctx) -> dict:
     return disaggregated_launch(pick(rec["prefill"]), pick(rec["decode"]), f"kvtune-{arch.name}", spec.engine)
 
 
+def _on_winning_gpu(spec, agg: dict):
+    """With several GPU types (``optimizer.gpu_choice``), the disaggregated race runs on the type
+    the aggregated answer chose (the first type where none met the SLOs), at that type's price."""
+    import dataclasses
+
+    h = spec.hardware
+    if not h.choices:
+        return spec
+    prices = dict(h.choices)
+    gpu = (agg.get("recommendation") or {}).get("gpu") if agg.get("status") == "ok" else None
+    gpu = gpu if gpu in prices else h.choices[0][0]
+    return dataclasses.replace(spec, hardware=dataclasses.replace(h, gpu=gpu, usd_per_gpu_hour=prices[gpu], choices=()))
+
+
 def solve_deployments(spec, solve_one=None, **kwargs) -> dict:
     """``solve_one(spec, **kwargs)`` (aggregated) and, when ``spec.search.deployment`` lists it, the
     disaggregated search; the result of the better kind for the objective (module docstring)."""
@@ -159,7 +173,8 @@ def solve_deployments(spec, solve_one=None, **kwargs) -> dict:
     agg = solve_one(spec, **kwargs)
     if "disaggregated" not in kinds:
         return agg | {"deployment": {"kind": "aggregated", "searched": list(kinds)}}
-    dis, ctx = disaggregated_answer(spec, kwargs.get("seed"), kwargs.get("calibration"), kwargs.get("engine"),
+    dspec = _on_winning_gpu(spec, agg)
+    dis, ctx = disaggregated_answer(dspec, kwargs.get("seed"), kwargs.get("calibration"), kwargs.get("engine"),
                                     kwargs.get("profile"))
     a = _agg_summary(agg) if "aggregated" in kinds else None
     block = {"searched": list(kinds), "aggregated": _agg_summary(agg),
@@ -173,6 +188,7 @@ def solve_deployments(spec, solve_one=None, **kwargs) -> dict:
         margin = _margin(spec, a, dis) if (a is not None and d_ok) else None
         return agg | {"deployment": block | {"kind": kind, "margin_pct": margin,
                                              "against": "disaggregated" if d_ok else None}}
+    spec = dspec
     rec = _disagg_recommendation(spec, ctx.model.name, ctx.gpu.name, dis, kinds)
     at = dis["at_target"]
     tpot_mean = at["tpot_ms"].get("mean", float("nan"))
@@ -219,8 +235,10 @@ def deployment_lines(r: dict) -> list[str]:
                      f"{d['disaggregated']['engine']}")
     a, x = d.get("aggregated"), d.get("disaggregated") or {}
     if d.get("kind") == "disaggregated" and a:
+        by = (f"by {m:.1f}% in {basis}" if abs(m) >= 0.05 else
+              f"at the same {basis} with more goodput ({x['goodput_req_s']:.2f} against {a['goodput_req_s']:.2f} req/s)")
         lines.append(f"  disaggregated beats the best aggregated ({a['gpus']} GPUs, ${a['usd_per_hour']:.2f}/h, "
-                     f"TP{a['config']['tp']}) by {m:.1f}% in {basis}")
+                     f"TP{a['config']['tp']}) {by}")
     elif d.get("kind") == "aggregated" and x.get("gpus") and m is not None:
         u = x["unit"]
         lines.append(f"  aggregated beats the best disaggregated ({x['units']} x [{u['prefill']['replicas']} prefill "
