@@ -6,10 +6,11 @@ with the datasheet named beside each figure; conversion happens here, once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ._data import load_yaml, profiles_path
+from ._data import load_yaml, path_kind, profiles_path, reading
 from .errors import InputError
 
 __all__ = ["GPU", "get_gpu", "list_gpus", "load_gpu_file"]
@@ -82,30 +83,47 @@ def get_gpu(name: str) -> GPU:
     return _gpu_from_row(key, cat[key])
 
 
+# Numeric keys of a hardware entry, and a bound no datasheet figure comes near (memory in GB,
+# bandwidth in TB/s or GB/s, TFLOPS: today's largest are a few thousand) so that SI products stay finite.
+_FIGURES = ("memory_gb", "hbm_tb_s", "bf16_tflops", "fp8_tflops", "interconnect_gb_s")
+_MAX_FIGURE = 1e9
 _KEYS = ("display_name", "memory_gb", "hbm_tb_s", "bf16_tflops", "fp8_tflops", "interconnect_gb_s",
          "interconnect", "source")
 
 
 def load_gpu_file(path) -> GPU:
-    """A user hardware file: one entry in ``profiles/hardware.yaml``'s format (``NAME: {keys}``)."""
+    """A user hardware file: one entry in ``profiles/hardware.yaml``'s format (``NAME: {keys}``).
+    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    """
+    with reading(path, "hardware file"):
+        return _load_gpu_file(path)
+
+
+def _load_gpu_file(path) -> GPU:
     from pathlib import Path
 
     p = Path(path)
-    if not p.exists():
+    if not path_kind(p):
         raise InputError(f"hardware file {p}: no such file")
-    data = load_yaml(p)
+    data = load_yaml(p, "hardware file")
     if not isinstance(data, dict) or len(data) != 1 or not isinstance(next(iter(data.values())), dict):
         raise InputError(f"hardware file {p}: expected exactly one entry 'NAME: {{{', '.join(_KEYS)}}}'")
     key, row = next(iter(data.items()))
     for k in _KEYS:
         if k not in row:
             raise InputError(f"hardware file {p}: {key}: missing key '{k}'")
-    try:
-        return _gpu_from_row(str(key).lower(), row)
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, InputError):
-            raise
-        raise InputError(f"hardware file {p}: {key}: a figure is not a number ({exc})") from None
+    for k in _FIGURES:
+        v = row[k]
+        floor = 0 if k == "fp8_tflops" else None  # 0 FP8: no FP8 tensor cores
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v > _MAX_FIGURE \
+                or (v < 0 if floor == 0 else v <= 0):
+            raise InputError(f"hardware file {p}: {key}.{k} = {v!r}: must be a finite number "
+                             f"{'>= 0' if floor == 0 else '> 0'} and <= {_MAX_FIGURE:g}")
+    for k in ("display_name", "interconnect", "source"):
+        if not isinstance(row[k], (str, int, float)) or isinstance(row[k], bool):
+            raise InputError(f"hardware file {p}: {key}.{k} = {row[k]!r}: must be text")
+    row = {**row, **{k: str(row[k]) for k in ("display_name", "interconnect", "source")}}
+    return _gpu_from_row(str(key).lower(), row)
 
 
 def _gpu_from_row(key: str, row: dict) -> GPU:

@@ -17,11 +17,12 @@ Counting (nanoGPT's transformer_sizing, extended):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from ._data import load_yaml, profiles_path
+from ._data import load_yaml, path_kind, profiles_path, read_text, reading
 from .dtypes import BYTES_PER_ELEMENT
 from .errors import InputError
 
@@ -30,6 +31,14 @@ __all__ = ["ModelArch", "get_model", "list_models", "model_from_config", "DTYPE_
 # Bytes per element of the formats kvtune models (bf16/fp16: 2 bytes; fp8 e4m3/e5m2: 1 byte; GGUF
 # block formats fractional): one home, costmodel.dtypes.
 DTYPE_BYTES = BYTES_PER_ELEMENT
+# The largest size a config.json dimension may state. The biggest real ones are vocabularies of
+# ~256k entries and contexts of ~10M tokens; 2**31 - 1 keeps every product of three dimensions
+# (parameter counts) exactly representable as a float and far from overflow.
+MAX_DIM = 2**31 - 1
+# config.json keys that state the longest sequence, as vLLM reads them (vllm/config.py
+# _get_and_verify_max_len, v0.6): the smallest of those present wins.
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                 "max_sequence_length", "max_seq_length", "seq_len")
 
 
 @dataclass(frozen=True)
@@ -64,11 +73,25 @@ class ModelArch:
     published_params: float = 0.0  # published size in parameters, 0 when not known
     source: str = ""
     n_mtp_layers: int = 0  # multi-token-prediction heads shipped with the model (DeepSeek num_nextn_predict_layers)
+    # The longest sequence (prompt + output) the model serves, tokens; 0 when the config does not say
+    max_context_tokens: int = 0
 
     def __post_init__(self) -> None:
-        for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "vocab"):
-            if getattr(self, f) <= 0:
-                raise InputError(f"model {self.name}: {f} must be a positive integer, got {getattr(self, f)}")
+        for f in ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "vocab", "intermediate"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_DIM:
+                raise InputError(f"model {self.name}: {f} must be a whole number in 1..{MAX_DIM}, got {v!r}")
+        for f in ("n_experts", "n_active_experts", "moe_intermediate", "n_shared_experts", "n_dense_layers",
+                  "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                  "sliding_window", "n_sliding_layers", "n_mtp_layers", "max_context_tokens"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_DIM:
+                raise InputError(f"model {self.name}: {f} must be a whole number in 0..{MAX_DIM}, got {v!r}")
+        for f, n in (("n_dense_layers", self.n_dense_layers), ("n_sliding_layers", self.n_sliding_layers)):
+            if n > self.n_layers:
+                raise InputError(f"model {self.name}: {f} {n} exceeds the {self.n_layers} layers")
+        if self.n_experts and not self.moe_intermediate:
+            raise InputError(f"model {self.name}: an MoE model needs moe_intermediate_size (or intermediate_size) >= 1")
         if self.n_heads % self.n_kv_heads:
             raise InputError(f"model {self.name}: num_attention_heads {self.n_heads} is not a multiple of "
                              f"num_key_value_heads {self.n_kv_heads}")
@@ -227,18 +250,59 @@ def _get(cfg: dict, where: str, *keys, default=None, required=True):
     return default
 
 
-def _int(cfg: dict, where: str, *keys, default=None, required=True) -> int:
+def _int(cfg: dict, where: str, *keys, default=None, required=True, lo: int = 0) -> int:
     v = _get(cfg, where, *keys, default=default, required=required)
     if v is None:
         return 0
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
-        raise InputError(f"{where}: key '{keys[0]}' must be an integer, got {v!r}")
+    key = next((k for k in keys if cfg.get(k) is not None), keys[0])
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)) \
+            or int(v) != v:
+        raise InputError(f"{where}: key '{key}' must be a whole number, got {_clip(v)}")
+    if not lo <= v <= MAX_DIM:
+        raise InputError(f"{where}: key '{key}' = {_clip(v)} must be in {lo}..{MAX_DIM}")
     return int(v)
+
+
+def _clip(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:30] + f"...({len(s)} characters)"
+
+
+def _max_context(cfg: dict, where: str) -> int:
+    """The longest sequence the config allows (0: not stated), with RoPE scaling as vLLM applies it:
+    YaRN stretches ``original_max_position_embeddings`` by ``factor``; linear and dynamic scaling
+    stretch the stated length; Llama-3 and LongRoPE configs already state the stretched length."""
+    found = [_int(cfg, where, k, default=0, required=False) for k in _CONTEXT_KEYS if cfg.get(k) is not None]
+    found = [n for n in found if n > 0]
+    if not found:
+        return 0
+    n = min(found)
+    rs = cfg.get("rope_scaling")
+    if isinstance(rs, dict):
+        kind = str(rs.get("rope_type", rs.get("type", "")))
+        factor = rs.get("factor")
+        if kind not in ("", "default", "su", "longrope", "llama3", "mrope") and _is_num(factor) and factor >= 1:
+            if kind == "yarn" and cfg["rope_scaling"].get("original_max_position_embeddings") is not None:
+                n = _int(rs, f"{where}: rope_scaling", "original_max_position_embeddings")
+            n = int(min(n * factor, MAX_DIM))
+    return n
+
+
+def _is_num(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None = None,
                       published_params: float = 0.0) -> ModelArch:
-    """Build a ModelArch from a Hugging Face config.json dictionary."""
+    """Build a ModelArch from a Hugging Face config.json dictionary.
+    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    """
+    with reading(where or name, "model config"):
+        return _model_from_config(cfg, name, hf_id, where, published_params)
+
+
+def _model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None = None,
+                      published_params: float = 0.0) -> ModelArch:
     where = where or name
     if not isinstance(cfg, dict):
         raise InputError(f"{where}: config must be a JSON object")
@@ -246,29 +310,30 @@ def model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None =
         merged = dict(cfg["text_config"])
         merged.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
         cfg = merged
-    hidden = _int(cfg, where, "hidden_size", "d_model", "n_embd")
-    n_heads = _int(cfg, where, "num_attention_heads", "n_head")
-    n_kv = _int(cfg, where, "num_key_value_heads", default=n_heads)
-    head_dim = _int(cfg, where, "head_dim", default=hidden // n_heads if n_heads else 0)
-    n_layers = _int(cfg, where, "num_hidden_layers", "n_layer")
+    hidden = _int(cfg, where, "hidden_size", "d_model", "n_embd", lo=1)
+    n_heads = _int(cfg, where, "num_attention_heads", "n_head", lo=1)
+    n_kv = _int(cfg, where, "num_key_value_heads", default=n_heads, lo=1)
+    head_dim = _int(cfg, where, "head_dim", default=hidden // n_heads, lo=1)
+    n_layers = _int(cfg, where, "num_hidden_layers", "n_layer", lo=1)
     n_experts = _int(cfg, where, "num_local_experts", "num_experts", "n_routed_experts", default=0, required=False)
     mtype = str(cfg.get("model_type", ""))
     sliding = 0
     n_sliding = 0
     sw = cfg.get("sliding_window")
     use_sw = cfg.get("use_sliding_window", True)
-    if isinstance(sw, int) and sw > 0 and use_sw:
+    if isinstance(sw, int) and not isinstance(sw, bool) and sw > 0 and use_sw:
         sliding = sw
         if "layer_types" in cfg and isinstance(cfg["layer_types"], list):
             n_sliding = sum(1 for t in cfg["layer_types"] if "sliding" in str(t))
         elif mtype.startswith("gemma2") or mtype.startswith("gemma3"):
             n_sliding = n_layers // 2  # Gemma 2 alternates local (sliding) and global layers
         elif "max_window_layers" in cfg:
-            n_sliding = max(n_layers - int(cfg["max_window_layers"]), 0)
+            n_sliding = max(n_layers - _int(cfg, where, "max_window_layers", default=0, required=False), 0)
         else:
             n_sliding = n_layers  # Mistral-style: every layer uses the window
+    n_sliding = min(n_sliding, n_layers)
     kv_lora = _int(cfg, where, "kv_lora_rank", default=0, required=False)
-    return ModelArch(
+    fields = dict(
         name=name,
         hf_id=hf_id,
         n_layers=n_layers,
@@ -276,8 +341,8 @@ def model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None =
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
-        intermediate=_int(cfg, where, "intermediate_size", "ffn_dim", default=4 * hidden),
-        vocab=_int(cfg, where, "vocab_size"),
+        intermediate=_int(cfg, where, "intermediate_size", "ffn_dim", default=4 * hidden, lo=1),
+        vocab=_int(cfg, where, "vocab_size", lo=1),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe"))),
         qk_norm=mtype in ("qwen3", "qwen3_moe"),
@@ -297,7 +362,12 @@ def model_from_config(cfg: dict, name: str, hf_id: str = "", where: str | None =
         published_params=published_params,
         source=where,
         n_mtp_layers=_int(cfg, where, "num_nextn_predict_layers", default=0, required=False),
+        max_context_tokens=_max_context(cfg, where),
     )
+    try:
+        return ModelArch(**fields)
+    except InputError as exc:  # a rule across keys (heads, experts): name the file too
+        raise InputError(f"{where}: {exc}") from None
 
 
 @lru_cache(maxsize=None)
@@ -332,12 +402,13 @@ def _lookup(name: str) -> str | None:
 
 
 def _read_config(path: Path) -> dict:
+    text = read_text(path, "model config (config.json)")
     try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits; nesting too deep
+        raise InputError(f"{path}: malformed JSON ({str(exc).splitlines()[0][:80]})") from None
 
 
 def get_model(name: str) -> ModelArch:
@@ -345,10 +416,11 @@ def get_model(name: str) -> ModelArch:
     if not name or not str(name).strip():
         raise InputError("model name is empty")
     p = Path(name)
-    if p.suffix == ".json" or p.is_dir() or p.exists():
-        if p.is_dir():
+    kind = path_kind(p)
+    if p.suffix == ".json" or kind:
+        if kind == "dir":
             p = p / "config.json"
-        if not p.exists():
+        if not path_kind(p):
             raise InputError(f"model config {p}: no such file")
         return model_from_config(_read_config(p), name=p.parent.name or p.stem, where=str(p))
     short = _lookup(str(name))

@@ -24,14 +24,15 @@ Metadata columns on every row (a file may also carry file-level defaults in a si
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ._data import load_yaml
+from ._data import load_yaml, path_kind, read_text, reading
 from .errors import InputError
 
-__all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS"]
+__all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS", "check_value", "contradictions"]
 
 METADATA_COLUMNS = ("gpu", "engine", "engine_version", "model", "weight_dtype", "kv_dtype", "tp", "date", "source")
 STEP_COLUMNS = ("phase", "batch", "context_tokens", "chunk_tokens", "spec_k", "step_ms")
@@ -96,81 +97,154 @@ class ProfileRow:
                 out[c] = "inf"
             elif isinstance(v, float):
                 out[c] = f"{v:.6g}"
-            else:
-                out[c] = str(v)
+            else:  # a line break inside a cell would split the row when read back
+                out[c] = str(v).replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
         return out
+
+
+# Least value of each numeric column: counts of things that exist start at 1; measured times and
+# rates are > 0 (a zero or negative measurement is a broken record, and the fit divides by it).
+_INT_MIN = {"tp": 1, "batch": 1, "context_tokens": 0, "chunk_tokens": 1, "spec_k": 0, "concurrency": 1,
+            "batch_cap": 1, "kv_pool_tokens": 1, "input_tokens": 1, "output_tokens": 1, "num_requests": 1}
+MAX_COUNT = 10**9  # no count in a table comes near (longest context in the catalog: 163,840 tokens)
+MAX_MEASURED = 1e12  # ms, tok/s, req/s: 1e12 ms is 30 years
+
+
+def check_value(where: str, key: str, v: float, shown: str | None = None) -> int | float:
+    """One numeric column's value checked against its column's rules; ``where`` starts the message."""
+    shown = shown if shown is not None else repr(v)
+    if key in _INT:
+        if isinstance(v, (int, float)) and math.isfinite(v) and v == int(v) and v < _INT_MIN[key]:
+            raise InputError(f"{where}: column {key} = {int(v)}, expected at least {_INT_MIN[key]}")
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) or not _INT_MIN[key] <= v <= MAX_COUNT:
+            raise InputError(f"{where}: column {key} = {shown}: expected a whole number in "
+                             f"{_INT_MIN[key]}..{MAX_COUNT:.0e}")
+        return int(v)
+    if key == "rate_req_s" and v == math.inf:
+        return v  # all requests at once
+    if not isinstance(v, (int, float)) or not 0 < v <= MAX_MEASURED:  # also refuses nan and inf
+        raise InputError(f"{where}: column {key} = {shown}: expected a finite number > 0"
+                         + (" (or inf)" if key == "rate_req_s" else ""))
+    return float(v)
 
 
 def _convert(path: Path, line: int, key: str, raw: str):
     if raw == "":
         return None
+    if key not in _INT and key not in _FLOAT:
+        return raw
+    shown = repr(raw if len(raw) <= 40 else raw[:30] + f"...({len(raw)} characters)")
     try:
-        if key in _INT:
-            v = float(raw)
-            if v != int(v):
-                raise ValueError
-            return int(v)
-        if key in _FLOAT:
-            return math.inf if raw.strip().lower() in ("inf", "infinity") else float(raw)
-    except ValueError:
-        raise InputError(f"{path}: line {line}: column {key} = {raw!r} is not a "
+        v = float(raw)
+    except (ValueError, OverflowError):
+        raise InputError(f"{path}: line {line}: column {key} = {shown} is not a "
                          f"{'whole number' if key in _INT else 'number'}") from None
-    return raw
+    return check_value(f"{path}: line {line}", key, v, shown)
 
 
 def read_table(path: str | Path) -> list[ProfileRow]:
-    """Read a profile table (and its ``.meta.yaml`` sidecar if present); check every row."""
+    """Read a profile table (and its ``.meta.yaml`` sidecar if present); check every row.
+    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    """
+    with reading(path, "profile table"):
+        return _read_table(path)
+
+
+def _read_table(path: str | Path) -> list[ProfileRow]:
     p = Path(path)
-    if not p.exists():
+    if not path_kind(p):
         raise InputError(f"profile table {p}: no such file")
     meta_path = p.with_suffix(".meta.yaml")
-    meta = load_yaml(meta_path) if meta_path.exists() else {}
-    if meta and not isinstance(meta, dict):
+    meta = load_yaml(meta_path, "table sidecar") if path_kind(meta_path) else {}
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
         raise InputError(f"{meta_path}: expected a mapping of metadata keys")
-    with p.open(newline="") as f:
-        reader = csv.DictReader(f)
-        if not reader.fieldnames:
-            raise InputError(f"{p}: empty file (no header)")
-        unknown = [c for c in reader.fieldnames if c not in COLUMNS]
-        if unknown:
-            raise InputError(f"{p}: unknown column '{unknown[0]}' (columns: {', '.join(COLUMNS)})")
-        for c in ("kind",):
-            if c not in reader.fieldnames:
-                raise InputError(f"{p}: missing column '{c}'")
-        rows = []
-        for i, raw in enumerate(reader, start=2):
-            vals = {}
-            for key in COLUMNS:
-                cell = (raw.get(key) or "").strip()
-                if cell == "" and key in meta:
-                    cell = str(meta[key])
-                v = _convert(p, i, key, cell)
-                if v is not None:
-                    vals[key] = v
-            vals.setdefault("id", f"{p.stem}:{i}")
-            kind = vals.get("kind")
-            if kind == "step":
-                need = ("phase", "batch", "context_tokens", "step_ms")
-                if vals.get("phase") not in ("decode", "prefill"):
-                    raise InputError(f"{p}: line {i}: column phase = {vals.get('phase', '')!r}, expected decode or prefill")
-            elif kind == "request":
-                need = ("input_tokens", "output_tokens")
-                if "concurrency" not in vals and "rate_req_s" not in vals:
-                    raise InputError(f"{p}: line {i}: a request row needs concurrency or rate_req_s")
-                if vals.get("scheduler", "") not in SCHEDULERS:
-                    raise InputError(f"{p}: line {i}: column scheduler = {vals['scheduler']!r}, expected "
-                                     f"{' or '.join(x for x in SCHEDULERS if x)} (or empty: the engine's default)")
-                for key in ("batch_cap", "kv_pool_tokens"):
-                    if vals.get(key) is not None and vals[key] < 1:
-                        raise InputError(f"{p}: line {i}: column {key} = {vals[key]}, expected at least 1")
-                if not any(k in vals for k in ("ttft_mean_ms", "tpot_mean_ms", "ttft_p99_ms", "output_tok_s", "request_s")):
-                    raise InputError(f"{p}: line {i}: a request row needs a measured ttft_*, tpot_*, output_tok_s or request_s column")
-            else:
-                raise InputError(f"{p}: line {i}: column kind = {kind!r}, expected step or request")
-            for key in need:
-                if key not in vals:
-                    raise InputError(f"{p}: line {i}: missing value for column {key}")
-            rows.append(ProfileRow(**vals))
+    for k, v in meta.items():
+        if k in COLUMNS and not (isinstance(v, (str, int, float)) and not isinstance(v, bool)):
+            raise InputError(f"{meta_path}: {k} = {v!r}: expected a single value")
+    text = read_text(p, "profile table")
+    try:
+        return _read_rows(p, text, meta)
+    except csv.Error as exc:
+        raise InputError(f"{p}: malformed CSV ({exc})") from None
+
+
+def _read_rows(p: Path, text: str, meta: dict) -> list[ProfileRow]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if not reader.fieldnames:
+        raise InputError(f"{p}: empty file (no header)")
+    unknown = [c for c in reader.fieldnames if c not in COLUMNS]
+    if unknown:
+        raise InputError(f"{p}: unknown column {unknown[0]!r} (columns: {', '.join(COLUMNS)})")
+    for c in ("kind",):
+        if c not in reader.fieldnames:
+            raise InputError(f"{p}: missing column '{c}'")
+    rows = []
+    for raw in reader:
+        i = reader.line_num
+        vals = {}
+        for key in COLUMNS:
+            cell = (raw.get(key) or "").strip()
+            if cell == "" and key in meta:
+                cell = str(meta[key])
+            v = _convert(p, i, key, cell)
+            if v is not None:
+                vals[key] = v
+        vals.setdefault("id", f"{p.stem}:{i}")
+        kind = vals.get("kind")
+        if kind == "step":
+            need = ("phase", "batch", "context_tokens", "step_ms")
+            if vals.get("phase") not in ("decode", "prefill"):
+                raise InputError(f"{p}: line {i}: column phase = {vals.get('phase', '')!r}, expected decode or prefill")
+        elif kind == "request":
+            need = ("input_tokens", "output_tokens")
+            if "concurrency" not in vals and "rate_req_s" not in vals:
+                raise InputError(f"{p}: line {i}: a request row needs concurrency or rate_req_s")
+            if vals.get("scheduler", "") not in SCHEDULERS:
+                raise InputError(f"{p}: line {i}: column scheduler = {vals['scheduler']!r}, expected "
+                                 f"{' or '.join(x for x in SCHEDULERS if x)} (or empty: the engine's default)")
+            for key in ("batch_cap", "kv_pool_tokens"):
+                if vals.get(key) is not None and vals[key] < 1:
+                    raise InputError(f"{p}: line {i}: column {key} = {vals[key]}, expected at least 1")
+            if not any(k in vals for k in ("ttft_mean_ms", "tpot_mean_ms", "ttft_p99_ms", "output_tok_s", "request_s")):
+                raise InputError(f"{p}: line {i}: a request row needs a measured ttft_*, tpot_*, output_tok_s or request_s column")
+        else:
+            raise InputError(f"{p}: line {i}: column kind = {kind!r}, expected step or request")
+        for key in need:
+            if key not in vals:
+                raise InputError(f"{p}: line {i}: missing value for column {key}")
+        rows.append(ProfileRow(**vals))
     if not rows:
         raise InputError(f"{p}: no rows")
     return rows
+
+
+# Columns that say what was measured (the rest of a row, less its id, date and provenance).
+_MEASURED = tuple(c for c in _FLOAT if c != "rate_req_s")
+_NOT_CONFIG = set(_MEASURED) | {"id", "date", "source", "num_requests", "engine_version"}
+# Two runs of one configuration differing by more than this factor are not noise: run-to-run
+# spread of serving benchmarks is a few percent (vLLM's own CI tolerates 5-10%).
+CONTRADICTION_RATIO = 2.0
+
+
+def contradictions(rows: list[ProfileRow], ratio: float = CONTRADICTION_RATIO) -> list[str]:
+    """Rows that describe the same configuration but disagree on a measurement by more than
+    ``ratio`` times: one line each (the worst pair per configuration and measured column)."""
+    groups: dict[tuple, list[ProfileRow]] = {}
+    for r in rows:
+        key = tuple((c, getattr(r, c)) for c in COLUMNS if c not in _NOT_CONFIG)
+        groups.setdefault(key, []).append(r)
+    out = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        for col in _MEASURED:
+            vals = [(getattr(r, col), r.id) for r in members if getattr(r, col) is not None]
+            if len(vals) < 2:
+                continue
+            (lo, lo_id), (hi, hi_id) = min(vals), max(vals)
+            if lo > 0 and hi / lo > ratio:
+                out.append(f"rows {lo_id} and {hi_id} describe the same configuration but measured {col} "
+                           f"{lo:.4g} and {hi:.4g} ({hi / lo:.1f}x apart)")
+    return out

@@ -25,13 +25,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
 from .errors import InputError
 from .requests import Requests
 
-__all__ = ["LengthDist", "RequestClass", "SLO", "Trace", "Workload", "DISTS"]
+__all__ = ["LengthDist", "RequestClass", "SLO", "Trace", "Workload", "DISTS", "MAX_LENGTH_TOKENS"]
+
+# The longest length any spec may name: far beyond every model's context (the longest in the
+# catalog, DeepSeek-V3, holds 163,840 tokens) and small enough that sums of lengths stay exact in
+# int64 and float64. Beyond it a length is a typo, not a workload.
+MAX_LENGTH_TOKENS = 10**9
 
 # Parameter names of each distribution, in the order ``LengthDist.params`` holds them.
 DISTS = {"fixed": ("value",), "uniform": ("min", "max"), "lognormal": ("mean", "sigma"), "normal": ("mean", "std")}
@@ -74,8 +80,14 @@ class LengthDist:
         p = self.params
         if not all(math.isfinite(x) for x in p):
             raise InputError(f"{self.dist} length distribution: parameters must be finite, got {p}")
+        if any(abs(x) > MAX_LENGTH_TOKENS for x in p):
+            raise InputError(f"{self.dist} length distribution: parameters must be at most {MAX_LENGTH_TOKENS:.0e} "
+                             f"tokens, got {p}")
         if not _is_whole(self.min_tokens) or self.min_tokens < 1:
             raise InputError(f"length min must be a whole number >= 1 token, got {self.min_tokens!r}")
+        if self.min_tokens > MAX_LENGTH_TOKENS or (self.max_tokens is not None and self.max_tokens > MAX_LENGTH_TOKENS):
+            raise InputError(f"length min/max must be at most {MAX_LENGTH_TOKENS:.0e} tokens, "
+                             f"got {self.min_tokens!r}/{self.max_tokens!r}")
         if self.max_tokens is not None and (not _is_whole(self.max_tokens) or self.max_tokens < self.min_tokens):
             raise InputError(f"length max must be a whole number >= min ({self.min_tokens}), got {self.max_tokens!r}")
         if self.dist == "fixed" and (not _is_whole(p[0]) or p[0] < 1):
@@ -130,6 +142,21 @@ class LengthDist:
             return float(max(min(p[-1], self._hi), self.min_tokens))
         return self._hi
 
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile of the clipped distribution, in tokens (before rounding)."""
+        p, a, b = self.params, float(self.min_tokens), self._hi
+        if self.dist == "fixed":
+            x = p[0]
+        elif self.dist == "uniform":
+            x = p[0] + q * (p[1] - p[0])
+        else:
+            z = NormalDist().inv_cdf(min(max(q, 1e-12), 1 - 1e-12))
+            if self.dist == "lognormal":
+                x = math.exp(min(math.log(p[0]) - p[1] ** 2 / 2 + z * p[1], 700.0))
+            else:
+                x = p[0] + z * p[1]
+        return float(min(max(x, a), b))
+
     @property
     def mean(self) -> float:
         """Analytic mean in tokens of the clipped distribution.
@@ -176,7 +203,8 @@ class LengthDist:
             x = rng.lognormal(math.log(p[0]) - p[1] ** 2 / 2, p[1], size=n)
         else:
             x = rng.normal(p[0], p[1], size=n)
-        x = np.clip(np.rint(x), self.min_tokens, self._hi)
+        # an open tail (a wide normal or lognormal) stops at MAX_LENGTH_TOKENS, inside int64
+        x = np.clip(np.rint(x), self.min_tokens, min(self._hi, MAX_LENGTH_TOKENS))
         return x.astype(np.int64)
 
     def to_dict(self) -> dict:

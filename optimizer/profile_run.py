@@ -74,6 +74,10 @@ class RunSpec:
 
     def __post_init__(self):
         u = urllib.parse.urlsplit(self.url)
+        try:
+            u.port  # urllib checks the port's range only when asked
+        except ValueError as exc:
+            raise InputError(f"--url {self.url!r}: {exc}") from None
         if u.scheme not in ("http", "https") or not u.hostname:
             raise InputError(f"--url {self.url!r}: expected http://HOST:PORT/v1")
         for name, vals in (("concurrency", self.concurrencies), ("isl", self.input_tokens),

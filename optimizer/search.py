@@ -296,10 +296,12 @@ def make_sampler(name: str, ctx: SolveContext, seed: int) -> optuna.samplers.Bas
 # ---- storage and study ------------------------------------------------------------------------
 def make_storage(url: str | None):
     """None: in memory; ``journal:PATH``: a journal file; anything else: an RDB URL (sqlite:///...)."""
+    from .storage import check_storage_url, journal_backend
+    check_storage_url(url)  # missing folders, damaged journals and SQLite files: one line, nothing written
     if not url:
         return None
     if url.startswith("journal:"):
-        from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
+        from optuna.storages.journal import JournalFileSymlinkLock, JournalStorage
         path = url[len("journal:"):]
         if not path:
             raise InputError("--storage journal:PATH needs a file path")
@@ -307,7 +309,7 @@ def make_storage(url: str | None):
         # older than its grace period (30 s by default). Every hold here lasts milliseconds, so
         # break one after JOURNAL_LOCK_GRACE_S and let a resumed run start promptly.
         lock = JournalFileSymlinkLock(path, grace_period=JOURNAL_LOCK_GRACE_S)
-        return JournalStorage(JournalFileBackend(path, lock_obj=lock))
+        return JournalStorage(journal_backend(path, lock))  # appends refuse a journal cut short meanwhile
     if "://" not in url:
         raise InputError(f"--storage {url!r}: use journal:PATH or an RDB URL such as sqlite:///kvtune.db")
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None

@@ -29,12 +29,18 @@ from pathlib import Path
 
 import numpy as np
 
+from costmodel._data import path_kind, reading
 from costmodel.errors import InputError
-from costmodel.workload import Trace
+from costmodel.workload import MAX_LENGTH_TOKENS, Trace
 
 __all__ = ["read_trace", "detect_format", "FORMATS", "MOONCAKE_BLOCK_TOKENS"]
 
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake trace README: each hash_id covers a block of 512 tokens
+# Sanity bounds on what a row may hold, so that every count fits int64 and every time a float
+# with sub-microsecond resolution: no model's context comes near 1e9 tokens (the longest in the
+# catalog: 163,840), and 1e15 s is 30 million years (epoch seconds are 1.7e9, epoch ms 1.7e12).
+MAX_TOKENS = MAX_LENGTH_TOKENS
+MAX_ABS_SECONDS = 1e15
 
 # Required columns of each CSV format (compared case-insensitively, spaces trimmed).
 FORMATS = {
@@ -74,11 +80,18 @@ def _whole(text, where: str, column: str) -> int:
         if not math.isfinite(v) or v != int(v):
             raise ValueError
         v = int(v)
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: column {column} = {text!r} is not a whole number") from None
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"{where}: column {column} = {_clip(text)} is not a whole number") from None
     if v < 0:
-        raise InputError(f"{where}: column {column} = {text!r} is negative")
+        raise InputError(f"{where}: column {column} = {_clip(text)} is negative")
+    if v > MAX_TOKENS:
+        raise InputError(f"{where}: column {column} = {_clip(text)} is beyond {MAX_TOKENS:.0e} tokens")
     return v
+
+
+def _clip(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:30] + f"...({len(s)} characters)"
 
 
 def _seconds(text, where: str, column: str) -> float:
@@ -90,8 +103,10 @@ def _seconds(text, where: str, column: str) -> float:
         v = float(s)
         if not math.isfinite(v):
             raise ValueError
-    except (TypeError, ValueError):
-        raise InputError(f"{where}: column {column} = {text!r} is not a number of seconds") from None
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"{where}: column {column} = {_clip(text)} is not a number of seconds") from None
+    if abs(v) > MAX_ABS_SECONDS:
+        raise InputError(f"{where}: column {column} = {_clip(text)} is beyond {MAX_ABS_SECONDS:.0e} s")
     return v
 
 
@@ -106,15 +121,15 @@ def _datetime_s(text: str, where: str, column: str) -> tuple[int, float]:
         try:
             return 0, _seconds(s, where, column)  # a plain number of seconds is accepted too
         except InputError:
-            raise InputError(f"{where}: column {column} = {text!r} is not a datetime "
+            raise InputError(f"{where}: column {column} = {_clip(text)} is not a datetime "
                              f"(expected like 2023-11-16 18:15:46.6805900)") from None
     y, mo, d, hh, mm, ss, frac, tz = m.groups()
     try:
         days = _dt.date(int(y), int(mo), int(d)).toordinal() - _EPOCH_ORDINAL
     except ValueError:
-        raise InputError(f"{where}: column {column} = {text!r} is not a valid date") from None
+        raise InputError(f"{where}: column {column} = {_clip(text)} is not a valid date") from None
     if int(hh) > 23 or int(mm) > 59 or int(ss) > 60:
-        raise InputError(f"{where}: column {column} = {text!r} is not a valid time of day")
+        raise InputError(f"{where}: column {column} = {_clip(text)} is not a valid time of day")
     whole = days * 86400 + int(hh) * 3600 + int(mm) * 60 + int(ss)
     if tz and tz != "Z":
         sign = 1 if tz[0] == "+" else -1
@@ -130,7 +145,7 @@ def detect_format(path: str | Path) -> str:
 
 
 def _first_line(p: Path) -> str:
-    if not p.exists():
+    if not path_kind(p):
         raise InputError(f"{p}: no such trace file")
     try:
         with p.open(encoding="utf-8-sig", newline="") as f:
@@ -147,7 +162,10 @@ def _first_line(p: Path) -> str:
 def _format_of(first: str, shown: str) -> str:
     if first.lstrip().startswith("{"):
         return "mooncake"
-    header = {h.strip().lower() for h in next(csv.reader([first]))}
+    try:
+        header = {h.strip().lower() for h in next(csv.reader([first]))}
+    except csv.Error as exc:
+        raise InputError(f"{shown}: line 1: malformed CSV ({exc})") from None
     for name in ("azure", "burstgpt", "kvtune"):
         if set(FORMATS[name]) <= header:
             return name
@@ -209,8 +227,11 @@ def _read_csv(p: Path, shown: str, fmt: str) -> _Rows:
                 else:
                     try:
                         grp = int(rec[i].strip())
+                        if not -1 <= grp <= MAX_TOKENS:
+                            raise ValueError
                     except ValueError:
-                        raise InputError(f"{where}: column {name} = {rec[i]!r} is not an integer") from None
+                        raise InputError(f"{where}: column {name} = {_clip(rec[i])} is not an integer "
+                                         f"in [-1, {MAX_TOKENS:.0e}]") from None
             _keep(rows, t, inp, out, pre, grp)
     return rows
 
@@ -226,6 +247,8 @@ def _read_mooncake(p: Path, shown: str) -> _Rows:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits; nesting too deep
+                raise InputError(f"{where}: not valid JSON ({str(exc).splitlines()[0][:80]})") from None
             if not isinstance(rec, dict):
                 raise InputError(f"{where}: expected a JSON object, got {type(rec).__name__}")
             for k in ("timestamp", "input_length", "output_length"):
@@ -235,6 +258,8 @@ def _read_mooncake(p: Path, shown: str) -> _Rows:
             inp = _whole(rec["input_length"], where, "input_length")
             out = _whole(rec["output_length"], where, "output_length")
             hashes = rec.get("hash_ids", [])
+            if hashes is None:
+                hashes = []
             if not isinstance(hashes, list) or any(isinstance(h, (list, dict)) for h in hashes):
                 raise InputError(f"{where}: column hash_ids = {str(hashes)[:40]!r} is not a list of block hashes")
             _keep(rows, t, inp, out, hashes=hashes)
@@ -274,7 +299,14 @@ def read_trace(path: str | Path, shown: str | None = None) -> Trace:
     """Read a trace file (format detected from its first line) into a ``Trace``.
 
     ``shown`` is how the file is named in messages (default: the path as given).
+
+    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
     """
+    with reading(shown or path, "trace"):
+        return _read_trace(path, shown)
+
+
+def _read_trace(path: str | Path, shown: str | None = None) -> Trace:
     p = Path(path)
     shown = shown or str(path)
     fmt = _format_of(_first_line(p), shown)
@@ -282,6 +314,8 @@ def read_trace(path: str | Path, shown: str | None = None) -> Trace:
         rows = _read_mooncake(p, shown) if fmt == "mooncake" else _read_csv(p, shown, fmt)
     except UnicodeDecodeError:
         raise InputError(f"{shown}: not a text file (a trace is CSV or JSONL)") from None
+    except OSError as exc:
+        raise InputError(f"{shown}: cannot read ({exc.strerror or exc})") from None
     except csv.Error as exc:
         raise InputError(f"{shown}: malformed CSV ({exc})") from None
     skipped = []

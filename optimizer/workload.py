@@ -41,17 +41,16 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from costmodel import get_gpu, get_model
-from costmodel._data import profiles_path
+from costmodel._data import FLOAT_MAX, parse_yaml, path_kind, printable, profiles_path, read_text, reading
 from costmodel.calibration import ENGINES, efficiency_for
 from costmodel.dtypes import KNOWN as _DTYPE_NAMES
 from costmodel.errors import InputError, KvtuneError
 from costmodel.hardware import load_gpu_file
+from costmodel.models import ModelArch
 from costmodel.requests import Requests
 from costmodel.step import SpecConfig
-from costmodel.workload import DISTS, SLO, LengthDist, RequestClass, Workload
+from costmodel.workload import DISTS, MAX_LENGTH_TOKENS, SLO, LengthDist, RequestClass, Workload
 
 from .traces import read_trace
 
@@ -59,6 +58,14 @@ __all__ = ["load_workload", "load_workload_dict", "WorkloadSpec", "HardwareSpec"
            "SpeculativeSpec", "OBJECTIVES", "KV_DTYPES", "WEIGHT_DTYPES"]
 
 OBJECTIVES = ("min_cost", "max_goodput")
+# Sanity bounds on values that are typos beyond them (each error names the bound):
+MAX_SEED = 2**32 - 1            # numpy's RandomState, which optuna's samplers seed, takes seeds below 2**32
+MAX_SPEC_K = 64                 # tokens per verify pass (1 - a^(k+1)) / (1 - a) stop growing long before
+MAX_GPUS_PER_NODE = 1024        # an NVL72 rack is one 72-GPU NVLink domain; 1024 leaves room
+MAX_NODES = 100_000             # the largest clusters built hold ~100k GPUs
+MAX_USD_PER_GPU_HOUR = 1e6
+MIN_RATE_REQ_S = 1e-9           # one request in 30 years; slower ones overflow the arrival clock
+MAX_TIME_SCALE = 1e9
 KV_DTYPES = ("bf16", "fp8")   # the default KV search; any format of FORMATS may be named
 # every format kvtune has a byte width for (costmodel.dtypes: bf16, fp16, fp8, GGUF q4_0, q4_1, q8_0, ...)
 FORMATS = _DTYPE_NAMES
@@ -205,7 +212,11 @@ class WorkloadSpec:
 # ---- value checks ------------------------------------------------------------------------------
 
 def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return abs(v) <= FLOAT_MAX  # an integer no float can hold is not a usable number
+    return isinstance(v, float) and not math.isnan(v)
 
 
 def _is_int(v) -> bool:
@@ -225,10 +236,10 @@ class _Reader:
         self.base = Path(path).parent if path != "<dict>" else Path(".")
 
     def bad(self, key: str, value, why: str) -> InputError:
-        return InputError(f"{self.path}: {key} = {_show(value)}: {why}")
+        return InputError(f"{self.path}: {printable(key)} = {_show(value)}: {why}")
 
     def bad_key(self, key: str, why: str) -> InputError:
-        return InputError(f"{self.path}: {key}: {why}")
+        return InputError(f"{self.path}: {printable(key)}: {why}")
 
     def mapping(self, v, key: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict:
         if not isinstance(v, dict):
@@ -250,15 +261,22 @@ class _Reader:
             raise self.bad(key, v, "must be a number")
         if v < lo or (lo_open and v == lo) or v > hi:
             left = "(" if lo_open else "["
-            raise self.bad(key, v, f"must be in {left}{lo:g}, {hi:g}]" if hi < math.inf else
-                           f"must be {'>' if lo_open else '>='} {lo:g}")
+            if hi < math.inf and (lo == 0 or v > hi) and not (lo <= 0 and hi <= 1):
+                why = f"must be {'>' if lo_open else '>='} {lo:g} and <= {hi:g}"
+            elif hi < math.inf:
+                why = f"must be in {left}{lo:g}, {hi:g}]"
+            else:
+                why = f"must be {'>' if lo_open else '>='} {lo:g}"
+            raise self.bad(key, v, why)
         return float(v)
 
-    def int_(self, v, key: str, lo: int) -> int:
+    def int_(self, v, key: str, lo: int, hi: int = MAX_LENGTH_TOKENS) -> int:
         if not _is_int(v):
             raise self.bad(key, v, "must be a whole number")
         if v < lo:
             raise self.bad(key, v, f"must be >= {lo}")
+        if v > hi:
+            raise self.bad(key, v, f"must be <= {hi:,}")
         return int(v)
 
     def str_(self, v, key: str) -> str:
@@ -267,23 +285,28 @@ class _Reader:
         return v.strip()
 
     def choice(self, v, key: str, options: tuple[str, ...]) -> str:
-        if v not in options:
+        if not isinstance(v, str) or v not in options:
             raise self.bad(key, v, f"must be one of {', '.join(options)}")
         return v
 
-    def range_(self, v, key: str, lo_min: int) -> tuple[int, int]:
+    def range_(self, v, key: str, lo_min: int, hi_max: int = MAX_LENGTH_TOKENS) -> tuple[int, int]:
         if _is_int(v):
             v = [v, v]
         if not isinstance(v, list) or len(v) != 2:
             raise self.bad(key, v, "must be [lo, hi] (two whole numbers) or one whole number")
-        lo = self.int_(v[0], f"{key}[0]", lo_min)
-        hi = self.int_(v[1], f"{key}[1]", lo_min)
+        lo = self.int_(v[0], f"{key}[0]", lo_min, hi_max)
+        hi = self.int_(v[1], f"{key}[1]", lo_min, hi_max)
         if lo > hi:
             raise self.bad(key, v, "lo must be <= hi")
         return lo, hi
 
-    def local_path(self, value: str) -> Path:
-        p = Path(value).expanduser()
+    def local_path(self, value: str, key: str = "path") -> Path:
+        if "\x00" in value:
+            raise self.bad(key, value, "a path cannot hold a NUL character")
+        try:
+            p = Path(value).expanduser()
+        except RuntimeError:  # ~user of a user this machine does not have
+            raise self.bad(key, value, "names the home folder of an unknown user") from None
         return p if p.is_absolute() else self.base / p
 
     def wrap(self, key: str, value, exc: KvtuneError) -> KvtuneError:
@@ -302,13 +325,13 @@ def _length(r: _Reader, v, key: str, floor: int = 0) -> LengthDist:
     if _is_num(v) and not isinstance(v, dict):
         if not _is_int(v) or v < 1:
             raise r.bad(key, v, "a length must be a whole number >= 1 token")
-        return LengthDist.fixed(int(v))
+        return LengthDist.fixed(r.int_(v, key, 1))
     if not isinstance(v, dict):
         raise r.bad(key, v, "must be a whole number of tokens or {dist: fixed|uniform|lognormal|normal, ...}")
     if "dist" not in v:
         raise r.bad_key(f"{key}.dist", f"missing (required); one of {', '.join(DISTS)}")
     d = v["dist"]
-    if d not in DISTS:
+    if not isinstance(d, str) or d not in DISTS:
         raise r.bad(f"{key}.dist", d, f"unknown distribution; use {', '.join(DISTS)}")
     names = DISTS[d]
     allowed = ("dist",) + names + tuple(k for k in _LEN_EXTRA if k not in names)
@@ -324,16 +347,24 @@ def _length(r: _Reader, v, key: str, floor: int = 0) -> LengthDist:
         val = v["value"]
         if not _is_int(val) or val < 1:
             raise r.bad(f"{key}.value", val, "a length must be a whole number >= 1 token")
-        return LengthDist("fixed", (int(val),), lo or 1, hi)
+        r.int_(val, f"{key}.value", 1)
+        return _dist(r, key, v, "fixed", (int(val),), lo or 1, hi)
     if d == "uniform":
-        return LengthDist.uniform(lo, hi)
-    r.num(v["mean"], f"{key}.mean", 0, lo_open=True)
-    r.num(v[names[1]], f"{key}.{names[1]}", 0)
+        return _dist(r, key, v, "uniform", (lo, hi), lo, hi)
+    r.num(v["mean"], f"{key}.mean", 0, MAX_LENGTH_TOKENS, lo_open=True)
+    r.num(v[names[1]], f"{key}.{names[1]}", 0, MAX_LENGTH_TOKENS)
     if lo is None and floor:
         if hi is not None and hi < floor:
             raise r.bad(f"{key}.max", hi, f"is shorter than the class's prefix_tokens ({floor})")
         lo = floor
-    return LengthDist(d, (float(v["mean"]), float(v[names[1]])), lo or 1, hi)
+    return _dist(r, key, v, d, (float(v["mean"]), float(v[names[1]])), lo or 1, hi)
+
+
+def _dist(r: _Reader, key: str, given, dist: str, params: tuple, lo: int, hi: int | None) -> LengthDist:
+    try:
+        return LengthDist(dist, params, lo, hi)
+    except InputError as exc:
+        raise r.wrap(key, given, exc) from None
 
 
 def _classes(r: _Reader, v) -> tuple[RequestClass, ...]:
@@ -379,6 +410,8 @@ def _workload(r: _Reader, v, slo: SLO, objective: str) -> Workload:
                                     + ("not both" if has_c else "neither is given"))
     rate = r.num(wl["rate_req_s"], "workload.rate_req_s", 0, lo_open=True, allow_inf=True) \
         if wl.get("rate_req_s") is not None else None
+    if rate is not None and rate < MIN_RATE_REQ_S:
+        raise r.bad("workload.rate_req_s", wl["rate_req_s"], f"must be >= {MIN_RATE_REQ_S:g} (one request in 30 years)")
     if has_c:
         if wl.get("time_scale") is not None:
             raise r.bad("workload.time_scale", wl["time_scale"], "applies to a trace only")
@@ -387,12 +420,12 @@ def _workload(r: _Reader, v, slo: SLO, objective: str) -> Workload:
         return Workload(classes=_classes(r, wl["classes"]), rate_req_s=rate, slo=slo)
     scale = None
     if wl.get("time_scale") is not None:
-        scale = r.num(wl["time_scale"], "workload.time_scale", 0, lo_open=True)
+        scale = r.num(wl["time_scale"], "workload.time_scale", 1 / MAX_TIME_SCALE, MAX_TIME_SCALE)
         if rate is not None:
             raise r.bad("workload.time_scale", wl["time_scale"], "give time_scale or rate_req_s, not both")
     given = r.str_(wl["trace"], "workload.trace")
-    p = r.local_path(given)
-    if not p.is_file():
+    p = r.local_path(given, "workload.trace")
+    if path_kind(p) != "file":
         raise r.bad("workload.trace", given, f"no such file ({p})")
     trace = read_trace(p, shown=str(p))
     return Workload(trace=trace, rate_req_s=rate, slo=slo, time_scale=scale)
@@ -426,12 +459,13 @@ def _gpu_choices(r: _Reader, h: dict, weights: str) -> tuple[tuple[str, float], 
         raise r.bad("hardware.gpu", h["gpu"], "must list at least one GPU type")
     usd = h["usd_per_gpu_hour"]
     if not isinstance(usd, dict):
-        price = r.num(usd, "hardware.usd_per_gpu_hour", 0, lo_open=True)
+        price = r.num(usd, "hardware.usd_per_gpu_hour", 0, MAX_USD_PER_GPU_HOUR, lo_open=True)
         return tuple((n, price) for n in names)
     prices = {}
     for k, v in usd.items():
         try:
-            prices[get_gpu(str(k)).name] = r.num(v, f"hardware.usd_per_gpu_hour.{k}", 0, lo_open=True)
+            prices[get_gpu(str(k)).name] = r.num(v, f"hardware.usd_per_gpu_hour.{k}", 0, MAX_USD_PER_GPU_HOUR,
+                                                 lo_open=True)
         except InputError as exc:
             if str(exc).startswith(f"{r.path}:"):
                 raise
@@ -452,8 +486,8 @@ def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
         choices = _gpu_choices(r, h, weights)
         return HardwareSpec(
             gpu=choices[0][0], usd_per_gpu_hour=choices[0][1],
-            gpus_per_node=r.int_(h.get("gpus_per_node", 8), "hardware.gpus_per_node", 1),
-            max_nodes=r.int_(h.get("max_nodes", 1), "hardware.max_nodes", 1),
+            gpus_per_node=r.int_(h.get("gpus_per_node", 8), "hardware.gpus_per_node", 1, MAX_GPUS_PER_NODE),
+            max_nodes=r.int_(h.get("max_nodes", 1), "hardware.max_nodes", 1, MAX_NODES),
             choices=choices if len(choices) > 1 else ())
     if isinstance(h["usd_per_gpu_hour"], dict):
         raise r.bad("hardware.usd_per_gpu_hour", h["usd_per_gpu_hour"],
@@ -462,8 +496,8 @@ def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
     gpu_file = None
     try:
         if name.endswith((".yaml", ".yml")):
-            p = r.local_path(name)
-            if not p.is_file():
+            p = r.local_path(name, "hardware.gpu")
+            if path_kind(p) != "file":
                 raise r.bad("hardware.gpu", name, f"no such hardware file ({p})")
             gpu, gpu_file = load_gpu_file(p), str(p)
         else:
@@ -476,9 +510,10 @@ def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
         raise r.bad("hardware.gpu", name, f"{gpu.name} has no FP8 tensor cores, but weights is fp8")
     return HardwareSpec(
         gpu=gpu.name,
-        gpus_per_node=r.int_(h.get("gpus_per_node", 8), "hardware.gpus_per_node", 1),
-        usd_per_gpu_hour=r.num(h["usd_per_gpu_hour"], "hardware.usd_per_gpu_hour", 0, lo_open=True),
-        max_nodes=r.int_(h.get("max_nodes", 1), "hardware.max_nodes", 1),
+        gpus_per_node=r.int_(h.get("gpus_per_node", 8), "hardware.gpus_per_node", 1, MAX_GPUS_PER_NODE),
+        usd_per_gpu_hour=r.num(h["usd_per_gpu_hour"], "hardware.usd_per_gpu_hour", 0, MAX_USD_PER_GPU_HOUR,
+                               lo_open=True),
+        max_nodes=r.int_(h.get("max_nodes", 1), "hardware.max_nodes", 1, MAX_NODES),
         gpu_file=gpu_file,
     )
 
@@ -529,7 +564,7 @@ def _search(r: _Reader, v, hw: HardwareSpec, spec: SpeculativeSpec | None, engin
         kv = tuple(dict.fromkeys(r.choice(k, f"search.kv_dtype[{i}]", FORMATS) for i, k in enumerate(kvs)))
     else:
         kv = d.kv_dtype
-    spec_k = r.range_(s["spec_k"], "search.spec_k", 0) if "spec_k" in s else d.spec_k
+    spec_k = r.range_(s["spec_k"], "search.spec_k", 0, MAX_SPEC_K) if "spec_k" in s else d.spec_k
     if "spec_k" in s and spec is None and spec_k[1] > 0:
         raise r.bad("search.spec_k", s["spec_k"], "speculative decoding needs a speculative: section "
                                                   "(method, acceptance)")
@@ -540,7 +575,7 @@ def _search(r: _Reader, v, hw: HardwareSpec, spec: SpeculativeSpec | None, engin
         spec_k=spec_k,
         chunk_tokens=r.range_(s["chunk_tokens"], "search.chunk_tokens", 1) if "chunk_tokens" in s else d.chunk_tokens,
         trials=r.int_(s["trials"], "search.trials", 1) if "trials" in s else d.trials,
-        seed=r.int_(s["seed"], "search.seed", 0) if "seed" in s else d.seed,
+        seed=r.int_(s["seed"], "search.seed", 0, MAX_SEED) if "seed" in s else d.seed,
         deployment=_deployment(r, s["deployment"]) if "deployment" in s else d.deployment,
     )
 
@@ -552,21 +587,61 @@ def _deployment(r: _Reader, v) -> tuple[str, ...]:
     return tuple(dict.fromkeys(r.choice(k, f"search.deployment[{i}]", DEPLOYMENTS) for i, k in enumerate(kinds)))
 
 
-def _model(r: _Reader, v) -> str:
+def _model(r: _Reader, v) -> tuple[str, ModelArch]:
     given = r.str_(v, "model")
-    p = r.local_path(given)
-    model = str(p) if given.endswith(".json") or p.exists() else given
+    p = r.local_path(given, "model")
+    model = str(p) if given.endswith(".json") or path_kind(p) else given
     try:
-        get_model(model)
+        arch = get_model(model)
     except InputError as exc:
         raise r.wrap("model", given, exc) from None
-    return model
+    return model, arch
+
+
+# A length distribution without max: the share of its requests the context check covers
+CONTEXT_QUANTILE = 0.999
+
+
+def _check_context(r: _Reader, wl: Workload, arch: ModelArch, trace_given=None) -> None:
+    """Every request fits the model's context: prompt + output <= max_context_tokens (an engine
+    refuses longer ones: vLLM answers HTTP 400 "maximum context length"). A distribution without
+    ``max`` is held to its 99.9th percentile."""
+    limit = arch.max_context_tokens
+    if not limit:
+        return
+    where = f"{arch.name}'s context of {limit:,} tokens (max_position_embeddings)"
+    if wl.trace is not None:
+        total = wl.trace.input_tokens + wl.trace.output_tokens
+        over = total > limit
+        if over.any():
+            i = int(total.argmax())
+            raise r.bad("workload.trace", trace_given,
+                        f"{int(over.sum())} requests exceed {where}; the longest holds "
+                        f"{int(wl.trace.input_tokens[i]):,} prompt + {int(wl.trace.output_tokens[i]):,} output tokens")
+        return
+    for i, c in enumerate(wl.classes):
+        key = f"workload.classes[{i}]"
+
+        def high(d: LengthDist) -> tuple[float, str]:
+            if math.isfinite(d.upper_bound):
+                return d.upper_bound, ""
+            return d.quantile(CONTEXT_QUANTILE), " (99.9th percentile; give max: to bound it)"
+
+        inp, note_i = high(c.input_tokens)
+        out, note_o = high(c.output_tokens)
+        if inp > limit:
+            raise r.bad(f"{key}.input_tokens", c.input_tokens.to_dict() if c.input_tokens.dist != "fixed" else
+                        int(inp), f"class {c.name}: prompts of up to {inp:,.0f} tokens{note_i} exceed {where}")
+        if inp + out > limit:
+            raise r.bad(f"{key}.output_tokens", c.output_tokens.to_dict() if c.output_tokens.dist != "fixed" else
+                        int(out), f"class {c.name}: prompt + output reaches {inp:,.0f} + {out:,.0f} = "
+                                  f"{inp + out:,.0f} tokens{note_i or note_o}, beyond {where}")
 
 
 def _calibration(r: _Reader, v, gpu: str, engine: str | None) -> str:
     given = r.str_(v, "calibration")
-    p = r.local_path(given)
-    cal = str(p) if p.is_file() else given
+    p = r.local_path(given, "calibration")
+    cal = str(p) if path_kind(p) == "file" else given
     try:
         efficiency_for("calibrated", gpu, cal, engine)
     except KvtuneError as exc:
@@ -580,8 +655,8 @@ def _calibration(r: _Reader, v, gpu: str, engine: str | None) -> str:
 
 def _profile(r: _Reader, v) -> str:
     given = r.str_(v, "profile")
-    p = r.local_path(given)
-    if not p.is_file():
+    p = r.local_path(given, "profile")
+    if path_kind(p) != "file":
         raise r.bad("profile", given, f"no such profile table ({p})")
     return str(p)
 
@@ -589,12 +664,19 @@ def _profile(r: _Reader, v) -> str:
 # ---- entry points ------------------------------------------------------------------------------
 
 def load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
-    """Check a parsed workload document; ``path`` names it in errors and anchors relative paths."""
+    """Check a parsed workload document; ``path`` names it in errors and anchors relative paths.
+    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    """
+    with reading(path, "workload"):
+        return _load_workload_dict(data, path)
+
+
+def _load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
     r = _Reader(str(path))
     if not isinstance(data, dict):
         raise InputError(f"{path}: must be a mapping with keys {', '.join(_TOP)}")
     r.mapping(data, "", _TOP, required=("model", "hardware", "workload", "slo"))
-    model = _model(r, data["model"])
+    model, arch = _model(r, data["model"])
     weights = r.choice(data.get("weights", "bf16"), "weights", WEIGHT_DTYPES)
     engine = r.choice(data["engine"], "engine", ENGINES) if data.get("engine") is not None else None
     gpu_mem_util = r.num(data.get("gpu_mem_util", 0.9), "gpu_mem_util", 0, 1, lo_open=True)
@@ -607,44 +689,22 @@ def load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
     speculative = _speculative(r, data["speculative"]) if data.get("speculative") is not None else None
     search = _search(r, data.get("search"), hardware, speculative, engine)
     workload = _workload(r, data["workload"], slo, objective)
+    _check_context(r, workload, arch, data["workload"].get("trace"))
     return WorkloadSpec(path=str(path), model=model, weights=weights, engine=engine, calibration=calibration,
                         profile=profile, gpu_mem_util=gpu_mem_util, hardware=hardware, workload=workload, slo=slo,
                         speculative=speculative, objective=objective, search=search)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"key '{key}' given twice", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def load_workload(path: str | Path) -> WorkloadSpec:
-    """Read and check a workload YAML file."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such workload file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InputError(f"{path}:{where} invalid YAML: {problem}") from None
+    """Read and check a workload YAML file.
+    A fault the checks did not foresee is still one line (``costmodel._data.reading``).
+    """
+    with reading(path, "workload file"):
+        return _load_workload(path)
+
+
+def _load_workload(path: str | Path) -> WorkloadSpec:
+    data = parse_yaml(read_text(path, "workload file"), str(path))
     if data is None:
         raise InputError(f"{path}: empty workload file")
     return load_workload_dict(data, str(path))

@@ -29,6 +29,7 @@ REACHED_BY = {
     "optimizer/calibrate.py": ("calibrate", "validate"),
     "optimizer/validate.py": ("validate",),
     "optimizer/search.py": ("solve",),
+    "optimizer/storage.py": ("solve",),
     "optimizer/recommend.py": ("solve",),
     "optimizer/report.py": ("solve",),
     "optimizer/gpu_choice.py": ("solve",),

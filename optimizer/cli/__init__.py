@@ -6,6 +6,7 @@ input, 3 for an infeasible request); ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
+import errno
 import sys
 
 import click
@@ -22,8 +23,16 @@ class KvtuneGroup(click.Group):
         except KvtuneError as exc:
             if debug:
                 raise
-            click.echo(f"Error: {exc}", err=True)
+            # one line, whatever a message quotes from the input (a key or value with a line break)
+            click.echo("Error: " + str(exc).replace("\r", "\\r").replace("\n", "\\n"), err=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            # A path no file system can hold (a name over 255 bytes) is the user's input, not a bug;
+            # any other OSError is a fault of the machine or of kvtune and keeps its traceback.
+            if exc.errno != errno.ENAMETOOLONG or debug:
+                raise
+            click.echo(f"Error: {exc.filename}: {exc.strerror}", err=True)
+            sys.exit(2)
         except click.exceptions.Abort:
             click.echo("Aborted.", err=True)
             sys.exit(130)

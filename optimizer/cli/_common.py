@@ -11,17 +11,24 @@ from pathlib import Path
 
 import click
 
+from costmodel._data import path_kind
 from costmodel.errors import InputError
+from optimizer.workload import MAX_SEED  # noqa: F401 (the seed bound of --seed flags)
 
 
-def parse_int(value: str, flag: str, minimum: int) -> int:
+
+
+def parse_int(value: str, flag: str, minimum: int, maximum: int | None = None) -> int:
     """One integer option checked here (not by click), so a bad value is one ``Error:`` line."""
+    text = str(value).strip()
     try:
-        v = int(str(value).strip())
+        v = int(text)
     except ValueError:
-        raise InputError(f"{flag}: {str(value).strip()!r} is not an integer") from None
+        raise InputError(f"{flag}: {text[:40]!r} is not an integer") from None
     if v < minimum:
         raise InputError(f"{flag}: {v} must be >= {minimum}")
+    if maximum is not None and v > maximum:
+        raise InputError(f"{flag}: {text[:40]} must be <= {maximum}")
     return v
 
 
@@ -49,16 +56,37 @@ def dumps(obj) -> str:
     return json.dumps(to_jsonable(obj), indent=2, sort_keys=False)
 
 
+def check_output_path(path: str | Path, flag: str = "") -> None:
+    """An output file can be written there: its folder exists and it is not itself a folder.
+    Commands call this before their work, so a bad path costs nothing."""
+    path = Path(path)
+    where = f"{flag} {path}" if flag else str(path)
+    if "\x00" in str(path):
+        raise InputError(f"{where}: a path cannot hold a NUL character")
+    parent = path_kind(path.parent)
+    if not parent:
+        raise InputError(f"{where}: folder {path.parent} does not exist")
+    if parent != "dir":
+        raise InputError(f"{where}: {path.parent} is not a folder")
+    if path_kind(path) == "dir":
+        raise InputError(f"{where}: is a folder; give a file name")
+    if len(path.name.encode()) > 255:  # NAME_MAX of Linux and macOS file systems
+        raise InputError(f"{where}: the file name is longer than 255 bytes")
+
+
 def write_atomic(path: str | Path, text: str) -> None:
     """Write a file whole or not at all: a temporary file in the same folder, then rename."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise InputError(f"{path}: folder {path.parent} does not exist")
+    check_output_path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

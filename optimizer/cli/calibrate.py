@@ -11,8 +11,9 @@ from costmodel.engines import ENGINE_NAMES
 from costmodel.errors import InputError
 from costmodel.closed_loop import STAGGERED_ENGINES
 from costmodel.fit import RowPredictor
+from costmodel.profile_table import contradictions
 
-from ._common import dumps, echo_table, write_atomic
+from ._common import check_output_path, dumps, echo_table, write_atomic
 
 
 @click.command("calibrate")
@@ -45,22 +46,28 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
     out = Path(output)
     if not out.parent.exists():
         raise InputError(f"-o {output}: folder {out.parent} does not exist")
+    check_output_path(out, "-o")
     names = [p.strip() for p in params.split(",") if p.strip()] if params else None
     if params is not None and not names:
         raise InputError("--params: empty list")
     if chunk_tokens < 1:
         raise InputError(f"--chunk-tokens must be >= 1, got {chunk_tokens}")
+    if max_nfev < 1:
+        raise InputError(f"--max-nfev must be >= 1 (model evaluations the solver may make), got {max_nfev}")
     g = resolve_gpu(gpu)
     rows, inputs = load_tables(tables)
     rows, notes = select_rows(rows, g, engine)
     eff0 = resolve_base(base, g, engine)
+    warnings = contradictions(rows)
     name = name or out.stem
     t0 = time.perf_counter()
     metrics = [m.strip() for m in fit_metrics.split(",") if m.strip()] if fit_metrics else None
     res = calibrate(rows, g, eff0, names, RowPredictor(g, chunk_tokens=chunk_tokens, stagger=STAGGERED_ENGINES if clients == "auto" else clients == "staggered"), max_nfev=max_nfev, name=name,
                     metrics=metrics)
     wall = time.perf_counter() - t0
-    d = calibration_dict(res, name, g, engine, inputs, base, notes, wall_s=wall)
+    warnings += worse_than_start(res, metrics)
+    d = calibration_dict(res, name, g, engine, inputs, base, notes, wall_s=wall,
+                         extra={"warnings": warnings} if warnings else None)
     write_atomic(out, calibration_yaml(d))
     if as_json:
         d = dict(d, output=str(out),
@@ -68,6 +75,8 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
                                  "after": p.after, "err_before_pct": p.err_before * 100,
                                  "err_after_pct": p.err_after * 100} for p in res.points])
         click.echo(dumps(d))
+        for w in warnings:
+            click.echo(f"warning: {w}", err=True)
         return
     click.echo(f"calibrate {g.name}{' engine ' + engine if engine else ''}: {len(res.points)} measured figures "
                f"from {len(rows)} rows, base {base}, {res.nfev} model evaluations, {wall:.1f} s")
@@ -83,7 +92,27 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
         click.echo(f"  {k:<26}{v:>12.5g}  {'+- %.2g' % s if k in res.fitted else '-'}")
     for n in d["fit"]["notes"]:
         click.echo(f"  note: {n}")
-    click.echo(f"wrote {out}")
+    for w in warnings:
+        click.echo(f"  warning: {w}")
+    click.echo(f"wrote {out}" + (f" ({len(warnings)} warnings, recorded under fit.warnings)" if warnings else ""))
+
+
+def worse_than_start(res, metrics) -> list[str]:
+    """Warnings where the fit ends worse than it started: over all fitted figures, and per metric
+    the objective used (a metric left out of ``--fit-metrics`` may move either way)."""
+    out = []
+    pts = [p for p in res.points if metrics is None or p.metric in metrics]
+    if pts:
+        before = sum(abs(p.err_before) for p in pts) / len(pts) * 100
+        after = sum(abs(p.err_after) for p in pts) / len(pts) * 100
+        if after > before:
+            out.append(f"the fit is worse than its start: MAPE {before:.1f}% before, {after:.1f}% after, over "
+                       f"{len(pts)} figures; the rows may contradict each other or the model may not describe them")
+    after_m, before_m = res.mape_by_metric(True), res.mape_by_metric(False)
+    for m, a in after_m.items():
+        if (metrics is None or m in metrics) and a > before_m[m] * 1.0001 and len(after_m) > 1:
+            out.append(f"{m}: MAPE {before_m[m]:.1f}% before, {a:.1f}% after (worse than the start)")
+    return out
 
 
 COMMANDS = [calibrate_cmd]

@@ -8,6 +8,7 @@ import click
 
 from costmodel import SpecConfig, estimate, get_model
 from costmodel.engines import ENGINE_NAMES
+from costmodel.errors import InputError
 
 from ._common import dumps, echo_table, parse_int_list
 
@@ -39,6 +40,7 @@ def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, c
 
     batches = parse_int_list(batch, "batch")
     m, g = get_model(model), resolve_gpu(gpu)
+    _check_flags(m, tp, context, gpu_mem_util, spec_k, spec_alpha, spec_draft_cost)
     em = EngineModel.build(g, mode, calibration, engine, profile)
     eff = em.efficiency
     mode = "ideal" if eff.name == "ideal" else mode
@@ -60,6 +62,25 @@ def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, c
     rows = [[r.batch, f"{r.decode_step_ms:.2f}", f"{r.tokens_per_step:.2f}", f"{r.tok_s_per_user:,.1f}",
              f"{r.tok_s_total:,.0f}", r.bound, "yes" if r.fits else "NO"] for r in est.rows]
     echo_table(["batch", "step_ms", "tok/step", "tok_s_per_user", "tok_s_total", "bound", "fits_pool"], rows)
+
+
+def _check_flags(m, tp, context, gpu_mem_util, spec_k, spec_alpha, spec_draft_cost) -> None:
+    """Each flag checked where it enters, so a bad value is one line naming the flag."""
+    if tp < 1:
+        raise InputError(f"--tp {tp}: must be >= 1")
+    if context < 1:
+        raise InputError(f"--context {context}: must be >= 1 token")
+    if m.max_context_tokens and context > m.max_context_tokens:
+        raise InputError(f"--context {context}: beyond {m.name}'s context of {m.max_context_tokens:,} tokens "
+                         f"(max_position_embeddings)")
+    if not 0 < gpu_mem_util <= 1:  # also refuses nan
+        raise InputError(f"--gpu-mem-util {gpu_mem_util}: must be in (0, 1]")
+    if not 0 <= spec_k <= 64:
+        raise InputError(f"--spec-k {spec_k}: must be in 0..64")
+    if not 0 <= spec_alpha <= 1:
+        raise InputError(f"--spec-alpha {spec_alpha}: must be in [0, 1]")
+    if not 0 <= spec_draft_cost <= 1:
+        raise InputError(f"--spec-draft-cost {spec_draft_cost}: must be in [0, 1]")
 
 
 def _measured_rows(est, sm):

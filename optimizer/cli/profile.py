@@ -9,11 +9,10 @@ from pathlib import Path
 
 import click
 
-from costmodel.errors import InputError
 from costmodel.profile_table import ProfileRow, read_table
 from optimizer.importers import FORMATS, Metadata, import_files, rows_to_csv
 
-from ._common import echo_table, parse_int_list, write_atomic
+from ._common import check_output_path, echo_table, parse_int_list, write_atomic
 
 
 def _meta_options(f):
@@ -72,6 +71,7 @@ def import_cmd(files, output, fmt, model, gpu, tp, engine, engine_version, weigh
     """
     meta = Metadata(model=model, gpu=gpu, tp=tp, engine=engine, engine_version=engine_version,
                     weight_dtype=weight_dtype, kv_dtype=kv_dtype, source=source)
+    check_output_path(output, "-o")
     rows = import_files(files, fmt, meta)
     write_atomic(output, rows_to_csv(rows))
     _summary(rows)
@@ -112,8 +112,8 @@ def run_cmd(url, model, concurrency, isl, osl, output, requests_per_point, seed,
     old: list[ProfileRow] = []
     if append and output.exists():
         old = read_table(output)
-    elif not output.parent.exists():
-        raise InputError(f"{output}: folder {output.parent} does not exist")
+    else:
+        check_output_path(output, "-o")
     # The source is the command that reproduces these rows (rebuilt from the options, so it reads the
     # same however kvtune was invoked).
     cmd = ["kvtune", "profile", "run", "--url", url, "--model", model, "--concurrency", concurrency, "--isl", isl,

@@ -16,10 +16,15 @@ from costmodel.errors import Infeasible, InputError
 from costmodel.goodput import goodput
 from costmodel.simulate import simulate_fleet
 from costmodel.step import SpecConfig
+from optimizer.workload import MAX_SPEC_K
 
 from ._common import dumps
 
 KV_DTYPES = DTYPE_NAMES  # bf16, fp8, fp16, GGUF q8_0/q4_0/... (costmodel.dtypes)
+# Flag bounds beyond which a value is a typo: a simulation of 10M requests already holds ~1 GB of
+# request arrays; the largest clusters built hold ~100k GPUs; see optimizer.workload for MAX_SPEC_K.
+MAX_REQUESTS = 10**7
+MAX_REPLICAS = 100_000
 
 
 class _OneLineCommand(click.Command):
@@ -32,19 +37,26 @@ class _OneLineCommand(click.Command):
             raise InputError(f"kvtune {self.name}: {exc.format_message()}") from None
 
 
+def _flag(param) -> str:
+    """The flag as the user types it (``--requests``, not the parameter's name ``n_requests``)."""
+    return max(param.opts, key=len) if getattr(param, "opts", None) else f"--{param.name.replace('_', '-')}"
+
+
 class _Int(click.ParamType):
     name = "integer"
 
-    def __init__(self, minimum: int):
-        self.minimum = minimum
+    def __init__(self, minimum: int, maximum: int | None = 10**9):
+        self.minimum, self.maximum = minimum, maximum
 
     def convert(self, value, param, ctx):
         try:
             v = int(str(value))
         except ValueError:
-            raise InputError(f"--{param.name.replace('_', '-')}: {value!r} is not a whole number") from None
+            raise InputError(f"{_flag(param)}: {str(value)[:40]!r} is not a whole number") from None
         if v < self.minimum:
-            raise InputError(f"--{param.name.replace('_', '-')}: {v} must be >= {self.minimum}")
+            raise InputError(f"{_flag(param)}: {v} must be >= {self.minimum}")
+        if self.maximum is not None and v > self.maximum:
+            raise InputError(f"{_flag(param)}: {v} must be <= {self.maximum:,}")
         return v
 
 
@@ -55,11 +67,13 @@ class _Float(click.ParamType):
         self.lo, self.hi, self.allow_inf = lo, hi, allow_inf
 
     def convert(self, value, param, ctx):
-        flag = f"--{param.name.replace('_', '-')}"
+        flag = _flag(param)
         try:
             v = float(str(value))
         except ValueError:
             raise InputError(f"{flag}: {value!r} is not a number") from None
+        if math.isinf(v) and str(value).strip().lstrip("+-").lower() not in ("inf", "infinity"):
+            raise InputError(f"{flag}: {value} is beyond the range of a number (about 1.8e308)")
         if math.isnan(v) or (math.isinf(v) and not self.allow_inf) or not (self.lo < v <= self.hi or (self.allow_inf and v == math.inf)):
             raise InputError(f"{flag}: {value} must be in ({self.lo:g}, {self.hi:g}]" + (" or inf" if self.allow_inf else ""))
         return v
@@ -73,7 +87,7 @@ class _Choice(click.ParamType):
 
     def convert(self, value, param, ctx):
         if value not in self.choices:
-            raise InputError(f"--{param.name.replace('_', '-')}: {value!r} is not one of {', '.join(self.choices)}")
+            raise InputError(f"{_flag(param)}: {value!r} is not one of {', '.join(self.choices)}")
         return value
 
 
@@ -83,14 +97,14 @@ def _config_options(f):
         click.option("--tp", type=_Int(1), default=1, show_default=True, help="Tensor-parallel size (GPUs per replica)."),
         click.option("--batch-cap", type=_Int(1), default=128, show_default=True, help="Max running sequences."),
         click.option("--kv-dtype", type=_Choice(KV_DTYPES), default="bf16", show_default=True),
-        click.option("--spec-k", type=_Int(0), default=0, show_default=True, help="Speculative draft length (0 = off)."),
+        click.option("--spec-k", type=_Int(0, MAX_SPEC_K), default=0, show_default=True, help="Speculative draft length (0 = off)."),
         click.option("--spec-alpha", type=_Float(0.0, 1.0), default=None,
                      help="Per-token acceptance (default: the workload's speculative.acceptance)."),
         click.option("--chunk-tokens", type=_Int(1), default=8192, show_default=True, help="Per-step token budget."),
         click.option("--block-tokens", type=_Int(1), default=16, show_default=True, help="KV block size."),
         click.option("--no-prefix-caching", is_flag=True, help="Recompute shared prefixes."),
-        click.option("--replicas", type=_Int(1), default=1, show_default=True, help="Replicas behind a random load balancer."),
-        click.option("--seed", type=_Int(0), default=0, show_default=True),
+        click.option("--replicas", type=_Int(1, MAX_REPLICAS), default=1, show_default=True, help="Replicas behind a random load balancer."),
+        click.option("--seed", type=_Int(0, None), default=0, show_default=True),
         click.option("--mode", type=_Choice(("calibrated", "ideal")), default="calibrated", show_default=True),
         click.option("--calibration", default=None,
                      help="Calibration file, shipped name or 'ideal' (default: the workload's, else the shipped one)."),
@@ -152,13 +166,13 @@ def _tails(s: dict) -> str:
 @_config_options
 @click.option("--rate", type=_Float(0.0, allow_inf=True), default=None,
               help="Poisson arrivals, req/s across the fleet ('inf': all at t=0). Default: the workload's rate.")
-@click.option("--concurrency", type=_Int(1), default=None,
+@click.option("--concurrency", type=_Int(1, MAX_REQUESTS), default=None,
               help="Closed loop: clients each with one request in flight (a `vllm bench serve --max-concurrency` run).")
 @click.option("--clients", type=_Choice(CLIENT_STARTS), default=None,
               help="Closed loop: how the clients' first requests start: burst (all at t=0, kept in lock-step) or "
                    "staggered (spread over one request's lifetime). Default: the engine's rule, as the calibration "
                    "simulates its benchmarks (staggered for vLLM/TensorRT-LLM, burst for SGLang/llama.cpp).")
-@click.option("--requests", "n_requests", type=_Int(1), default=2000, show_default=True)
+@click.option("--requests", "n_requests", type=_Int(1, MAX_REQUESTS), default=2000, show_default=True)
 def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tokens, block_tokens, no_prefix_caching,
                  replicas, seed, mode, calibration, engine, profile, as_json, rate, concurrency, clients, n_requests):
     """Simulate one serving config on a workload: latency tails, SLO attainment, throughput."""
@@ -238,7 +252,7 @@ def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_to
 @click.command("goodput", cls=_OneLineCommand)
 @_config_options
 @click.option("--attainment", type=_Float(0.0, 1.0), default=None, help="Target share (default: the workload's slo.attainment).")
-@click.option("--requests", "n_requests", type=_Int(1), default=None, help="Requests per simulation (default: 100 in the tail).")
+@click.option("--requests", "n_requests", type=_Int(1, MAX_REQUESTS), default=None, help="Requests per simulation (default: 100 in the tail).")
 @click.option("--rel-tol", type=_Float(0.0, 0.5), default=0.02, show_default=True)
 def goodput_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tokens, block_tokens, no_prefix_caching,
                 replicas, seed, mode, calibration, engine, profile, as_json, attainment, n_requests, rel_tol):

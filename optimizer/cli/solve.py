@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
 from costmodel.errors import Infeasible, InputError
 
-from ._common import dumps, parse_int, write_atomic
+from ._common import MAX_SEED, check_output_path, dumps, parse_int, write_atomic
 
 SAMPLER_NAMES = ("tpe", "grid", "nsga2")
 
 
-def _int_opt(value: str | None, flag: str, minimum: int) -> int | None:
-    return None if value is None else parse_int(value, flag, minimum)
+def _int_opt(value: str | None, flag: str, minimum: int, maximum: int | None = None) -> int | None:
+    return None if value is None else parse_int(value, flag, minimum, maximum)
 
 
 class _Progress:
@@ -62,14 +63,16 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     if sampler not in SAMPLER_NAMES:
         raise InputError(f"--sampler must be one of {', '.join(SAMPLER_NAMES)}, got {sampler!r}")
     n_trials = _int_opt(trials, "--trials", 1)
-    seed_v = _int_opt(seed, "--seed", 0)
+    seed_v = _int_opt(seed, "--seed", 0, MAX_SEED)
     top = _int_opt(verify_top, "--verify-top", 1)
     extra = {} if top is None else {"verify_top": top}
     if json_path:
-        from pathlib import Path
         parent = Path(json_path).parent
         if not parent.exists():
             raise InputError(f"--json {json_path}: folder {parent} does not exist")
+        check_output_path(json_path, "--json")
+    if report_dir and Path(report_dir).exists() and not Path(report_dir).is_dir():
+        raise InputError(f"--report {report_dir}: exists and is not a folder")
     spec = load_workload(workload)
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
