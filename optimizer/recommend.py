@@ -1,30 +1,18 @@
-"""From a finished study to the answer: verify the front-runners with the simulator, pick the
-cheapest (or the most goodput per $), and assemble the result object ``kvtune solve`` prints.
+"""From the search to the answer: the simulator race (``optimizer.simsearch``) decides, and this
+module assembles the result object ``kvtune solve`` prints.
 
 Every number in ``predicted`` comes from the simulator: a config's per-replica goodput is the
-highest Poisson rate at which the SLO attainment target holds (``costmodel.goodput``); replicas
-follow from it, and the pick is then simulated once more at its real per-replica load
-(target rate / replicas) for the latency percentiles. Verifications are cached in the study's
-user attributes (``verify:<config>``), so the answer can be rebuilt from the storage alone and
-every process sharing a storage reaches the same one.
-
-Which configs are verified: the distinct screened-feasible configs at the cheapest screened cost,
-up to ``verify_top`` of them in screened order (the screen ranks cost levels well but cannot tell
-apart configs within one to a few percent, so several are simulated and the most simulated goodput
-wins); then, while none has verified feasible or a cheaper screened level remains, the next levels.
-Every verification of a config uses the same request sample (``SolveContext.workload_seed``), so
-it gives the same number whichever search proposed it, and the bisection tolerance ``REL_TOL``
-is fine enough to compare two configs at 1%.
+highest Poisson rate at which the SLO attainment target holds (``costmodel.goodput``, through
+``optimizer.verify``); replicas follow from it, and the pick is then simulated once more at its
+real per-replica load (target rate / replicas) for the latency percentiles. The optuna study holds
+the screen's trials (the analytic prior, browsable in optuna-dashboard); which config is
+recommended does not depend on them: the race covers the whole lattice.
 """
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 import contextlib
-import dataclasses
+import math
 
 import optuna
 
@@ -33,232 +21,15 @@ from costmodel import __version__
 from .launch import launch_settings
 from .launch import scheduling as launch_scheduling
 from .layouts import gpus_per_replica, layout_params
-from .search import SolveContext, completed_evals, config_key, evaluate, grid_space, open_study, run_search
-from .search import _size as size_deployment
+from .search import (SolveContext, completed_evals, config_key, evaluate, grid_space, make_storage, open_study,
+                     run_search)
+from .simsearch import LocalRunner, Race, race, rank
+from .verify import sim_requests, verify
 
-__all__ = ["solve", "verify", "recommend", "pareto_front", "sim_requests"]
+__all__ = ["solve", "verify", "recommend", "pareto_front", "sim_requests", "VERIFY_TOP"]
 
-MAX_SIM_REQUESTS = 6000  # cap on requests per simulated rate (simulation time)
-REL_TOL = 0.005        # goodput bisection tolerance: two configs compared at 1% need a finer step
-VERIFY_TOP = 6         # distinct configs verified at the cheapest screened cost (and per level after)
-MAX_VERIFY = 18        # verifications in all, cheapest levels first
-POLISH_STEPS = 10      # neighbours of the pick challenged with the simulator (batch cap, chunk x/÷ 2, 4)
-SCREEN_SLACK = 1.15    # the screen may underestimate simulated goodput by this much (seen: up to ~13%)
+VERIFY_TOP = 4         # max_goodput: configs fully verified before the race (--verify-top)
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
-
-
-def _sim_config(ctx: SolveContext, params: dict):
-    if ctx.engine is not None:
-        cfg = ctx.engine.sim_config(params["batch_cap"], params["chunk_tokens"])
-        # simulate the scheduling the launch settings give (SGLang: prefill-first under NGRAM/STANDALONE)
-        s = ctx.spec.speculative
-        if launch_scheduling(ctx.engine.engine, s.method if s else None, params.get("spec_k", 0)) == "prefill_first":
-            cfg = dataclasses.replace(cfg, prefill_first=True)
-        return cfg
-    from costmodel.simulate import SimConfig
-    return SimConfig(batch_cap=int(params["batch_cap"]), chunk_tokens=int(params["chunk_tokens"]))
-
-
-def _pct(summary: dict, key: str) -> dict:
-    d = summary.get(key, {})
-    return {p: float(d.get(p, float("nan"))) for p in ("p50", "p90", "p99")} | {"mean": float(d.get("mean", float("nan")))}
-
-
-def sim_requests(attainment: float, operating_batch: int) -> int:
-    """Requests per simulated rate: goodput's default (>= 100 in the allowed-miss tail, and several
-    times the concurrency the screen expects: fewer requests than the KV pool holds sequences
-    would all be admitted at once and never queue), capped for simulation time."""
-    from costmodel.goodput import default_n_requests
-    return int(min(default_n_requests(attainment, max_concurrency=operating_batch),
-                   MAX_SIM_REQUESTS))
-
-
-def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: float | None = None) -> dict:
-    """Simulated per-replica goodput, sizing and latencies at the target load for one config.
-    ``guess_req_s`` (the screened goodput) starts the goodput bracket; it does not bias the answer
-    beyond the bisection tolerance."""
-    from costmodel.goodput import goodput
-    from costmodel.simulate import simulate
-
-    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"], params.get("layout"))
-    spec, seed = ctx.spec, ctx.workload_seed
-    cfg = _sim_config(ctx, params)
-    n = sim_requests(spec.slo.attainment, operating_batch)
-
-    def make(rate, n, s):
-        return spec.requests(n, s, rate_req_s=rate)
-
-    g = goodput(sm, make, cfg, spec.slo.attainment, n_requests=n, seed=seed, rel_tol=REL_TOL,
-                guess_req_s=guess_req_s)
-    per_replica = float(g.goodput_req_s)
-    h = spec.hardware
-    out = {"params": dict(params), "per_replica_goodput_req_s": per_replica, "simulations": g.iterations}
-    if per_replica <= 0:
-        return out | {"feasible": False, "reason": g.reason or "simulated SLO attainment misses the target even at a trickle"}
-    if spec.objective == "max_goodput":
-        replicas = ctx.max_gpus // gpus_per_replica(params)
-    else:
-        replicas = math.ceil(ctx.rate_req_s / per_replica * (1 - 1e-12))
-    gpus = replicas * gpus_per_replica(params)
-    nodes = math.ceil(gpus / h.gpus_per_node)
-    load = ctx.rate_req_s / replicas if spec.objective == "min_cost" else min(ctx.rate_req_s / replicas, per_replica)
-    res = simulate(sm, make(load, n, seed + 1), cfg, arrival="trace", seed=seed)
-    summ = res.summary()
-    out |= {"replicas": replicas, "gpus": gpus, "nodes": nodes, "usd_per_hour": gpus * h.usd_per_gpu_hour,
-            "goodput_req_s": per_replica * replicas, "load_per_replica_req_s": load,
-            "slo_attainment": float(res.slo_attainment), "ttft_ms": _pct(summ, "ttft_ms"),
-            "tpot_ms": _pct(summ, "tpot_ms"), "output_tok_s": float(res.output_tok_s) * replicas,
-            "preemptions": int(getattr(res, "preemptions", 0)), "sim_requests": n,
-            "simulations": g.iterations + 1}
-    out["feasible"] = nodes <= h.max_nodes and out["slo_attainment"] >= spec.slo.attainment - 1e-9
-    if nodes > h.max_nodes:
-        out["reason"] = f"needs {nodes} nodes > max_nodes {h.max_nodes} at {per_replica:.2f} req/s per replica (simulated)"
-    elif not out["feasible"]:
-        out["reason"] = (f"simulated SLO attainment {out['slo_attainment']:.3f} < {spec.slo.attainment:g} "
-                         f"at {load:.2f} req/s per replica")
-    return out
-
-
-def _verified(ctx: SolveContext, study, ev: dict) -> dict:
-    key = "verify:" + config_key(ev["params"])
-    got = study.user_attrs.get(key) if study is not None else None
-    if got is None:
-        got = verify(ctx, ev["params"], int(ev.get("batch") or 1), ev.get("per_replica_goodput_req_s") or None)
-        if study is not None:
-            study.set_user_attr(key, got)
-    return got
-
-
-def _meets_at(ctx: SolveContext, study, ev: dict, rate_req_s: float) -> dict:
-    """One simulation of ``ev``'s config at ``rate_req_s`` per replica (the same requests its
-    goodput bisection would use there): does it meet the attainment target?"""
-    from costmodel.simulate import simulate
-
-    params = ev["params"]
-    key = f"challenge:{config_key(params)}@{rate_req_s:.9g}"
-    got = study.user_attrs.get(key) if study is not None else None
-    if got is None:
-        sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"], params.get("layout"))
-        n = sim_requests(ctx.spec.slo.attainment, int(ev.get("batch") or 1))
-        seed = ctx.workload_seed
-        res = simulate(sm, ctx.spec.requests(n, seed, rate_req_s=rate_req_s), _sim_config(ctx, params), "trace", seed=seed)
-        got = {"rate_req_s": rate_req_s, "slo_attainment": float(res.slo_attainment),
-               "meets": bool(res.slo_attainment >= ctx.spec.slo.attainment)}
-        if study is not None:
-            study.set_user_attr(key, got)
-    return got
-
-
-def _bar_req_s(ctx: SolveContext, tp: int, best: dict, rival: dict | None) -> float | None:
-    """Per-replica goodput a TP-``tp`` config needs to be worth a full verification: enough to
-    serve the target on fewer GPUs than ``best`` (the cheapest verified), or, on as many, more
-    goodput than ``rival`` (the best verified of its own KV dtype), by more than the bisection
-    tolerance (closer is a tie, and the first verified keeps it). None: it cannot fit in fewer
-    or as many GPUs at all."""
-    rate = ctx.rate_req_s
-    bars = []
-    r_cheap = (best["gpus"] - 1) // tp
-    if r_cheap >= 1:
-        bars.append(rate / r_cheap)
-    if best["gpus"] % tp == 0:
-        bars.append(rate / (best["gpus"] // tp))
-        if rival is not None and rival["usd_per_hour"] <= best["usd_per_hour"] + 1e-9:
-            bars[-1] = max(bars[-1], rival["goodput_req_s"] * (1 + REL_TOL) / (best["gpus"] // tp))
-    return min(bars) if bars else None
-
-
-def _challenge_or_verify(ctx: SolveContext, study, ev: dict, ok: list[dict]) -> dict:
-    """Verify ``ev`` fully, unless a single simulation shows it cannot beat the verified configs:
-    it misses the target at the per-replica rate it would need (``_bar_req_s``). Same requests at
-    every rate, so that one run answers exactly what its bisection would have found first."""
-    if not ok or ctx.spec.objective != "min_cost":
-        return _verified(ctx, study, ev)
-    best = min(ok, key=lambda v: _rank(ctx, v))
-    same = [v for v in ok if v["params"]["kv_dtype"] == ev["params"]["kv_dtype"]]
-    rival = min(same, key=lambda v: _rank(ctx, v)) if same else None
-    bar = _bar_req_s(ctx, gpus_per_replica(ev["params"]), best, rival)
-    if bar is not None:
-        c = _meets_at(ctx, study, ev, bar)
-        if c["meets"]:
-            return _verified(ctx, study, ev)
-        # name the config that set the bar: the cheapest, or its own KV dtype's best at that cost
-        tp = gpus_per_replica(ev["params"])
-        by_rival = (rival is not None and rival is not best and best["gpus"] % tp == 0
-                    and bar == rival["goodput_req_s"] * (1 + REL_TOL) / (best["gpus"] // tp))
-        beat = rival if by_rival else best
-        why = f"attainment {c['slo_attainment']:.3f} at {bar:.3g} req/s per replica: cannot beat {config_key(beat['params'])}"
-    else:
-        why = f"TP {ev['params']['tp']} cannot fit in the {best['gpus']} GPUs of {config_key(best['params'])}"
-    return {"params": dict(ev["params"]), "feasible": False, "dominated": True, "per_replica_goodput_req_s": None,
-            "upper_req_s": bar, "simulations": 1 if bar is not None else 0, "reason": why}
-
-
-def _rank(ctx: SolveContext, v: dict) -> tuple:
-    """Verified configs, best first; the config key last so the order never depends on which
-    search proposed them or in what order."""
-    if ctx.spec.objective == "max_goodput":
-        return (-v["per_replica_goodput_req_s"] / gpus_per_replica(v["params"]), v["usd_per_hour"], config_key(v["params"]))
-    return (v["usd_per_hour"], -v["goodput_req_s"], v["params"]["kv_dtype"] != "bf16", v["params"]["tp"],
-            config_key(v["params"]))
-
-
-def _distinct(evals: list[dict]) -> list[dict]:
-    seen, out = set(), []
-    for e in evals:
-        k = config_key(e["params"])
-        if k not in seen:
-            seen.add(k)
-            out.append(e)
-    return out
-
-
-def _screened_order(evals: list[dict]) -> list[dict]:
-    """Distinct screened-feasible configs, best screened objective first (ties: config key)."""
-    return _distinct(sorted((e for e in evals if e["feasible"]), key=lambda e: (e["value"], config_key(e["params"]))))
-
-
-def _could_cost(ctx: SolveContext, ev: dict) -> float:
-    """The least $/h a screened config could verify at, allowing the screen to be ``SCREEN_SLACK``
-    pessimistic about its goodput."""
-    if ctx.spec.objective != "min_cost":
-        return ev["usd_per_hour"]
-    return size_deployment(ctx, gpus_per_replica(ev["params"]), ev["per_replica_goodput_req_s"] * SCREEN_SLACK, None)["usd_per_hour"]
-
-
-def _diversified(level: list[dict]) -> list[dict]:
-    """A cost level's configs, round-robin over their structure (TP, KV dtype, speculation), each
-    structure's best screened first: configs the screen ties on cost can verify very differently
-    (it is optimistic where prefill or the TPOT tail binds), and a sampler that dwelt on one TP
-    must not fill every verification slot with it."""
-    groups: dict[tuple, list[dict]] = {}
-    for e in level:
-        p = e["params"]
-        groups.setdefault((p["tp"], p["kv_dtype"], p["spec_k"]), []).append(e)
-    queues = list(groups.values())
-    out = []
-    for i in range(max(len(q) for q in queues)):
-        out += [q[i] for q in queues if i < len(q)]
-    return out
-
-
-def _verify_front(ctx: SolveContext, study, feas: list[dict], verify_top: int) -> list[dict]:
-    """Verify the cheapest screened cost level (up to ``verify_top`` configs), then further levels
-    while none has verified feasible or a level could still verify cheaper than the best so far."""
-    if ctx.spec.objective == "max_goodput":
-        return [_verified(ctx, study, e) for e in feas[:verify_top]]
-    levels: dict[float, list[dict]] = {}
-    for e in feas:
-        levels.setdefault(e["usd_per_hour"], []).append(e)
-    verified: list[dict] = []
-    for usd in sorted(levels):
-        ok = [v for v in verified if v["feasible"]]
-        if ok and usd >= min(v["usd_per_hour"] for v in ok) - 1e-9:
-            break
-        for e in _diversified(levels[usd])[:verify_top]:
-            if len(verified) >= MAX_VERIFY:
-                return verified
-            verified.append(_challenge_or_verify(ctx, study, e, [v for v in verified if v["feasible"]]))
-    return verified
 
 
 def pareto_front(items: list[dict]) -> list[dict]:
@@ -272,140 +43,46 @@ def pareto_front(items: list[dict]) -> list[dict]:
     return front
 
 
-def _neighbours(ctx: SolveContext, p: dict) -> list[dict]:
-    """The pick's batch cap and chunk budget moved one and two places along the search lattice
-    (x2, /2, x4, /4 between the bounds; TP, KV dtype and speculation stay: the front already
-    compared those)."""
-    space = grid_space(ctx)
-    out = []
-    for key in ("batch_cap", "chunk_tokens"):
-        vals = space[key]
-        i = vals.index(p[key]) if p[key] in vals else min(range(len(vals)), key=lambda j: abs(vals[j] - p[key]))
-        for d in (1, -1, 2, -2):
-            if 0 <= i + d < len(vals) and vals[i + d] != p[key]:
-                out.append(dict(p, **{key: vals[i + d]}))
-    return out
-
-
-def _polish(ctx: SolveContext, study, verified: list[dict], keep=lambda v: True) -> None:
-    """Local search with the simulator around the verified best (min_cost): configs the screen
-    ties on cost differ by a few percent of goodput, which the screen cannot rank. Each neighbour
-    is challenged with one simulation at the rate it would need to win (``_challenge_or_verify``)
-    and fully verified only if it passes; at most ``POLISH_STEPS`` neighbours. Same for every
-    sampler, so the grid's answer is polished the same way. ``keep`` limits which verified configs
-    count as the one to polish (the bf16 pick, once fp8 is known to buy no saving)."""
-    if ctx.spec.objective != "min_cost":
-        return
-    seen = {config_key(v["params"]) for v in verified}
-    steps = 0
-    improved = True
-    while improved and steps < POLISH_STEPS:
-        improved = False
-        ok = [v for v in verified if v["feasible"]]
-        mine = [v for v in ok if keep(v)]
-        if not mine:
-            return
-        best = min(mine, key=lambda v: _rank(ctx, v))
-        for p in _neighbours(ctx, best["params"]):
-            if steps >= POLISH_STEPS:
-                break
-            if config_key(p) in seen:
-                continue
-            seen.add(config_key(p))
-            ev = evaluate(ctx, p)
-            if not ev["feasible"]:
-                continue
-            steps += 1
-            v = _challenge_or_verify(ctx, study, ev, ok)
-            v["polish"] = True
-            verified.append(v)
-            if v["feasible"] and keep(v) and _rank(ctx, v) < _rank(ctx, best):
-                improved = True
-                break
-
-
-def recommend(ctx: SolveContext, study, sampler: str, verify_top: int = VERIFY_TOP) -> dict:
-    """The result object (``status`` ok or infeasible), built from the study's stored trials.
-
-    Front, then polish, then the KV dtype policy (bf16 unless fp8 saves money). When the front's
-    best is fp8 and a bf16 config verifies at its cost, the answer will be bf16 whatever fp8's
-    polish finds at that cost, so the bf16 config is polished instead (one polish, not two)."""
+def recommend(ctx: SolveContext, study, sampler: str, verify_top: int = VERIFY_TOP, runner=None) -> dict:
+    """The result object (``status`` ok or infeasible): the race's best verified config."""
     evals = completed_evals(study)
-    feas = _screened_order(evals)
-    verified, notes = _verify_front(ctx, study, feas, verify_top), []
-    both = "fp8" in ctx.spec.search.kv_dtype and "bf16" in ctx.spec.search.kv_dtype
-    pick = None
+    own = runner is None
+    runner = runner or LocalRunner(ctx)
+    try:
+        r = race(ctx, runner, seeds=verify_top)
+    finally:
+        if own:
+            runner.close()
+    verified = r.verified
     ok = [v for v in verified if v["feasible"]]
-    if both and ok:
-        best = min(ok, key=lambda v: _rank(ctx, v))
-        if best["params"]["kv_dtype"] == "fp8":
-            kept, note = _prefer_bf16(ctx, study, best, feas, ok, verified)
-            if kept is not best:
-                pick = _polished_bf16(ctx, study, verified, kept["usd_per_hour"])
-                notes.append(note)
-    if pick is None:
-        _polish(ctx, study, verified)
-        ok = [v for v in verified if v["feasible"]]
-        if not ok:
-            return _base(ctx, study, evals, sampler, verified) | _infeasible(ctx, evals, verified)
-        pick = min(ok, key=lambda v: _rank(ctx, v))
-        if both:
-            best = pick
-            pick, note = _prefer_bf16(ctx, study, pick, feas, ok, verified)
-            notes.append(note)
-            if pick is not best:
-                pick = _polished_bf16(ctx, study, verified, pick["usd_per_hour"])
-        elif list(ctx.spec.search.kv_dtype) == ["bf16"]:
-            notes.append("FP8 KV excluded by search.kv_dtype: [bf16]")
-    ev = next((e for e in evals if config_key(e["params"]) == config_key(pick["params"])), None) \
-        or evaluate(ctx, pick["params"])
-    return _base(ctx, study, evals, sampler, verified) | _ok(ctx, pick, ev, evals, verified, notes)
+    if not ok:
+        return _base(ctx, study, evals, sampler, r) | _infeasible(ctx, r)
+    pick = min(ok, key=lambda v: rank(ctx, v))
+    notes = _dtype_notes(ctx, pick, r)
+    ev = evaluate(ctx, pick["params"])
+    return _base(ctx, study, evals, sampler, r) | _ok(ctx, pick, ev, r, notes)
 
 
-def _polished_bf16(ctx: SolveContext, study, verified: list[dict], usd: float) -> dict:
-    """The bf16 config kept at fp8's cost was found as a twin, not searched for: polish it along
-    the lattice as the fp8 one would be, and return the best bf16 config at that cost."""
-    def bf16_at(v):
-        return v["params"]["kv_dtype"] == "bf16" and v["usd_per_hour"] <= usd + 1e-9
-    _polish(ctx, study, verified, keep=bf16_at)
-    return min((v for v in verified if v["feasible"] and bf16_at(v)), key=lambda v: _rank(ctx, v))
+def _dtype_notes(ctx: SolveContext, pick: dict, r: Race) -> list[str]:
+    kv = list(ctx.spec.search.kv_dtype)
+    if kv == ["bf16"]:
+        return ["FP8 KV excluded by search.kv_dtype: [bf16]"]
+    if "bf16" not in kv:
+        return []
+    if pick["params"]["kv_dtype"] == "bf16":
+        return ["bf16 KV: FP8 KV buys no saving here (every fp8 config was raced for a cheaper deployment)"]
+    return [f"FP8 KV: no bf16 config meets the target at ${pick['usd_per_hour']:.2f}/h (simulated); "
+            "check quality on your hardest evals"]
 
 
-def _prefer_bf16(ctx, study, pick, feas, ok, verified):
-    """FP8 KV costs a point or two of quality on hard evals: keep bf16 unless fp8 saves money.
-    bf16 candidates: those already verified, the pick's bf16 twin and the best screened bf16
-    config, the last two simulated only if the screen says they could match the pick's cost."""
-    if pick["params"]["kv_dtype"] != "fp8":
-        return pick, "bf16 KV: FP8 KV buys no saving here"
-    cands = [v for v in ok if v["params"]["kv_dtype"] == "bf16"]
-    extra = [evaluate(ctx, dict(pick["params"], kv_dtype="bf16"))]
-    extra += [e for e in feas if e["params"]["kv_dtype"] == "bf16"][:1]
-    have = {config_key(v["params"]) for v in verified}
-    for e in extra:
-        if e["feasible"] and config_key(e["params"]) not in have and _could_cost(ctx, e) <= pick["usd_per_hour"] + 1e-9:
-            v = _challenge_or_verify(ctx, study, e, [v for v in verified if v["feasible"]])
-            verified.append(v)
-            have.add(config_key(e["params"]))
-            if v["feasible"]:
-                cands.append(v)
-    cands.sort(key=lambda v: _rank(ctx, v))
-    if cands and cands[0]["usd_per_hour"] <= pick["usd_per_hour"] + 1e-9 and ctx.spec.objective == "min_cost":
-        return cands[0], (f"kept bf16 KV: FP8 KV buys no saving (same ${pick['usd_per_hour']:.2f}/h); "
-                          f"FP8 KV can cost a point or two of quality on hard evals")
-    if cands:
-        return pick, (f"FP8 KV saves ${cands[0]['usd_per_hour'] - pick['usd_per_hour']:.2f}/h over the best bf16 "
-                      f"config ({config_key(cands[0]['params'])}); check quality on your hardest evals")
-    return pick, ("FP8 KV: no bf16 config verified as cheap (the screen rules out the rest); "
-                  "check quality on your hardest evals")
-
-
-def _base(ctx: SolveContext, study, evals, sampler, verified) -> dict:
+def _base(ctx: SolveContext, study, evals, sampler, r: Race) -> dict:
     return {"kvtune_version": __version__, "seed": ctx.seed, "workload_seed": ctx.workload_seed,
             "sampler": sampler, **_source(ctx),
             "objective": ctx.spec.objective, "study_name": study.study_name,
             "target_rate_req_s": ctx.rate_req_s,
             "trials": {"completed": len(evals), "feasible": sum(1 for e in evals if e["feasible"])},
-            "verification": {"configs": len(verified), "simulations": sum(v.get("simulations", 0) for v in verified)}}
+            "verification": {"configs": len(r.verified), "simulations": r.simulations, "work_items": r.work_items,
+                             "outcomes": r.counts()}}
 
 
 def _source(ctx: SolveContext) -> dict:
@@ -415,24 +92,22 @@ def _source(ctx: SolveContext) -> dict:
     return ctx.engine.record()
 
 
-def _ok(ctx, pick, ev, evals, verified, notes) -> dict:
+def _ok(ctx, pick, ev, r: Race, notes) -> dict:
     spec, p = ctx.spec, pick["params"]
-    out_tok_s = ctx.rate_req_s * ctx.stats.mean_output_tokens if spec.objective == "min_cost" else pick["output_tok_s"]
+    # min_cost is priced at the target rate it serves; max_goodput at its goodput
+    out_tok_s = ctx.rate_req_s * ctx.stats.mean_output_tokens if spec.objective == "min_cost" \
+        else pick["output_tok_s_at_goodput"]
     usd = pick["usd_per_hour"]
     tpot_mean = pick["tpot_ms"]["mean"]
     sdict = None
     if spec.speculative is not None:
         s = spec.speculative
         sdict = {"method": s.method, "draft_model": s.draft_model}
-    pareto_src = {config_key(v["params"]): v for v in verified if v.get("feasible")}
-    items = []
-    for e in _distinct([e for e in evals if e["feasible"]]):
-        v = pareto_src.get(config_key(e["params"]))
-        src = v if v is not None else e
-        items.append({"gpus": src["gpus"], "usd_per_hour": src["usd_per_hour"], "goodput_req_s": src["goodput_req_s"],
-                      "config": dict(e["params"], replicas=src["replicas"]),
-                      "evidence": "simulated" if v is not None else "screened (upper bound)"})
+    items = [{"gpus": v["gpus"], "usd_per_hour": v["usd_per_hour"], "goodput_req_s": v["goodput_req_s"],
+              "config": dict(v["params"], replicas=v["replicas"]), "evidence": "simulated"}
+             for v in r.verified if v.get("feasible")]
     detail = ev.get("detail", {})
+    headroom = pick["goodput_req_s"] / ctx.rate_req_s - 1 if ctx.rate_req_s > 0 else float("nan")
     return {
         "status": "ok",
         "recommendation": {**{k: p[k] for k in _PARAM_KEYS}, **layout_params(p, spec.hardware.gpus_per_node),
@@ -447,15 +122,15 @@ def _ok(ctx, pick, ev, evals, verified, notes) -> dict:
         "screened": {k: ev.get(k) for k in ("per_replica_goodput_req_s", "batch", "batch_limit", "tpot_ms", "ttft_ms",
                                             "ttft_zero_load_ms", "tpot_batch1_ms")},
         "cost": {"usd_per_hour": usd, "usd_per_gpu_hour": spec.hardware.usd_per_gpu_hour,
-                 "usd_per_million_output_tokens": usd / (out_tok_s * 3600) * 1e6 if out_tok_s > 0 else float("inf")},
+                 "usd_per_million_output_tokens": usd / (out_tok_s * 3600) * 1e6 if out_tok_s > 0 else float("inf"),
+                 "priced_at": "target rate" if spec.objective == "min_cost" else "goodput"},
         "bottleneck": {"term": ev.get("bottleneck"), "batch_limit": ev.get("batch_limit"), "operating_batch": ev.get("batch"),
                        **{k: detail.get(k) for k in ("step_ms", "mem_ms", "compute_ms", "comm_ms", "kv_pool_tokens",
                                                      "kv_pool_used", "prefill_tokens_per_step", "limits")}},
-        "headroom": pick["goodput_req_s"] / ctx.rate_req_s - 1,
+        "headroom": headroom,
         "pareto": pareto_front(items),
-        "verified": [{"config": v["params"], "feasible": v["feasible"], "usd_per_hour": v.get("usd_per_hour"),
-                      "goodput_req_s": v.get("goodput_req_s"), "dominated": bool(v.get("dominated")),
-                      "simulations": v.get("simulations", 0), "reason": v.get("reason", "")} for v in verified],
+        "verified": [_verified_row(v) for v in r.verified],
+        "race": [{k: o.to_json()[k] for k in ("config", "status", "reason", "simulations")} for o in r.outcomes],
         "launch": launch_settings(ctx.model.hf_id or spec.model, {**p, **layout_params(p, spec.hardware.gpus_per_node)},
                                   pick["replicas"], spec.gpu_mem_util, sdict,
                                   name=f"kvtune-{ctx.model.name}", arch=ctx.model, gpu=ctx.gpu,
@@ -465,35 +140,50 @@ def _ok(ctx, pick, ev, evals, verified, notes) -> dict:
     }
 
 
-def _infeasible(ctx, evals, verified) -> dict:
-    """The best miss: the smallest constraint violation, and why."""
-    if verified:
-        v = max(verified, key=lambda v: v.get("per_replica_goodput_req_s") or 0.0)
-        reason = v.get("reason", "simulated SLO attainment misses the target")
-        return {"status": "infeasible", "reason": reason, "closest": {"config": v["params"], "miss": reason,
-                                                                      "usd_per_hour": v.get("usd_per_hour")}}
-    if not evals:
-        return {"status": "infeasible", "reason": "no trials ran", "closest": None}
-    slo = ctx.spec.slo
+def _verified_row(v: dict) -> dict:
+    return {"config": v["params"], "feasible": v["feasible"], "usd_per_hour": v.get("usd_per_hour"),
+            "goodput_req_s": v.get("goodput_req_s"), "per_replica_goodput_req_s": v.get("per_replica_goodput_req_s"),
+            "simulations": v.get("simulations", 0), "reason": v.get("reason", "")}
 
-    def badness(e):
-        # weights that do not fit, then a KV pool that cannot hold one sequence, then the SLO miss:
-        # the share of requests missing, then how far the worse of TTFT and TPOT is over its target
-        c = e["constraint"]
-        over = max((e.get("ttft_ms") or math.inf) / (slo.ttft_ms or math.inf),
-                   (e.get("tpot_ms") or math.inf) / (slo.tpot_ms or math.inf))
-        return (c[0] > 0, (e.get("batch") or 0) < 1, c[1], c[2], over if math.isfinite(over) else math.inf, c[0])
-    e = min(evals, key=badness)
-    return {"status": "infeasible", "reason": e["reason"],
-            "closest": {"config": e["params"], "miss": e["reason"], "slo_share": e.get("slo_share"),
-                        "ttft_ms": e.get("ttft_ms"), "tpot_ms": e.get("tpot_ms"),
-                        "tpot_batch1_ms": e.get("tpot_batch1_ms")}}
+
+def _infeasible(ctx, r: Race) -> dict:
+    """Why nothing qualifies, from the simulator: every config misses even at zero load (the
+    closest group's miss), or none serves the target within the node budget (the closest)."""
+    spec = ctx.spec
+    alive = [o for o in r.outcomes if o.status not in ("zero_load", "never_fits")]
+    base = {"status": "infeasible", "verified": [_verified_row(v) for v in r.verified],
+            "race": [{k: o.to_json()[k] for k in ("config", "status", "reason", "simulations")} for o in r.outcomes]}
+    if not r.outcomes:
+        why = r.no_fit[0][1] if r.no_fit else "the search space is empty"
+        return base | {"reason": f"no configuration of the search space fits in GPU memory: {why}",
+                       "closest": {"config": None, "miss": why} if r.no_fit else None}
+    if not alive and not r.zero_load:
+        o = r.outcomes[-1]
+        reason = f"in every configuration that fits in memory, {o.reason}"
+        return base | {"reason": reason, "closest": {"config": o.config, "miss": o.reason}}
+    if not alive:
+        pr = max(r.zero_load, key=lambda p: (p.attainment, p.config))
+        o = next(o for o in r.outcomes if config_key(o.config) == pr.config)
+        reason = (f"{pr.reason}, even at zero load (one request at a time, so TTFT is the prefill alone), "
+                  f"in every configuration (simulated); the closest, {pr.config}, meets the SLOs for "
+                  f"{pr.attainment:.1%} of requests < {spec.slo.attainment:g}")
+        return base | {"reason": reason, "closest": {"config": o.config, "miss": pr.reason, "attainment": pr.attainment}}
+    if r.verified:
+        v = max(r.verified, key=lambda v: (v.get("per_replica_goodput_req_s") or 0.0) / gpus_per_replica(v["params"]))
+        reason = v.get("reason") or "simulated SLO attainment misses the target"
+        return base | {"reason": reason, "closest": {"config": v["params"], "miss": reason,
+                                                     "usd_per_hour": v.get("usd_per_hour")}}
+    o = alive[0]
+    h = spec.hardware
+    reason = (f"no configuration serves {ctx.rate_req_s:g} req/s within hardware.max_nodes {h.max_nodes} "
+              f"({ctx.max_gpus} GPUs), simulated; e.g. {config_key(o.config)}: {o.reason}")
+    return base | {"reason": reason, "closest": {"config": o.config, "miss": o.reason}}
 
 
 def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str = "tpe",
           storage: str | None = None, study_name: str | None = None, verify_top: int = VERIFY_TOP,
           on_trial=None, calibration: str | None = None, engine: str | None = None,
-          profile: str | None = None) -> dict:
+          profile: str | None = None, jobs: int = 1) -> dict:
     """Search, verify and recommend: the whole ``kvtune solve`` for a loaded ``WorkloadSpec``.
     ``seed`` drives the sampler; the simulated request sample follows ``spec.search.seed``.
     ``calibration``/``engine``/``profile`` override the spec's (see ``SolveContext.build``)."""
@@ -505,7 +195,13 @@ def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str
             if sampler == "grid":
                 trials = math.prod(len(v) for v in grid_space(ctx).values())
         run_search(ctx, study, trials, sampler, on_trial)
-        return recommend(ctx, study, sampler, verify_top)
+        if storage:   # the race's simulations shared with every process on this storage
+            from .scaleout import StudyRunner
+            runner = StudyRunner(ctx, make_storage(storage), study.study_name)
+        else:
+            runner = LocalRunner(ctx, jobs)
+        with runner:
+            return recommend(ctx, study, sampler, verify_top, runner)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,8 @@
-"""The optuna search over serving configurations, screened analytically, one trial per config.
+"""The optuna study of the analytic screen, one trial per config, and the context every solve uses.
+
+The screen's trials are the search's prior and its browsable record (optuna-dashboard); what is
+recommended is decided by the simulator race over the whole lattice (``optimizer.simsearch``),
+which does not depend on which configs these trials visited.
 
 A trial picks TP, batch cap (log scale), KV dtype, speculative length (only with a
 ``speculative:`` section) and chunk budget (log scale); ``optimizer.screen`` bounds the
@@ -11,8 +15,8 @@ per-replica goodput and the replica count follows:
 
 Infeasible trials (does not fit, misses SLOs, over the node budget) carry a constraint vector
 in ``user_attrs['constraint']`` (every entry <= 0: feasible), set with ``Trial.set_constraint``
-(optuna >= 5) or read through the samplers' ``constraints_func`` (optuna 4). Each trial stores its whole evaluation in ``user_attrs['eval']``, so the
-recommendation can be rebuilt from the storage alone (``optimizer.recommend``).
+(optuna >= 5) or read through the samplers' ``constraints_func`` (optuna 4). Each trial stores
+its whole evaluation in ``user_attrs['eval']``.
 
 Several processes may share one storage: before each ask a process counts the study's finished
 and live trials, and a trial that turns out to be surplus after a race (more than ``n_trials``
@@ -76,6 +80,7 @@ class SolveContext:
     rate_req_s: float = 0.0
     engine: EngineModel = None         # builds the step models; records calibration and profile use
     layouts: dict = field(default_factory=dict)  # multi-node layouts searched instead of TP (optimizer.layouts)
+    memo: dict = field(default_factory=dict)  # results derived from this context alone (simsearch's never-fit check)
     _steps: dict = field(default_factory=dict)
 
     @classmethod
@@ -390,7 +395,7 @@ def fail_stale_trials(study: optuna.Study) -> int:
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _is_stale(t):
             try:
-                study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                study.tell(t.number, state=TrialState.FAIL)
                 n += 1
             except Exception:  # another process finished or failed it first
                 pass

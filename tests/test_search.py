@@ -292,38 +292,3 @@ def test_goodput_guess_saves_simulations_not_accuracy():
         # wider bracket, at most one simulation more than no guess (measured: 12 vs 11 at 0.7x with
         # the refitted h100-sxm file, 10 vs 11 at 1.4x)
         assert g.iterations < plain.iterations if guess == plain.goodput_req_s else g.iterations <= plain.iterations + 1
-
-
-def test_challenge_bar_hand_case():
-    """Best: 4 x TP1 at 100 req/s. A TP1 rival must serve 100 req/s on 3 GPUs (33.3 each) or
-    beat a bf16 rival's 120 req/s on 4 (30.15 each with the tolerance): the easier bar counts.
-    A TP2 config needs 100 req/s on one replica (cheaper) or 60.3 on two; TP8 cannot fit."""
-    from optimizer.recommend import REL_TOL, _bar_req_s
-    ctx = SolveContext.build(small_spec(workload={"rate_req_s": 100, "classes": [
-        {"name": "c", "share": 1.0, "input_tokens": 1000, "output_tokens": 200}]}))
-    best = {"gpus": 4, "usd_per_hour": 8.0, "goodput_req_s": 110.0}
-    rival = {"gpus": 4, "usd_per_hour": 8.0, "goodput_req_s": 120.0}
-    assert _bar_req_s(ctx, 1, best, rival) == pytest.approx(120 * (1 + REL_TOL) / 4)
-    assert _bar_req_s(ctx, 2, best, rival) == pytest.approx(120 * (1 + REL_TOL) / 2)
-    assert _bar_req_s(ctx, 8, best, rival) is None
-
-
-def test_challenge_reason_names_the_config_that_set_the_bar(monkeypatch):
-    """A bf16 config challenged against an fp8 cheapest pick and a bf16 rival at the same cost
-    must be told which of them it could not beat: the bf16 rival's goodput set its bar."""
-    import optimizer.recommend as rec
-    ctx = SolveContext.build(small_spec(workload={"rate_req_s": 100, "classes": [
-        {"name": "c", "share": 1.0, "input_tokens": 1000, "output_tokens": 200}]}))
-
-    def cfg(kv, b):
-        return {"tp": 1, "batch_cap": b, "kv_dtype": kv, "spec_k": 0, "chunk_tokens": 2048}
-    best = {"params": cfg("fp8", 256), "gpus": 4, "usd_per_hour": 8.0, "goodput_req_s": 110.0}
-    rival = {"params": cfg("bf16", 256), "gpus": 4, "usd_per_hour": 8.0, "goodput_req_s": 120.0}
-    ev = {"params": cfg("bf16", 128)}
-    monkeypatch.setattr(rec, "_meets_at", lambda *a: {"meets": False, "slo_attainment": 0.5})
-    out = rec._challenge_or_verify(ctx, None, ev, [best, rival])
-    assert out["dominated"] and out["upper_req_s"] == pytest.approx(120 * (1 + rec.REL_TOL) / 4)
-    assert out["reason"].endswith("cannot beat " + config_key(rival["params"])), out["reason"]
-    # with no same-dtype rival the cheapest pick sets it
-    out = rec._challenge_or_verify(ctx, None, {"params": cfg("bf16", 128)}, [best])
-    assert out["reason"].endswith("cannot beat " + config_key(best["params"])), out["reason"]

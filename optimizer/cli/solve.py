@@ -39,10 +39,10 @@ class _Progress:
 @click.argument("workload", type=click.Path(dir_okay=False))
 @click.option("--trials", default=None, help="Trials to run (default: search.trials; grid: the whole grid).")
 @click.option("--seed", default=None, help="Sampler seed (default: search.seed; the simulated requests always follow search.seed).")
-@click.option("--sampler", default="tpe", show_default=True, help="tpe | grid (exhaustive, for checking) | nsga2 (cost/goodput Pareto).")
+@click.option("--sampler", default="tpe", show_default=True, help="tpe | grid | nsga2: the sampler of the analytic screen's trials (the study; the simulator race that picks covers the whole lattice whatever the sampler).")
 @click.option("--storage", default=None, help="Optuna storage: sqlite:///kvtune.db, journal:./kvtune.log or an RDB URL (default: in memory).")
 @click.option("--study-name", default=None, help="Study to create or resume in --storage (default: derived from the workload).")
-@click.option("--verify-top", default=None, help="Configs to verify with the simulator per screened cost level (default 6).")
+@click.option("--verify-top", default=None, help="max_goodput: configs fully verified before the simulator race (default 4).")
 @click.option("--calibration", default=None,
               help="Calibration file, shipped name or 'ideal' (default: the workload's calibration:, else the shipped one).")
 @click.option("--engine", default=None,
@@ -54,8 +54,14 @@ class _Progress:
 @click.option("--json", "json_path", default=None, help="Write the result object to this file (atomically).")
 @click.option("--report", "report_dir", default=None, help="Write report.md and plots to this folder.")
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
+@click.option("--jobs", default=None,
+              help="Processes simulating on this machine (default: 2, or 1 on a one-core machine).")
+@click.option("--workers", default=None,
+              help="Processes sharing one --storage (default 1): this one plus N-1 started here; processes on "
+                   "other machines join by running the same command on the same RDB URL. Without --storage, a "
+                   "temporary journal file.")
 def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, calibration, engine, profile,
-              json_path, report_dir, quiet):
+              json_path, report_dir, quiet, jobs, workers):
     """Search serving configs for WORKLOAD.yaml and recommend the cheapest that meets its SLOs."""
     from optimizer.workload import load_workload
     from optimizer.recommend import solve
@@ -65,6 +71,11 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     n_trials = _int_opt(trials, "--trials", 1)
     seed_v = _int_opt(seed, "--seed", 0, MAX_SEED)
     top = _int_opt(verify_top, "--verify-top", 1)
+    n_jobs = _int_opt(jobs, "--jobs", 1)
+    n_workers = _int_opt(workers, "--workers", 1) or 1
+    if n_jobs is None:
+        import os
+        n_jobs = min(2, os.cpu_count() or 1) if n_workers == 1 else 1
     extra = {} if top is None else {"verify_top": top}
     if json_path:
         parent = Path(json_path).parent
@@ -83,9 +94,10 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
 
     from optimizer.deployment_choice import solve_deployments
     solve = partial(solve_deployments, solve_one=solve)  # noqa: F811
-    result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=storage,
-                   study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
-                   profile=profile, **extra)
+    with _workers(n_workers, storage, workload, sys.argv) as shared:
+        result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
+                       study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
+                       profile=profile, jobs=n_jobs, **extra)
     result["engine"] = engine or spec.engine  # the target whose launch line is printed (None: vLLM's)
     if report_dir:
         from optimizer.report import write_report
@@ -96,6 +108,35 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     click.echo(summary_text(result, storage))
     if result["status"] != "ok":
         raise Infeasible(f"no configuration meets the SLOs: {result['reason']}")
+
+
+class _workers:
+    """``--workers N``: start N-1 more ``kvtune solve`` processes on the same storage (a temporary
+    journal file without ``--storage``), each with ``--workers 1 --jobs 1 --quiet`` and no output
+    files; wait for them on exit. Yields the storage URL this process should use."""
+
+    def __init__(self, n: int, storage: str | None, workload: str, argv: list[str]):
+        self.n, self.storage, self.workload, self.argv = n, storage, workload, argv
+        self.procs, self.tmp = [], None
+
+    def __enter__(self) -> str | None:
+        if self.n <= 1:
+            return self.storage
+        from optimizer.scaleout import spawn_workers
+        if not self.storage:
+            import tempfile
+            self.tmp = tempfile.TemporaryDirectory(prefix="kvtune-workers-")
+            self.storage = f"journal:{self.tmp.name}/study.log"
+        self.procs = spawn_workers(self.argv, self.storage, self.n - 1)
+        return self.storage
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            if exc[0] is not None:
+                p.terminate()
+            p.wait()
+        if self.tmp is not None:
+            self.tmp.cleanup()
 
 
 def summary_text(r: dict, storage: str | None) -> str:
@@ -133,7 +174,8 @@ def summary_text(r: dict, storage: str | None) -> str:
                      + (f", {per} per replica" if per > 1 else "") + ")")
     lines.append(f"  batch cap {rec['batch_cap']}  chunk {rec['chunk_tokens']} tokens  KV {rec['kv_dtype']}  "
                  f"speculative k {rec['spec_k']}")
-    lines.append(f"  cost ${c['usd_per_hour']:.2f}/h  ${c['usd_per_million_output_tokens']:.3f} per 1M output tokens")
+    lines.append(f"  cost ${c['usd_per_hour']:.2f}/h  ${c['usd_per_million_output_tokens']:.3f} per 1M output tokens"
+                 f" (at the {c.get('priced_at', 'target rate')})")
     lines.append(f"  predicted (simulated at {p['load_per_replica_req_s']:.2f} req/s per replica): "
                  f"goodput {p['goodput_req_s']:.2f} req/s  SLO attainment {p['slo_attainment']:.3f}  "
                  f"headroom {r['headroom'] * 100:+.0f}%")
@@ -153,8 +195,14 @@ def summary_text(r: dict, storage: str | None) -> str:
             if g["status"] == "ok" else "infeasible"
         lines.append(f"  gpu {g['gpu']} (${g['usd_per_gpu_hour']:g}/GPU-h): {cost}: {g['why']}")
     if len(r.get("pareto", [])) > 1:
-        lines.append("  cost/goodput front: " + "; ".join(
-            f"{x['gpus']} GPUs ${x['usd_per_hour']:.0f}/h {x['goodput_req_s']:.1f} req/s" for x in r["pareto"][:6]))
+        lines.append("  cost/goodput front (" + "; ".join(
+            f"{x['gpus']} GPUs ${x['usd_per_hour']:.0f}/h {x['goodput_req_s']:.1f} req/s {x['evidence']}"
+            for x in r["pareto"][:6]) + ")")
+    v = r.get("verification") or {}
+    if v.get("outcomes"):
+        o = v["outcomes"]
+        lines.append(f"  simulator race: {v['simulations']} simulations; {o.get('verified', 0)} configs verified, "
+                     + ", ".join(f"{o[k]} {k.replace('_', ' ')}" for k in ("beaten", "pruned", "zero_load", "never_fits") if o.get(k)))
     eng = r.get("engine") or "vllm"
     launch = r["launch"].get(eng)
     if isinstance(launch, dict):  # TensorRT-LLM: a command and its config file
