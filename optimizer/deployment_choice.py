@@ -234,7 +234,10 @@ def deployment_lines(r: dict) -> list[str]:
                      f"KV over {'NVLink' if rec['link'] == 'nvlink' else 'the network'}; engine rules "
                      f"{d['disaggregated']['engine']}")
     a, x = d.get("aggregated"), d.get("disaggregated") or {}
-    if d.get("kind") == "disaggregated" and a:
+    if d.get("kind") == "disaggregated" and a and m is None:
+        lines.append(f"  search.deployment lists disaggregated only; the best aggregated would be {a['gpus']} GPUs, "
+                     f"${a['usd_per_hour']:.2f}/h, TP{a['config']['tp']}")
+    elif d.get("kind") == "disaggregated" and a:
         by = (f"by {m:.1f}% in {basis}" if abs(m) >= 0.05 else
               f"at the same {basis} with more goodput ({x['goodput_req_s']:.2f} against {a['goodput_req_s']:.2f} req/s)")
         lines.append(f"  disaggregated beats the best aggregated ({a['gpus']} GPUs, ${a['usd_per_hour']:.2f}/h, "

@@ -96,3 +96,33 @@ def test_search_deployment_is_checked(tmp_path):
     p = _workload(tmp_path, "bad", "llama-3.1-8b", 256, 256, 1, 1000, 50, [1], deployment=["disagg"])
     r = CliRunner().invoke(main, ["solve", str(p), "--quiet"])
     assert r.exit_code == 2 and "search.deployment" in r.output and "Traceback" not in r.output
+
+
+def test_disaggregated_only_recommends_it_and_names_the_aggregated_best(tmp_path):
+    w = yaml.safe_load(RAG.read_text())
+    w["search"]["deployment"] = ["disaggregated"]
+    p = tmp_path / "d.yaml"
+    p.write_text(yaml.safe_dump(w))
+    r, text = _solve(p, tmp_path)
+    d = r["deployment"]
+    assert d["searched"] == ["disaggregated"] and d["kind"] == "disaggregated" and d["margin_pct"] is None
+    assert r["recommendation"]["deployment"] == "disaggregated"
+    assert "lists disaggregated only; the best aggregated would be" in text
+
+
+def test_a_disaggregated_deployment_answers_where_no_aggregated_one_meets_the_slos(tmp_path):
+    import dataclasses
+
+    from optimizer.cli.solve import summary_text
+    from optimizer.deployment_choice import solve_deployments
+    from optimizer.recommend import solve
+    from optimizer.workload import load_workload
+
+    spec = load_workload(str(RAG))
+    tight = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, max_nodes=1))
+    agg = solve(dataclasses.replace(tight, workload=dataclasses.replace(tight.workload, rate_req_s=5.0)), trials=12)
+    assert agg["status"] != "ok"
+    r = solve_deployments(spec, solve_one=lambda s, **kw: agg, trials=12)
+    assert r["status"] == "ok" and r["recommendation"]["deployment"] == "disaggregated"
+    assert r["deployment"]["aggregated"] is None and r["deployment"]["margin_pct"] is None
+    assert "Recommendation: disaggregated" in summary_text(r, None)

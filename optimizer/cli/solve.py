@@ -158,6 +158,8 @@ def summary_text(r: dict, storage: str | None) -> str:
         c = r.get("closest") or {}
         if c.get("config"):
             lines.append(f"  closest: {_cfg(c['config'])}: {c.get('miss', '')}")
+        from optimizer.deployment_choice import deployment_lines
+        lines += deployment_lines(r)
         return "\n".join(lines)
     rec, p, c, b = r["recommendation"], r["predicted"], r["cost"], r["bottleneck"]
     layout = f"TP{rec['tp']}" + (f" x PP{rec['pp']}" if rec.get("pp", 1) > 1 else "") \
