@@ -9,17 +9,28 @@ A request's path:
    scheduler) computes the prompt in chunks of its token budget and, as the step that completes a
    prompt does, its first token;
 3. the prompt's KV goes to a decode replica (round robin too): ``prompt tokens x KV bytes per
-   token`` over ``min(TP_p, TP_d)`` GPU-to-GPU streams of the link between the pools, after the
-   prefill completes (not overlapped with it), one transfer at a time into each decode replica
-   (``KVLink``: NVLink when both pools sit in one node, the node's network otherwise);
+   token`` over ``min(TP_p, TP_d)`` GPU-to-GPU streams of the link between the pools (``KVLink``:
+   NVLink when both pools sit in one node, the node's network otherwise), one transfer at a time
+   into each decode replica, overlapped as the engine overlaps it (``Engine.kv_sent_per_chunk``):
+   - SGLang sends each finished chunk of a chunked prompt while the next chunk computes
+     (python/sglang/srt/disaggregation/prefill.py, process_prefill_chunk -> send_kv_chunk), so
+     only the last chunk's KV, and whatever of the rest the link could not move while the earlier
+     chunks computed (each at least a full chunk's step with no context), lands after the prompt;
+   - vLLM's NixlConnector (the decode replica pulls the prompt's blocks once the prefill request
+     finishes) and TensorRT-LLM's cache transceiver (after the context phase) move the whole KV
+     after the prompt is done;
 4. the decode replica admits it on its own KV pool when the KV has arrived (the batch cap, the
-   pool and the engine's admission rule as for any request, with nothing to prefill) and streams
-   its first token then: the token came with the KV, as SGLang's disaggregation sends it with the
-   KV; the remaining ``output - 1`` tokens are decode steps of that replica.
+   pool and the engine's admission rule as for any request, with nothing to prefill). Its first
+   token (``Engine.first_token_from_prefill``): SGLang and TensorRT-LLM stream the token the
+   prefill replica computed with the KV (SGLang's send_kv_chunk carries it; TensorRT-LLM's
+   ``first_gen_tokens``), so it comes at admission; vLLM recomputes the last prompt token on the
+   decode replica (scheduler.py ``_update_waiting_for_remote_kv``), so its first token is one step of
+   the decode batch later (kvtune: the request's mean decode step there). The remaining tokens are
+   decode steps of that replica.
 
-So at vanishing load TTFT = front end + prefill + transfer (no decode step), and TPOT carries no
-prefill: the decode pool's steps hold only decodes. A request that can never fit either pool is
-rejected (never served) with the reason.
+So at vanishing load TTFT = front end + prefill + exposed transfer (+ one decode step for vLLM),
+and TPOT carries no prefill: the decode pool's steps hold only decodes. A request that can never
+fit either pool is rejected (never served) with the reason.
 """
 
 from __future__ import annotations
@@ -30,13 +41,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .engines import get_engine
 from .errors import InputError
 from .hardware import GPU
 from .requests import Requests
 from .simulate import SimConfig, SimResult, simulate_replica, build_result, default_warmup_frac
 from .step import StepCost, StepModel
 
-__all__ = ["Pool", "KVLink", "kv_link", "DisaggResult", "simulate_disaggregated", "disaggregated_bound_req_s"]
+__all__ = ["Pool", "KVLink", "kv_link", "DisaggResult", "simulate_disaggregated", "exposed_transfer_s",
+           "disaggregated_bound_req_s"]
 
 
 @dataclass(frozen=True)
@@ -82,17 +95,20 @@ def kv_link(gpu: GPU, same_node: bool) -> KVLink:
 class DisaggResult:
     result: SimResult            # the deployment as a user sees it (TTFT, TPOT, goodput inputs)
     prefill_s: np.ndarray        # arrival -> prompt done on its prefill replica (engine time)
-    transfer_s: np.ndarray       # the KV transfer itself (inf where rejected)
+    transfer_s: np.ndarray       # the KV transfer that lands after the prompt is done (inf where rejected)
     kv_wait_s: np.ndarray        # prompt done -> KV arrived (queueing on the link + transfer)
     gpus: int
     link: KVLink
 
 
 def simulate_disaggregated(prefill: Pool, decode: Pool, requests: Requests, link: KVLink,
-                           arrival: str = "trace", seed: int = 0, warmup_frac: float | None = None) -> DisaggResult:
+                           arrival: str = "trace", seed: int = 0, warmup_frac: float | None = None,
+                           engine: str = "sglang") -> DisaggResult:
     """Simulate ``requests`` through a prefill pool, the KV link and a decode pool (see the module
-    docstring). ``arrival``: "trace" (``requests.arrival_s``) or "inf" (all at t=0)."""
+    docstring). ``arrival``: "trace" (``requests.arrival_s``) or "inf" (all at t=0); ``engine``:
+    whose transfer overlap and first-token rule apply (``costmodel.engines``)."""
     wall0 = time.perf_counter()
+    eng = get_engine(engine)
     if arrival not in ("trace", "inf"):
         raise InputError(f"a disaggregated deployment simulates arrival trace or inf, got {arrival!r}")
     if warmup_frac is None:
@@ -127,8 +143,7 @@ def simulate_disaggregated(prefill: Pool, decode: Pool, requests: Requests, link
             reasons.append(f"prefill pool: {r.reject_reason}")
 
     # ---- the KV transfers, one at a time into each decode replica -------------------------------
-    kv_bytes = requests.input_tokens.astype(float) * float(prefill.step.memory.kv_bytes_per_token)
-    xfer = link.transfer_s(kv_bytes, min(int(prefill.step.tp), int(decode.step.tp)))
+    xfer = exposed_transfer_s(prefill, decode, requests.input_tokens, link, eng.kv_sent_per_chunk)
     arrive_d = np.full(n, math.inf)
     dest = rank % y
     for d in range(y):
@@ -146,13 +161,20 @@ def simulate_disaggregated(prefill: Pool, decode: Pool, requests: Requests, link
         idx = np.flatnonzero((dest == d) & ~rej)
         if idx.size == 0:
             continue
-        sub = _subset(requests, idx, arrive_d[idx])
+        out = requests.output_tokens[idx]
+        # vLLM: one more step for the first token (the token "at admission" is not streamed)
+        sub = _subset(requests, idx, arrive_d[idx], None if eng.first_token_from_prefill else out + 1)
         r = simulate_replica(decode.step, sub, decode.config, "trace", None, seed, 0.0, naive=False,
                       kv_ready=np.ones(idx.size, dtype=bool))
         front = float(decode.step.request_overhead_s)
         ok = ~np.isinf(r.ttft_s)
-        first[idx[ok]] = (r.arrival_s + r.ttft_s - front)[ok]
-        fin[idx[ok]] = (r.arrival_s + r.e2e_s - front)[ok]
+        admit = r.arrival_s + r.ttft_s - front
+        done = r.arrival_s + r.e2e_s - front
+        if not eng.first_token_from_prefill:
+            with np.errstate(invalid="ignore"):
+                admit = admit + (done - admit) / np.maximum(out, 1)
+        first[idx[ok]] = admit[ok]
+        fin[idx[ok]] = done[ok]
         rej[idx[~ok]] = True
         preemptions, steps, events = preemptions + r.preemptions, steps + r.steps, events + r.events
         if r.reject_reason:
@@ -164,6 +186,26 @@ def simulate_disaggregated(prefill: Pool, decode: Pool, requests: Requests, link
     with np.errstate(invalid="ignore"):
         return DisaggResult(res, np.where(rej, math.inf, ready - arr), np.where(rej, math.inf, xfer),
                             np.where(rej, math.inf, arrive_d - ready), prefill.gpus + decode.gpus, link)
+
+
+def exposed_transfer_s(prefill: Pool, decode: Pool, input_tokens: np.ndarray, link: KVLink,
+                       per_chunk: bool) -> np.ndarray:
+    """Seconds of each prompt's KV transfer that land after its prefill is done: the whole
+    transfer, or (``per_chunk``, SGLang) the last chunk's share plus whatever of the earlier chunks'
+    the link could not move while they computed; each earlier chunk takes at least a full chunk's
+    step with no cached context (the fastest a chunk goes), so this never under-counts."""
+    streams = min(int(prefill.step.tp), int(decode.step.tp))
+    inp = np.asarray(input_tokens, dtype=float)
+    kv = float(prefill.step.memory.kv_bytes_per_token)
+    whole = link.transfer_s(inp * kv, streams)
+    if not per_chunk:
+        return whole
+    c = int(prefill.config.chunk_tokens)
+    earlier = np.maximum(np.ceil(inp / c) - 1.0, 0.0)
+    last_bytes = (inp - earlier * c) * kv
+    chunk_s = prefill.step.step_time_s(0, 0.0, c, StepModel.chunk_pairs(c, 0), 0.0)
+    per_s = max(streams, 1) * link.bytes_per_s
+    return link.latency_s + np.maximum(last_bytes / per_s, inp * kv / per_s - earlier * chunk_s)
 
 
 def _subset(req: Requests, idx: np.ndarray, arrival_s: np.ndarray, output_tokens: np.ndarray | None = None) -> Requests:

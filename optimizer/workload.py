@@ -122,6 +122,9 @@ class SpeculativeSpec:
         return SpecConfig(k=k, acceptance=self.acceptance, draft_cost=self.draft_cost, method=self.method)
 
 
+DEPLOYMENTS = ("aggregated", "disaggregated")   # search.deployment: replicas that do both phases; prefill/decode pools
+
+
 @dataclass(frozen=True, kw_only=True)
 class SearchSpec:
     tp: tuple[int, ...] = (1, 2, 4, 8)
@@ -131,8 +134,11 @@ class SearchSpec:
     chunk_tokens: tuple[int, int] = (512, 16384)  # [lo, hi] prefill chunk size
     trials: int = 200
     seed: int = 0
+    deployment: tuple[str, ...] = DEPLOYMENTS    # which kinds solve searches (optimizer.deployment_choice)
 
     def __post_init__(self) -> None:
+        if not self.deployment or any(d not in DEPLOYMENTS for d in self.deployment):
+            raise InputError(f"search deployment must list {' and/or '.join(DEPLOYMENTS)}, got {self.deployment!r}")
         if not self.tp or any(not _is_int(t) or t < 1 for t in self.tp):
             raise InputError(f"search tp values must be whole numbers >= 1, got {self.tp!r}")
         for f, lo_min in (("batch_cap", 1), ("spec_k", 0), ("chunk_tokens", 1)):
@@ -200,7 +206,7 @@ class WorkloadSpec:
             "objective": self.objective,
             "search": {"tp": list(s.tp), "batch_cap": list(s.batch_cap), "kv_dtype": list(s.kv_dtype),
                        "spec_k": list(s.spec_k), "chunk_tokens": list(s.chunk_tokens), "trials": s.trials,
-                       "seed": s.seed},
+                       "seed": s.seed, "deployment": list(s.deployment)},
         }
 
 
@@ -541,7 +547,7 @@ def _search_defaults(hw: HardwareSpec, engine: str | None) -> SearchSpec:
 
 def _search(r: _Reader, v, hw: HardwareSpec, spec: SpeculativeSpec | None, engine: str | None = None) -> SearchSpec:
     s = r.mapping({} if v is None else v, "search",
-                  ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "trials", "seed"))
+                  ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "trials", "seed", "deployment"))
     d = _search_defaults(hw, engine)
     if "tp" in s:
         tps = s["tp"] if isinstance(s["tp"], list) else [s["tp"]]
@@ -572,7 +578,15 @@ def _search(r: _Reader, v, hw: HardwareSpec, spec: SpeculativeSpec | None, engin
         chunk_tokens=r.range_(s["chunk_tokens"], "search.chunk_tokens", 1) if "chunk_tokens" in s else d.chunk_tokens,
         trials=r.int_(s["trials"], "search.trials", 1) if "trials" in s else d.trials,
         seed=r.int_(s["seed"], "search.seed", 0, MAX_SEED) if "seed" in s else d.seed,
+        deployment=_deployment(r, s["deployment"]) if "deployment" in s else d.deployment,
     )
+
+
+def _deployment(r: _Reader, v) -> tuple[str, ...]:
+    kinds = v if isinstance(v, list) else [v]
+    if not kinds:
+        raise r.bad("search.deployment", v, f"must list at least one of {', '.join(DEPLOYMENTS)}")
+    return tuple(dict.fromkeys(r.choice(k, f"search.deployment[{i}]", DEPLOYMENTS) for i, k in enumerate(kinds)))
 
 
 def _model(r: _Reader, v) -> tuple[str, ModelArch]:

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from costmodel import StepModel, efficiency_for, get_gpu, get_model
-from costmodel.deployment import Pool, disaggregated_bound_req_s, kv_link, simulate_disaggregated
+from costmodel.deployment import (KVLink, Pool, disaggregated_bound_req_s, exposed_transfer_s, kv_link,
+                                  simulate_disaggregated)
 from costmodel.goodput import goodput
 from costmodel.requests import Requests
 from costmodel.simulate import SimConfig, simulate
@@ -35,21 +36,47 @@ def _maker(inp, out, ttft=math.inf, tpot=math.inf):
     return make
 
 
-def test_at_vanishing_load_ttft_is_prefill_plus_transfer_and_tpot_has_no_prefill():
+@pytest.mark.parametrize("engine", ["sglang", "trtllm", "vllm"])
+def test_at_vanishing_load_ttft_is_prefill_plus_transfer_and_tpot_has_no_prefill(engine):
     p, d = _step("llama-3.1-70b", 4), _step("llama-3.1-70b", 4)
     inp, out, chunk = 6000, 50, 2048
     req = _maker(inp, out)(1e-3, 3, 0)  # 1,000 s apart: each alone in the deployment
-    r = simulate_disaggregated(Pool(p, SimConfig(8, chunk), 1), Pool(d, SimConfig(64), 1), req, NETWORK)
+    r = simulate_disaggregated(Pool(p, SimConfig(8, chunk), 1), Pool(d, SimConfig(64), 1), req, NETWORK,
+                               engine=engine)
     prefill = p.prefill_time_s(inp, 0, chunk)
-    transfer = NETWORK.latency_s + inp * p.memory.kv_bytes_per_token / (4 * NETWORK.bytes_per_s)
+    per_token_s = p.memory.kv_bytes_per_token / (4 * NETWORK.bytes_per_s)
+    if engine == "sglang":  # chunks 1-2 went while chunks 2-3 computed: only the last chunk's KV is left
+        transfer = NETWORK.latency_s + (inp - 2 * chunk) * per_token_s
+    else:                   # the whole KV after the prompt (NixlConnector pull, TRT-LLM transceiver)
+        transfer = NETWORK.latency_s + inp * per_token_s
     front = p.request_overhead_s
-    # the first token comes with the KV: no decode step in TTFT (SGLang's way)
-    assert r.result.ttft_s == pytest.approx(front + prefill + transfer, rel=1e-9)
     assert r.transfer_s == pytest.approx(transfer, rel=1e-12) and r.kv_wait_s == pytest.approx(transfer, rel=1e-9)
     # every later token is one decode step of a batch of 1, its context growing: no prefill in it
-    tpot = np.mean([d.step_time_s(1, inp + j) for j in range(out - 1)])
-    assert r.result.tpot_s == pytest.approx(tpot, rel=1e-9)
+    steps = [d.step_time_s(1, inp + j) for j in range(out)]
+    if engine == "vllm":
+        # vLLM recomputes the last prompt token on the decode replica: one more (decode-sized) step
+        assert r.result.ttft_s == pytest.approx(front + prefill + transfer + steps[0], rel=2e-3)
+        assert r.result.tpot_s == pytest.approx(np.mean(steps), rel=2e-3)
+    else:
+        # the first token comes with the KV: no decode step in TTFT
+        assert r.result.ttft_s == pytest.approx(front + prefill + transfer, rel=1e-9)
+        assert r.result.tpot_s == pytest.approx(np.mean(steps[:-1]), rel=1e-9)
     assert r.gpus == 8 and r.result.rejected == 0
+
+
+def test_sglang_hides_the_earlier_chunks_transfer_unless_the_link_is_slower_than_compute():
+    p = _step("llama-3.1-70b", 4)
+    pool = Pool(p, SimConfig(8, 2048), 1)
+    inp = np.array([1000, 2048, 2049, 8192, 16000])
+    whole = exposed_transfer_s(pool, pool, inp, NETWORK, per_chunk=False)
+    piped = exposed_transfer_s(pool, pool, inp, NETWORK, per_chunk=True)
+    assert piped[0] == pytest.approx(whole[0]) and piped[1] == pytest.approx(whole[1])  # one chunk: nothing to hide
+    assert np.all(piped[2:] < whole[2:]) and piped[3] == pytest.approx(piped[1])  # 4 full chunks: the last one's
+    # a link 1,000x slower than the network: the earlier chunks cannot all go while the next computes
+    slow = KVLink(NETWORK.bytes_per_s / 1000, NETWORK.latency_s, "slow")
+    w, q = (exposed_transfer_s(pool, pool, inp, slow, per_chunk=b) for b in (False, True))
+    chunk_s = p.step_time_s(0, 0.0, 2048, StepModel.chunk_pairs(2048, 0), 0.0)
+    assert q[4] == pytest.approx(w[4] - 7 * chunk_s) and q[4] > piped[4]
 
 
 def test_the_transfer_grows_linearly_with_the_prompt_and_matters_across_nodes():
@@ -61,7 +88,8 @@ def test_the_transfer_grows_linearly_with_the_prompt_and_matters_across_nodes():
     wait = {}
     for name, link in (("nvlink", NVLINK), ("network", NETWORK)):
         req = _maker(8000, 20)(1e-3, 2, 0)
-        r = simulate_disaggregated(Pool(p, SimConfig(8, 4096), 1), Pool(p, SimConfig(64), 1), req, link)
+        r = simulate_disaggregated(Pool(p, SimConfig(8, 4096), 1), Pool(p, SimConfig(64), 1), req, link,
+                                   engine="trtllm")  # the whole KV after the prompt
         wait[name] = float(r.kv_wait_s[0])
     # 8,000 tokens of Llama-3.1-70B's KV (2.6 GB): ~13 ms over 4 x 400 Gb/s, ~9x less over NVLink
     assert wait["network"] > 5 * wait["nvlink"] and wait["network"] > 0.010
@@ -127,3 +155,24 @@ def test_a_prompt_too_big_for_a_pool_is_rejected_with_the_reason():
     assert r.result.rejected == 1 and np.isinf(r.result.ttft_s[1]) and not r.result.met_slo[1]
     assert "can never fit the KV pool" in r.result.reject_reason
     json.dumps(r.result.summary(), allow_nan=False)
+
+
+def test_across_nodes_the_transfer_can_break_a_ttft_slo_that_nvlink_meets():
+    # Llama-3.1-70B, a 16,000-token prompt, TP4 prefill -> TP4 decode: 5.2 GB of KV over 4 streams
+    p = _step("llama-3.1-70b", 4)
+    pools = Pool(p, SimConfig(8, 4096), 1), Pool(p, SimConfig(64), 1)
+    ttft = {}
+    for engine in ("trtllm", "sglang"):
+        for name, link in (("nvlink", NVLINK), ("network", NETWORK)):
+            req = _maker(16000, 20)(1e-3, 2, 0)
+            ttft[engine, name] = float(simulate_disaggregated(*pools, req, link, engine=engine, warmup_frac=0.0).result.ttft_s[0])
+    # the whole KV after the prompt: ~26 ms across nodes against ~3 ms over NVLink
+    extra = ttft["trtllm", "network"] - ttft["trtllm", "nvlink"]
+    assert 0.018 < extra < 0.030
+    slo = ttft["trtllm", "nvlink"] + 0.010
+    req = _maker(16000, 20, ttft=slo)(1e-3, 2, 0)
+    near = simulate_disaggregated(*pools, req, NVLINK, engine="trtllm", warmup_frac=0.0).result
+    far = simulate_disaggregated(*pools, req, NETWORK, engine="trtllm", warmup_frac=0.0).result
+    assert near.met_slo.all() and not far.met_slo.any()
+    # SGLang streams the earlier chunks during the prefill: only the last 3,712 tokens' KV is left
+    assert ttft["sglang", "network"] - ttft["sglang", "nvlink"] < 0.3 * extra

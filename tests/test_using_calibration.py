@@ -92,8 +92,9 @@ def test_solve_names_its_calibration_and_two_calibrations_give_different_answers
     # the numbers follow the calibration: a single sequence decodes fastest on the ideal model, and
     # the two fits differ; simulated per-replica goodput and the GPUs bought follow
     b1 = {k: r["screened"]["tpot_batch1_ms"] for k, r in runs.items()}
-    g = {k: r["predicted"]["per_replica_goodput_req_s"] for k, r in runs.items()}
-    gpus = {k: r["recommendation"]["gpus"] for k, r in runs.items()}
+    # (the aggregated pick's: a disaggregated deployment may win under one calibration)
+    g = {k: r["deployment"]["aggregated"]["per_replica_goodput_req_s"] for k, r in runs.items()}
+    gpus = {k: r["deployment"]["aggregated"]["gpus"] for k, r in runs.items()}
     print(f"solve chat-llama3.1-8b: batch-1 TPOT {b1}, per-replica goodput {g}, GPUs {gpus}")
     assert b1["ideal"] < min(b1["h100-sxm"], b1["h100-sxm-trtllm"])
     assert abs(b1["h100-sxm"] / b1["h100-sxm-trtllm"] - 1) > 0.005

@@ -22,6 +22,12 @@ class Engine:
     fit_ttft_joint: bool = False   # TTFT fitted jointly with throughput
     fit_pool_stage: bool = False   # the KV pool fitted on its pool-bound runs
     staggered_clients: bool = False  # its benchmark clients start staggered (closed-loop rows)
+    # disaggregated serving (costmodel.deployment): whether the prefill replica sends each finished
+    # prompt chunk's KV while it computes the next one (else the whole KV after the prompt is done),
+    # and whether the first output token comes from the prefill replica with the KV (else the
+    # decode replica computes it in one step of its batch, recomputing the last prompt token)
+    kv_sent_per_chunk: bool = False
+    first_token_from_prefill: bool = True
 
     @property
     def prefill_first(self) -> bool:

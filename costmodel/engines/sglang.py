@@ -10,4 +10,9 @@ from .policies import OutputReserveAdmission, PrefillFirst
 
 SGLANG = Engine(name="sglang", display_name="SGLang", version="0.4-0.5.x",
                 scheduling=PrefillFirst(), admission=OutputReserveAdmission(),
-                fit_ttft_joint=True, fit_pool_stage=True)
+                fit_ttft_joint=True, fit_pool_stage=True,
+                # disaggregated (--disaggregation-mode): each finished chunk of a chunked prompt
+                # goes to the decode server while the next one computes, the last with the first
+                # output token (python/sglang/srt/disaggregation/prefill.py process_prefill_chunk
+                # -> send_kv_chunk; "token_id is the first output token")
+                kv_sent_per_chunk=True, first_token_from_prefill=True)

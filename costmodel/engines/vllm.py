@@ -9,4 +9,11 @@ from .base import Engine
 from .policies import MixedChunkedPrefill, PromptAdmission
 
 VLLM = Engine(name="vllm", display_name="vLLM", version="V1 engine (0.8 and later)",
-              scheduling=MixedChunkedPrefill(), admission=PromptAdmission(), staggered_clients=True)
+              scheduling=MixedChunkedPrefill(), admission=PromptAdmission(), staggered_clients=True,
+              # disaggregated (NixlConnector, vLLM 0.8+): the decode replica pulls the prompt's KV
+              # blocks after the prefill request finishes (nixl_connector.py
+              # get_num_new_matched_tokens: "Remote prefill: get all prompt blocks from remote"),
+              # then recomputes the last prompt token for its first output token
+              # (vllm/v1/core/sched/scheduler.py _update_waiting_for_remote_kv:
+              # "if num_computed_tokens == request.num_tokens: num_computed_tokens -= 1")
+              kv_sent_per_chunk=False, first_token_from_prefill=False)

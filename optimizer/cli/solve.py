@@ -89,6 +89,11 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
         from optimizer.gpu_choice import solve_gpu_choice
         solve = solve_gpu_choice  # noqa: F811
+    # aggregated and/or disaggregated deployments (search.deployment; optimizer.deployment_choice)
+    from functools import partial
+
+    from optimizer.deployment_choice import solve_deployments
+    solve = partial(solve_deployments, solve_one=solve)  # noqa: F811
     with _workers(n_workers, storage, workload, sys.argv) as shared:
         result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
                        study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
@@ -153,14 +158,22 @@ def summary_text(r: dict, storage: str | None) -> str:
         c = r.get("closest") or {}
         if c.get("config"):
             lines.append(f"  closest: {_cfg(c['config'])}: {c.get('miss', '')}")
+        from optimizer.deployment_choice import deployment_lines
+        lines += deployment_lines(r)
         return "\n".join(lines)
     rec, p, c, b = r["recommendation"], r["predicted"], r["cost"], r["bottleneck"]
     layout = f"TP{rec['tp']}" + (f" x PP{rec['pp']}" if rec.get("pp", 1) > 1 else "") \
         + (f" EP{rec['ep']}" if rec.get("ep", 1) > 1 else "") + (" DP-attention" if rec.get("dp_attention") else "")
     per = rec.get("nodes_per_replica", 1)
-    lines.append(f"Recommendation: {rec['replicas']} x {layout} {rec['model']} on {rec['gpus']} {rec['gpu']} "
-                 f"({rec['nodes']} node{'s' if rec['nodes'] > 1 else ''}"
-                 + (f", {per} per replica" if per > 1 else "") + ")")
+    if rec.get("deployment") == "disaggregated":  # prefill and decode pools (optimizer.deployment_choice)
+        q, d = rec["prefill"], rec["decode"]
+        lines.append(f"Recommendation: disaggregated, {q['replicas']} prefill x TP{q['tp']} + {d['replicas']} decode x "
+                     f"TP{d['tp']} {rec['model']} on {rec['gpus']} {rec['gpu']} "
+                     f"({rec['nodes']} node{'s' if rec['nodes'] > 1 else ''})")
+    else:
+        lines.append(f"Recommendation: {rec['replicas']} x {layout} {rec['model']} on {rec['gpus']} {rec['gpu']} "
+                     f"({rec['nodes']} node{'s' if rec['nodes'] > 1 else ''}"
+                     + (f", {per} per replica" if per > 1 else "") + ")")
     lines.append(f"  batch cap {rec['batch_cap']}  chunk {rec['chunk_tokens']} tokens  KV {rec['kv_dtype']}  "
                  f"speculative k {rec['spec_k']}")
     lines.append(f"  cost ${c['usd_per_hour']:.2f}/h  ${c['usd_per_million_output_tokens']:.3f} per 1M output tokens"
@@ -171,8 +184,12 @@ def summary_text(r: dict, storage: str | None) -> str:
     lines.append(f"  TTFT p50/p90/p99 {p['ttft_ms']['p50']:.0f}/{p['ttft_ms']['p90']:.0f}/{p['ttft_ms']['p99']:.0f} ms   "
                  f"TPOT p50/p90/p99 {p['tpot_ms']['p50']:.1f}/{p['tpot_ms']['p90']:.1f}/{p['tpot_ms']['p99']:.1f} ms   "
                  f"{p['tok_s_per_user']:.0f} tok/s per user  {p['output_tok_s']:,.0f} output tok/s")
-    lines.append(f"  bottleneck: {b['term']} (batch limited by {b['batch_limit']} at {b['operating_batch']}; "
-                 f"step {b.get('step_ms') or 0:.1f} ms: memory {b.get('mem_ms') or 0:.1f}, compute {b.get('compute_ms') or 0:.1f})")
+    if b["term"] != "disaggregated":
+        lines.append(f"  bottleneck: {b['term']} (batch limited by {b['batch_limit']} at {b['operating_batch']}; "
+                     f"step {b.get('step_ms') or 0:.1f} ms: memory {b.get('mem_ms') or 0:.1f}, "
+                     f"compute {b.get('compute_ms') or 0:.1f})")
+    from optimizer.deployment_choice import deployment_lines
+    lines += deployment_lines(r)
     for n in r.get("notes", []):
         lines.append(f"  note: {n}")
     for g in r.get("gpu_choice", []):

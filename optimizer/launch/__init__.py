@@ -10,21 +10,23 @@ online quantization. Where an engine cannot run the pick, its entry says why ins
 command (``unsupported``).
 
 Per engine: ``vllm.py``, ``sglang.py``, ``trtllm.py``, ``llamacpp.py``; ``kubernetes.py`` wraps the
-chosen engine in a Deployment or, for a replica spanning nodes, a LeaderWorkerSet.
+chosen engine in a Deployment or, for a replica spanning nodes, a LeaderWorkerSet; ``disagg.py``
+gives a disaggregated pick's prefill and decode pools, router and manifest for every engine.
 """
 
 from __future__ import annotations
 
 from . import kubernetes
+from .disagg import disaggregated_launch
 from .llamacpp import llamacpp_argv
 from .pick import SPEC_METHODS, LaunchPick, MemoryFacts, Unsupported, build_pick, native_fp8
 from .sglang import sglang_argv, sglang_mixed_chunk
 from .shell import argv_of, command, comment_block
 from .trtllm import trtllm_argv
-from .versions import ENGINE_VERSIONS, ENGINES, FLAGS, TRTLLM_KEYS
+from .versions import ENGINE_VERSIONS, ENGINES, FLAGS, ROUTER_VERSIONS, TRTLLM_DISAGG_KEYS, TRTLLM_KEYS
 from .vllm import vllm_argv
 
-__all__ = ["launch_settings", "launch_for_pick", "build_pick", "scheduling", "CHECKED", "ENGINE_VERSIONS",
+__all__ = ["launch_settings", "launch_for_pick", "disaggregated_launch", "ROUTER_VERSIONS", "TRTLLM_DISAGG_KEYS", "build_pick", "scheduling", "CHECKED", "ENGINE_VERSIONS",
            "ENGINES", "FLAGS", "TRTLLM_KEYS", "LaunchPick", "MemoryFacts", "Unsupported", "SPEC_METHODS", "argv_of"]
 
 CHECKED = ("flags read from the engines' own sources: " +

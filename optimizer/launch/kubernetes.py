@@ -17,7 +17,7 @@ import yaml
 from .pick import LaunchPick, Unsupported
 from .versions import EngineVersion
 
-__all__ = ["manifest", "dump_yaml", "HF_SECRET", "HF_CACHE"]
+__all__ = ["manifest", "dump_yaml", "container", "volumes", "pvc", "service", "HF_SECRET", "HF_CACHE"]
 
 HF_SECRET = {"name": "hf-token", "key": "token"}
 HF_CACHE = "/root/.cache/huggingface"
@@ -46,7 +46,7 @@ def _probes() -> dict:
     }
 
 
-def _container(name: str, image: str, argv: list[str], gpus: int, p: LaunchPick, serve: bool) -> dict:
+def container(name: str, image: str, argv: list[str], gpus: int, p: LaunchPick, serve: bool) -> dict:
     c = {"name": name, "image": image, "command": list(argv),
          "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {**HF_SECRET, "optional": not p.gated}}},
                  {"name": "HF_HOME", "value": HF_CACHE}],
@@ -58,19 +58,19 @@ def _container(name: str, image: str, argv: list[str], gpus: int, p: LaunchPick,
     return c
 
 
-def _volumes(name: str) -> list[dict]:
+def volumes(name: str) -> list[dict]:
     return [{"name": "hf-cache", "persistentVolumeClaim": {"claimName": f"{name}-hf-cache"}},
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]
 
 
-def _pvc(name: str, p: LaunchPick) -> dict:
+def pvc(name: str, p: LaunchPick) -> dict:
     # room for the checkpoint kvtune planned (its weight bytes) plus a fifth, at least 20 GiB
     size_gib = 100 if p.memory is None else max(20, math.ceil(p.memory.weight_bytes_total * 1.2 / 2**30))
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": f"{name}-hf-cache"},
             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": f"{size_gib}Gi"}}}}
 
 
-def _service(name: str, selector: dict) -> dict:
+def service(name: str, selector: dict) -> dict:
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": {"app": name}},
             "spec": {"selector": dict(selector), "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}
 
@@ -82,24 +82,24 @@ def manifest(p: LaunchPick, name: str, version: EngineVersion, argv_for) -> str:
         raise Unsupported(f"{version.label} has no published container image: build one and put it in the manifest")
     label = {"app": name}
     if not p.multi_node:
-        pod = {"containers": [_container("engine", version.image, argv_for(None, None, None), p.gpus_per_replica,
-                                         p, True)], "volumes": _volumes(name)}
+        pod = {"containers": [container("engine", version.image, argv_for(None, None, None), p.gpus_per_replica,
+                                         p, True)], "volumes": volumes(name)}
         work = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": label},
                 "spec": {"replicas": p.replicas, "selector": {"matchLabels": label},
                          "template": {"metadata": {"labels": label}, "spec": pod}}}
-        return dump_yaml([_pvc(name, p), work, _service(name, label)])
+        return dump_yaml([pvc(name, p), work, service(name, label)])
     if p.gpus_per_replica % p.nodes:
         raise Unsupported(f"{p.gpus_per_replica} GPUs per replica do not split evenly over {p.nodes} nodes")
     leader_label = {"app": name, "role": "leader"}
     addr, size = "$(LWS_LEADER_ADDRESS)", "$(LWS_GROUP_SIZE)"
     leader = {"metadata": {"labels": leader_label},
-              "spec": {"containers": [_container("leader", version.image, argv_for("0", addr, size),
-                                                 p.gpus_per_pod, p, True)], "volumes": _volumes(name)}}
+              "spec": {"containers": [container("leader", version.image, argv_for("0", addr, size),
+                                                 p.gpus_per_pod, p, True)], "volumes": volumes(name)}}
     worker = {"metadata": {"labels": {"app": name, "role": "worker"}},
-              "spec": {"containers": [_container("worker", version.image, argv_for("$(LWS_WORKER_INDEX)", addr, size),
-                                                 p.gpus_per_pod, p, False)], "volumes": _volumes(name)}}
+              "spec": {"containers": [container("worker", version.image, argv_for("$(LWS_WORKER_INDEX)", addr, size),
+                                                 p.gpus_per_pod, p, False)], "volumes": volumes(name)}}
     lws = {"apiVersion": _LWS_API, "kind": "LeaderWorkerSet", "metadata": {"name": name, "labels": label},
            "spec": {"replicas": p.replicas,
                     "leaderWorkerTemplate": {"size": p.nodes, "restartPolicy": "RecreateGroupOnPodRestart",
                                              "leaderTemplate": leader, "workerTemplate": worker}}}
-    return dump_yaml([_pvc(name, p), lws, _service(name, leader_label)])
+    return dump_yaml([pvc(name, p), lws, service(name, leader_label)])

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EngineVersion", "ENGINE_VERSIONS", "FLAGS", "TRTLLM_KEYS", "ENGINES"]
+__all__ = ["EngineVersion", "ENGINE_VERSIONS", "ROUTER_VERSIONS", "FLAGS", "TRTLLM_KEYS", "TRTLLM_DISAGG_KEYS",
+           "ENGINES"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,18 @@ ENGINE_VERSIONS: dict[str, EngineVersion] = {
 }
 ENGINES = tuple(ENGINE_VERSIONS)
 
+# the routers in front of a disaggregated deployment (optimizer/launch/disagg.py); their flags were
+# read from the installed wheel's own --help
+ROUTER_VERSIONS: dict[str, EngineVersion] = {
+    "vllm-router": EngineVersion(
+        "vllm-router", "vllm-router", "0.1.17",
+        "vllm-router 0.1.17 wheel (PyPI, vllm-project/router): vllm-router --help", ""),
+    "sglang-router": EngineVersion(
+        "sglang-router", "sglang-router", "0.3.2",
+        "sglang-router 0.3.2 wheel (PyPI): python -m sglang_router.launch_router --help (sglang_router/router_args.py)",
+        ""),
+}
+
 _V = "vllm/engine/arg_utils.py EngineArgs.add_cli_args"
 _S = "sglang/srt/arg_groups/fields"
 _L = "tools/server/README.md"
@@ -82,6 +95,8 @@ FLAGS: dict[str, dict[str, str]] = {
         "--quantization": f"{_V}, ModelConfig group; fp8_per_tensor: quantization/__init__.py online shorthands "
                           "(fp8 itself refuses online quantization: quantization/fp8.py Fp8Config)",
         "--speculative-config": f"{_V}, VllmConfig group; keys vllm/config/speculative.py SpeculativeConfig",
+        "--kv-transfer-config": f"{_V}, VllmConfig group; keys vllm/config/kv_transfer.py KVTransferConfig "
+                                "(kv_connector NixlConnector: kv_connector/factory.py; kv_role kv_both)",
         "--host": "vllm/entrypoints/common/cli_args.py (host)",
         "--port": "vllm/entrypoints/common/cli_args.py (port, default 8000)",
     },
@@ -108,6 +123,9 @@ FLAGS: dict[str, dict[str, str]] = {
         "--speculative-eagle-topk": f"{_S}/spec.py speculative_eagle_topk",
         "--speculative-num-draft-tokens": f"{_S}/spec.py speculative_num_draft_tokens",
         "--speculative-ngram-max-bfs-breadth": f"{_S}/spec.py speculative_ngram_max_bfs_breadth",
+        "--disaggregation-mode": f"{_S}/disagg.py disaggregation_mode (null, prefill, decode)",
+        "--disaggregation-transfer-backend": f"{_S}/disagg.py disaggregation_transfer_backend (default mooncake)",
+        "--disaggregation-bootstrap-port": f"{_S}/disagg.py disaggregation_bootstrap_port (default 8998)",
         "--host": f"{_S}/serving.py host",
         "--port": f"{_S}/serving.py port (default 30000)",
     },
@@ -120,6 +138,24 @@ FLAGS: dict[str, dict[str, str]] = {
         "--extra_llm_api_options": "commands/trtllm-serve (Options): a YAML of LlmArgs keys",
         "--host": "commands/trtllm-serve (Options)",
         "--port": "commands/trtllm-serve (Options, default 8000)",
+        "-c": "commands/trtllm-serve disaggregated (-c, --config_file: the disaggregated server's YAML; "
+              "examples/disaggregated/README.md)",
+    },
+    "vllm-router": {
+        "--vllm-pd-disaggregation": "vllm-router --help (PD mode)",
+        "--policy": "vllm-router --help (random, round_robin, cache_aware, ...)",
+        "--prefill": "vllm-router --help (--prefill URL [BOOTSTRAP_PORT], repeated per prefill server)",
+        "--decode": "vllm-router --help (--decode URL, repeated per decode server)",
+        "--host": "vllm-router --help",
+        "--port": "vllm-router --help",
+    },
+    "sglang-router": {
+        "--pd-disaggregation": "launch_router --help (PD mode)",
+        "--policy": "launch_router --help (random, round_robin, cache_aware, power_of_two, manual)",
+        "--prefill": "launch_router --help (--prefill URL [BOOTSTRAP_PORT], repeated per prefill server)",
+        "--decode": "launch_router --help (--decode URL, repeated per decode server)",
+        "--host": "launch_router --help",
+        "--port": "launch_router --help (default 30000)",
     },
     "llamacpp": {
         "-m": f"{_L} (Common params: -m, --model FNAME)",
@@ -166,4 +202,21 @@ TRTLLM_KEYS: dict[str, str] = {
     "speculative_config.eagle3_one_model": "EagleDecodingConfig (examples/llm_speculative_decoding.py)",
     "speculative_config.num_nextn_predict_layers": "MTPDecodingConfig",
     "speculative_config.max_matching_ngram_size": "NGramDecodingConfig",
+    # disaggregated workers (examples/disaggregated/README.md of the 1.0 line; llm-api/reference)
+    "disable_overlap_scheduler": "TorchLlmArgs; off on context servers (examples/disaggregated/README.md: the "
+                                 "overlap scheduler is not supported there)",
+    "cache_transceiver_config": "TorchLlmArgs -> CacheTransceiverConfig",
+    "cache_transceiver_config.backend": "CacheTransceiverConfig (DEFAULT, UCX, NIXL, MPI)",
+    "cache_transceiver_config.max_tokens_in_buffer": "CacheTransceiverConfig (>= the longest prompt, README)",
+}
+
+# keys of the disaggregated server's YAML (trtllm-serve disaggregated -c; examples/disaggregated/README.md)
+TRTLLM_DISAGG_KEYS: dict[str, str] = {
+    "hostname": "disagg_config.yaml: the server's bind address",
+    "port": "disagg_config.yaml: the server's port",
+    "backend": "disagg_config.yaml: pytorch",
+    "context_servers": "disagg_config.yaml", "context_servers.num_instances": "disagg_config.yaml",
+    "context_servers.urls": "disagg_config.yaml (host:port per context server)",
+    "generation_servers": "disagg_config.yaml", "generation_servers.num_instances": "disagg_config.yaml",
+    "generation_servers.urls": "disagg_config.yaml (host:port per generation server)",
 }
