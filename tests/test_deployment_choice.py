@@ -43,6 +43,7 @@ def long_prompts(tmp_path_factory):
     return _solve(RAG, tmp_path_factory.mktemp("long"))
 
 
+@pytest.mark.slow
 def test_long_prompts_and_tight_slos_pick_a_disaggregated_deployment_with_its_pools_and_launch(long_prompts):
     r, text = long_prompts
     d = r["deployment"]
@@ -98,6 +99,7 @@ def test_search_deployment_is_checked(tmp_path):
     assert r.exit_code == 2 and "search.deployment" in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.slow
 def test_disaggregated_only_recommends_it_and_names_the_aggregated_best(tmp_path):
     w = yaml.safe_load(RAG.read_text())
     w["search"]["deployment"] = ["disaggregated"]
@@ -110,6 +112,7 @@ def test_disaggregated_only_recommends_it_and_names_the_aggregated_best(tmp_path
     assert "lists disaggregated only; the best aggregated would be" in text
 
 
+@pytest.mark.slow
 def test_a_disaggregated_deployment_answers_where_no_aggregated_one_meets_the_slos(tmp_path):
     import dataclasses
 

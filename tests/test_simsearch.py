@@ -88,6 +88,7 @@ def test_records_round_trip_through_json():
     assert Outcome.from_json(json.loads(json.dumps(o.to_json()))) == o and o.config == p
 
 
+@pytest.mark.slow
 def test_one_or_two_local_processes_give_the_same_race():
     ctx = SolveContext.build(tiny_spec())
     a = race(ctx, LocalRunner(ctx, 1))

@@ -171,6 +171,7 @@ def test_bad_yaml_one_line_exit_2_nothing_written(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_json_has_the_contract_keys(tmp_path):
     out = tmp_path / "r.json"
     code, text = run(["solve", str(EX / "chat-llama3.1-8b.yaml"), "--trials", "20", "--json", str(out), "--quiet"])
