@@ -13,8 +13,9 @@ from costmodel import IDEAL, Efficiency, InputError, StepModel, get_gpu, get_mod
 from costmodel.calibration import load_calibration
 from costmodel.fit import RowPredictor, evaluate, fit_efficiency, mape
 from costmodel.hardware import load_gpu_file
-from costmodel.profile_table import COLUMNS, ProfileRow, read_table
+from costmodel.profile_table import ProfileRow, read_table
 from optimizer.cli import main
+from optimizer.importers import rows_to_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = get_gpu("h100-sxm")
@@ -51,13 +52,7 @@ def synthetic_rows(truth: Efficiency, noise: float = 0.03, seed: int = 0, tps=(1
 
 
 def write_table(path: Path, rows) -> Path:
-    import csv
-
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow(r.as_csv_row())
+    path.write_text(rows_to_csv(rows))
     return path
 
 

@@ -10,7 +10,6 @@ fitted on half of the CPU llama.cpp table predicts the other half better than id
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 from pathlib import Path
@@ -22,8 +21,9 @@ from click.testing import CliRunner
 
 from costmodel import StepModel, get_gpu, get_model
 from costmodel.calibration import efficiency_for
-from costmodel.profile_table import COLUMNS, ProfileRow, read_table
+from costmodel.profile_table import ProfileRow, read_table
 from optimizer.cli import main
+from optimizer.importers import rows_to_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = ROOT / "tests" / "data" / "fixed-llama3.1-8b.yaml"
@@ -50,12 +50,8 @@ def mape(pred, meas) -> float:
     return float(np.mean(np.abs(p / m - 1)) * 100)
 
 
-def write_table(path: Path, rows: list[ProfileRow]) -> Path:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow(r.as_csv_row())
+def write_table(path: Path, rows) -> Path:
+    path.write_text(rows_to_csv(rows))
     return path
 
 

@@ -15,8 +15,9 @@ from costmodel.calibration import efficiency_for
 from costmodel.closed_loop import STAGGERED_ENGINES, default_clients, measured_window
 from costmodel.dtypes import BYTES_PER_ELEMENT, canonical
 from costmodel.fit import RowPredictor
-from costmodel.profile_table import COLUMNS, ProfileRow, read_table
+from costmodel.profile_table import ProfileRow, read_table
 from optimizer.cli import main
+from optimizer.importers import rows_to_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_TABLE = ROOT / "profiles" / "tables" / "smollm2-135m-cpu-llamacpp.csv"
@@ -36,13 +37,7 @@ def kvtune_json(*args) -> dict:
 
 
 def write_table(path: Path, rows) -> Path:
-    import csv
-
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow(r.as_csv_row())
+    path.write_text(rows_to_csv(rows))
     return path
 
 
