@@ -121,9 +121,8 @@ def _margin(spec, win: dict, lose: dict) -> float:
 
 
 def _better(spec, d: dict, a: dict) -> bool:
-    if spec.objective == "min_cost":
-        return (d["usd_per_hour"], -d["goodput_req_s"]) < (a["usd_per_hour"], -a["goodput_req_s"])
-    return d["goodput_req_s"] / d["usd_per_hour"] > a["goodput_req_s"] / a["usd_per_hour"]
+    return spec.objective_key(d["usd_per_hour"], d["goodput_req_s"]) < \
+        spec.objective_key(a["usd_per_hour"], a["goodput_req_s"])
 
 
 def _disagg_recommendation(spec, ctx_model: str, gpu: str, d: dict, kinds) -> dict:

@@ -21,9 +21,7 @@ __all__ = ["solve_gpu_choice"]
 def _score(spec, r: dict) -> tuple:
     if r["status"] != "ok":
         return (1, 0.0)
-    if spec.objective == "max_goodput":
-        return (0, -r["predicted"]["goodput_req_s"] / r["cost"]["usd_per_hour"])
-    return (0, r["cost"]["usd_per_hour"], -r["predicted"]["goodput_req_s"])
+    return (0, *spec.objective_key(r["cost"]["usd_per_hour"], r["predicted"]["goodput_req_s"]))
 
 
 def _row(gpu: str, usd: float, r: dict) -> dict:

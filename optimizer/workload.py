@@ -169,6 +169,13 @@ class WorkloadSpec:
     objective: str = "min_cost"
     search: SearchSpec = field(default_factory=SearchSpec)
 
+    def objective_key(self, usd_per_hour: float, goodput_req_s: float) -> tuple[float, ...]:
+        """Order of two answers under the objective, smaller first: min_cost by $/h, then more
+        goodput; max_goodput by more goodput per $/h."""
+        if self.objective == "max_goodput":
+            return (-goodput_req_s / usd_per_hour,)
+        return (usd_per_hour, -goodput_req_s)
+
     def requests(self, n: int, seed: int, rate_req_s: float | None = None) -> Requests:
         """``n`` requests of this workload (see ``costmodel.traffic.Workload.requests``)."""
         return self.workload.requests(n, seed, rate_req_s)
