@@ -18,22 +18,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from costmodel import StepModel, efficiency_for, get_gpu, get_model  # noqa: E402
-from costmodel.engines import get_engine  # noqa: E402
-from costmodel.errors import DoesNotFit, InputError  # noqa: E402
-from costmodel.goodput import goodput  # noqa: E402
-from costmodel.requests import Requests  # noqa: E402
-from costmodel.simulate import SimConfig  # noqa: E402
-from optimizer.disagg import margin, search_disaggregated  # noqa: E402
+from kvtune.costmodel import StepModel, efficiency_for, get_gpu, get_model
+from kvtune.costmodel.engines import get_engine
+from kvtune.costmodel.errors import DoesNotFit, InputError
+from kvtune.costmodel.goodput import goodput
+from kvtune.costmodel.requests import Requests
+from kvtune.costmodel.simulate import SimConfig
+from kvtune.optimizer.disagg import margin, search_disaggregated
 
 
 @dataclass(frozen=True)

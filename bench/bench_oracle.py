@@ -36,13 +36,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvtune.optimizer.simsearch import lattice_configs, never_fit_reason
+from kvtune.optimizer.verify import verify_config
+from kvtune.optimizer.search import SolveContext, config_key, evaluate
+from kvtune.optimizer.workload import load_workload
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from optimizer.simsearch import lattice_configs, never_fit_reason  # noqa: E402
-from optimizer.verify import verify_config  # noqa: E402
-from optimizer.search import SolveContext, config_key, evaluate  # noqa: E402
-from optimizer.workload import load_workload  # noqa: E402
 
 CODE_FILES = ("costmodel/simulate.py", "costmodel/goodput.py", "costmodel/step.py", "costmodel/memory.py",
               "costmodel/sim_clock.py", "costmodel/traffic.py", "optimizer/verify.py", "optimizer/screen.py")

@@ -25,9 +25,9 @@ import time
 
 import numpy as np
 
-from costmodel import StepModel, efficiency_for, get_gpu, get_model
-from costmodel.requests import Requests
-from costmodel.simulate import SimConfig, simulate
+from kvtune.costmodel import StepModel, efficiency_for, get_gpu, get_model
+from kvtune.costmodel.requests import Requests
+from kvtune.costmodel.simulate import SimConfig, simulate
 
 TARGET_REQ_S = 25_000
 

@@ -41,7 +41,7 @@ def main() -> int:
         print("pgserver is not installed: pip install -e '.[pg]'")
         return 2
     import optuna
-    from optimizer.scaleout import sim_study_name
+    from kvtune.optimizer.scaleout import sim_study_name
     with tempfile.TemporaryDirectory() as d:
         srv = pgserver.get_server(str(Path(d) / "pg"), cleanup_mode="stop")
         try:

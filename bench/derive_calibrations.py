@@ -7,18 +7,16 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from kvtune.costmodel import get_gpu, list_gpus
+from kvtune.costmodel.files import load_yaml, profiles_path
+from kvtune.costmodel.calibration import ENGINES
+from kvtune.costmodel.derived import BASE_GPU, derive_calibration, sha256_file
 
-from costmodel import get_gpu, list_gpus  # noqa: E402
-from costmodel.files import load_yaml, profiles_path  # noqa: E402
-from costmodel.calibration import ENGINES  # noqa: E402
-from costmodel.derived import BASE_GPU, derive_calibration, sha256_file  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 HEADER = ("# Derived by bench/derive_calibrations.py (costmodel.derived): NOT fitted to this GPU. The base\n"
           "# calibration's efficiencies and overheads carried to this GPU's datasheet; see 'derivation'.\n")

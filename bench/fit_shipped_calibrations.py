@@ -22,10 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvtune.costmodel.profile_table import COLUMNS, ProfileRow
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from costmodel.profile_table import COLUMNS, ProfileRow  # noqa: E402
 
 TABLES = ROOT / "profiles" / "tables"
 CALIB = ROOT / "profiles" / "calibrations"
@@ -163,7 +161,7 @@ def main(argv=None) -> int:
     print(f"converted: {paths['silicon']} {paths['published']}")
     if args.convert_only:
         return 0
-    from optimizer.calibrate import fit_shipped, refit_fp8_shipped
+    from kvtune.optimizer.calibrate import fit_shipped, refit_fp8_shipped
     if args.fp8_only:
         refit_fp8_shipped(paths, CALIB, log=print, only=tuple(args.only))
     else:

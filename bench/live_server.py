@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     binary = find_server(a.server_bin, a.cache_dir) or build_server(a.cache_dir, a.build_jobs)
     kvtune = shutil.which("kvtune")
-    kv_cmd = [kvtune] if kvtune else [sys.executable, "-c", "import sys; from optimizer.cli import main; sys.exit(main())"]
+    kv_cmd = [kvtune] if kvtune else [sys.executable, "-c", "import sys; from kvtune.optimizer.cli import main; sys.exit(main())"]
     flags = server_flags(a.threads, a.slots, a.ctx)
     a.output.parent.mkdir(parents=True, exist_ok=True)
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / "kvtune-llama-server.log"

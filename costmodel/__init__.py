@@ -3,6 +3,8 @@
 Pure: no printing, no file writing, no environment reading. ``optimizer`` builds on it.
 """
 
+from kvtune import __version__  # the one version source (kvtune/__init__.py)
+
 from .calibration import efficiency_for, find_calibration, load_calibration
 from .efficiency import IDEAL, Efficiency
 from .errors import DoesNotFit, Infeasible, InputError, KvtuneError, ProfileDataMissing
@@ -11,8 +13,6 @@ from .hardware import GPU, get_gpu, list_gpus
 from .memory import MemoryPlan, plan_memory, weight_bytes
 from .models import ModelArch, get_model, list_models, model_from_config
 from .step import SpecConfig, StepBreakdown, StepModel, spec_tokens_per_step
-
-__version__ = "0.1.0"
 
 __all__ = [
     "GPU", "get_gpu", "list_gpus", "ModelArch", "get_model", "list_models", "model_from_config",

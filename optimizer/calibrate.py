@@ -18,20 +18,20 @@ from typing import Callable, Sequence
 
 import yaml
 
-from costmodel import __version__
-from costmodel.calibration import ENGINES, efficiency_for, load_calibration
-from costmodel.engines import REGISTRY
-from costmodel.efficiency import FP8_PARAMS, IDEAL, PARAM_BOUNDS, Efficiency
-from costmodel.dtypes import KNOWN as KNOWN_DTYPES, canonical as canonical_dtype
-from costmodel.errors import DoesNotFit, InputError
-from costmodel.closed_loop import STAGGERED_ENGINES as _STAGGERED, canonical_engine
-from costmodel.fit import (FIT_PARAMS, METRICS, FitResult, FoldResult, PointFit, RowPredictor, cross_validate, evaluate,
+from kvtune import __version__
+from kvtune.costmodel.calibration import ENGINES, efficiency_for, load_calibration
+from kvtune.costmodel.engines import REGISTRY
+from kvtune.costmodel.efficiency import FP8_PARAMS, IDEAL, PARAM_BOUNDS, Efficiency
+from kvtune.costmodel.dtypes import KNOWN as KNOWN_DTYPES, canonical as canonical_dtype
+from kvtune.costmodel.errors import DoesNotFit, InputError
+from kvtune.costmodel.closed_loop import STAGGERED_ENGINES as _STAGGERED, canonical_engine
+from kvtune.costmodel.fit import (FIT_PARAMS, METRICS, FitResult, FoldResult, PointFit, RowPredictor, cross_validate, evaluate,
                            fit_efficiency, measured_metrics, visible_params)
-from costmodel.hardware import GPU, get_gpu
-from costmodel.memory import GPU_MEM_UTIL
-from costmodel.models import get_model
-from costmodel.step import StepModel
-from costmodel.profile_table import ProfileRow, read_table
+from kvtune.costmodel.hardware import GPU, get_gpu
+from kvtune.costmodel.memory import GPU_MEM_UTIL
+from kvtune.costmodel.models import get_model
+from kvtune.costmodel.step import StepModel
+from kvtune.costmodel.profile_table import ProfileRow, read_table
 
 __all__ = ["TableInput", "load_tables", "resolve_base", "select_rows", "calibrate",
            "calibration_dict", "calibration_yaml", "fit_shipped"]
@@ -399,7 +399,7 @@ def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None
                 max_nfev: int = 30, cv: bool = True, only: tuple[str, ...] = ()) -> dict[str, dict]:
     """Fit and write the shipped H100 calibrations (used by bench/fit_shipped_calibrations.py);
     ``only`` names the ones to refit (default all)."""
-    from optimizer.output import write_atomic
+    from kvtune.optimizer.output import write_atomic
 
     gpu = get_gpu("h100-sxm")
     predict = RowPredictor(gpu, stagger=STAGGERED_ENGINES)
@@ -455,7 +455,7 @@ def refit_fp8_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str]
     """The FP8 stage alone on the shipped files as they are (their other parameters fixed): what
     ``fit_shipped`` does last, without the bf16 stages' half hour of CPU. Rewrites each file's FP8
     params, their uncertainty and ``fit.fp8``; everything else is kept."""
-    from optimizer.output import write_atomic
+    from kvtune.optimizer.output import write_atomic
 
     gpu = get_gpu("h100-sxm")
     predict = RowPredictor(gpu, stagger=STAGGERED_ENGINES)

@@ -63,7 +63,7 @@ def _score(spec, max_total: int, rate: float, usd: float):
 def disaggregated_answer(spec, seed=None, calibration=None, engine=None, profile=None) -> tuple[dict, object]:
     """The best disaggregated deployment for ``spec`` (its own record: status ok or a reason), and
     the solve context it was searched in (None where skipped)."""
-    from costmodel.deployment import Pool, kv_link, simulate_disaggregated
+    from kvtune.costmodel.deployment import Pool, kv_link, simulate_disaggregated
 
     from .search import SolveContext
 

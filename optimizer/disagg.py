@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from costmodel.deployment import Pool, disaggregated_bound_req_s, kv_link, simulate_disaggregated
-from costmodel.goodput import goodput
+from kvtune.costmodel.deployment import Pool, disaggregated_bound_req_s, kv_link, simulate_disaggregated
+from kvtune.costmodel.goodput import goodput
 
 __all__ = ["PoolChoice", "DisaggCandidate", "DisaggSearch", "search_disaggregated", "margin", "DEFAULT_ENGINE"]
 

@@ -39,9 +39,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from costmodel.errors import InputError
-from costmodel.files import FLOAT_MAX, read_text, reading
-from costmodel.profile_table import COLUMNS, METADATA_COLUMNS, ProfileRow, check_value
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.files import FLOAT_MAX, read_text, reading
+from kvtune.costmodel.profile_table import COLUMNS, METADATA_COLUMNS, ProfileRow, check_value
 
 __all__ = ["FORMATS", "Metadata", "detect_format", "import_file", "import_files", "latency_summary",
            "rows_to_csv"]

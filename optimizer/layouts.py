@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from costmodel.memory import gpus_to_hold
-from costmodel.parallel import Parallel
+from kvtune.costmodel.memory import gpus_to_hold
+from kvtune.costmodel.parallel import Parallel
 
 __all__ = ["search_layouts", "layout_params", "gpus_per_replica", "layout_label"]
 

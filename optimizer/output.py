@@ -10,8 +10,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from costmodel.errors import InputError
-from costmodel.files import path_kind
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.files import path_kind
 
 __all__ = ["check_output_path", "write_atomic"]
 

@@ -37,8 +37,8 @@ from typing import Callable
 
 import numpy as np
 
-from costmodel.errors import InputError, KvtuneError
-from costmodel.profile_table import ProfileRow
+from kvtune.costmodel.errors import InputError, KvtuneError
+from kvtune.costmodel.profile_table import ProfileRow
 
 from .importers import Metadata, latency_summary
 

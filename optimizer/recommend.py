@@ -16,7 +16,7 @@ import math
 
 import optuna
 
-from costmodel import __version__
+from kvtune import __version__
 
 from .launch import launch_settings
 from .layouts import gpus_per_replica, layout_params

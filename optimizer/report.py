@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.errors import InputError
+from kvtune.costmodel.errors import InputError
 
 __all__ = ["write_report"]
 
@@ -85,7 +85,7 @@ def _pareto(result: dict, path: Path) -> None:
 
 
 def _latency(ctx, rec: dict, result: dict, path: Path) -> None:
-    from costmodel.simulate import SimConfig, simulate
+    from kvtune.costmodel.simulate import SimConfig, simulate
     plt = _plt()
     sm = ctx.step(rec["tp"], rec["kv_dtype"], rec["spec_k"], rec.get("layout"))
     load = result["predicted"]["load_per_replica_req_s"]

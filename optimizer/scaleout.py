@@ -170,6 +170,6 @@ def spawn_workers(argv: list[str], storage: str, n: int) -> list:
             skip = _DROP[name] and "=" not in a
             continue
         args.append(a)
-    cmd = [sys.executable, "-c", "import sys; from optimizer.cli import main; sys.argv[0] = 'kvtune'; main()",
+    cmd = [sys.executable, "-c", "import sys; from kvtune.optimizer.cli import main; sys.argv[0] = 'kvtune'; main()",
            *args, "--storage", storage, "--workers", "1", "--jobs", "1", "--quiet"]
     return [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n)]

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.requests import Requests
-from costmodel.step import StepCost, StepModel
+from kvtune.costmodel.requests import Requests
+from kvtune.costmodel.step import StepCost, StepModel
 
 __all__ = ["WorkloadStats", "Screen", "screen"]
 

@@ -39,14 +39,14 @@ from typing import Callable
 import optuna
 from optuna.trial import TrialState
 
-from costmodel import SpecConfig, get_model
-from costmodel.efficiency import Efficiency
-from costmodel.errors import DoesNotFit, InputError
-from costmodel.hardware import GPU, resolve_gpu
-from costmodel.models import ModelArch
+from kvtune.costmodel import SpecConfig, get_model
+from kvtune.costmodel.efficiency import Efficiency
+from kvtune.costmodel.errors import DoesNotFit, InputError
+from kvtune.costmodel.hardware import GPU, resolve_gpu
+from kvtune.costmodel.models import ModelArch
 
-from costmodel.parallel import Parallel
-from costmodel.step import StepCost
+from kvtune.costmodel.parallel import Parallel
+from kvtune.costmodel.step import StepCost
 
 from .step_factory import StepFactory
 from .layouts import gpus_per_replica, search_layouts

@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from costmodel.goodput import capacity_bound_req_s
+from kvtune.costmodel.goodput import capacity_bound_req_s
 
 from .layouts import gpus_per_replica
 from .search import Evaluation, SolveContext, config_key, evaluate, grid_space
@@ -163,7 +163,7 @@ def execute(ctx: SolveContext, w: Work) -> dict:
     p = dict(w.params)
     if w.kind == "verify":
         return verify_config(ctx, p).to_json()
-    from costmodel.simulate import simulate
+    from kvtune.costmodel.simulate import simulate
     sm = _step(ctx, p)
     seed = ctx.workload_seed
     req = ctx.spec.requests(w.n_requests, seed, rate_req_s=w.rate_req_s)
@@ -281,7 +281,7 @@ def never_fit_reason(ctx: SolveContext, params: dict) -> str:
     output exceed the whole KV pool, so the engine refuses them), or "" if all fit: the largest
     requests of a ``NEVER_FIT_SAMPLE`` draw, run alone through the simulator. Such a config is
     never recommended, whatever its attainment: a deployment would refuse those requests."""
-    from costmodel.simulate import simulate
+    from kvtune.costmodel.simulate import simulate
     key = ("never_fit", params["tp"], params.get("layout"), params["kv_dtype"], params["spec_k"])
     cache = ctx.memo
     if key not in cache:

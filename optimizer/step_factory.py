@@ -24,17 +24,17 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from costmodel import StepModel
-from costmodel.calibration import lookup_calibration
-from costmodel.efficiency import Efficiency
-from costmodel.engines import ENGINE_NAMES, Engine, get_engine
-from costmodel.errors import InputError, ProfileDataMissing
-from costmodel.hardware import GPU
-from costmodel.measured import MeasuredStepModel
-from costmodel.memory import BLOCK_TOKENS, GPU_MEM_UTIL
-from costmodel.models import ModelArch
-from costmodel.profile_table import ProfileRow, read_table
-from costmodel.step import SpecConfig
+from kvtune.costmodel import StepModel
+from kvtune.costmodel.calibration import lookup_calibration
+from kvtune.costmodel.efficiency import Efficiency
+from kvtune.costmodel.engines import ENGINE_NAMES, Engine, get_engine
+from kvtune.costmodel.errors import InputError, ProfileDataMissing
+from kvtune.costmodel.hardware import GPU
+from kvtune.costmodel.measured import MeasuredStepModel
+from kvtune.costmodel.memory import BLOCK_TOKENS, GPU_MEM_UTIL
+from kvtune.costmodel.models import ModelArch
+from kvtune.costmodel.profile_table import ProfileRow, read_table
+from kvtune.costmodel.step import SpecConfig
 
 __all__ = ["StepFactory", "MeasuredProfile", "step_model_for", "resolve_calibration", "load_profile"]
 
@@ -167,7 +167,7 @@ class StepFactory:
     def sim_config(self, batch_cap: int, chunk_tokens: int, block_tokens: int = BLOCK_TOKENS, prefix_caching: bool = True):
         """The simulator's scheduler for this engine: mixed prefill chunks (as kvtune's launch lines
         configure every engine), with the engine's admission policy (SGLang's output reserve)."""
-        from costmodel.simulate import SimConfig
+        from kvtune.costmodel.simulate import SimConfig
         return SimConfig(int(batch_cap), int(chunk_tokens), int(block_tokens), bool(prefix_caching),
                          output_reserve=self.output_reserve)
 

@@ -23,8 +23,8 @@ import sqlite3
 import urllib.parse
 from pathlib import Path
 
-from costmodel.files import path_kind
-from costmodel.errors import InputError
+from kvtune.costmodel.files import path_kind
+from kvtune.costmodel.errors import InputError
 
 __all__ = ["check_storage_url", "check_journal", "check_sqlite", "SQLITE_HEADER", "journal_backend"]
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.files import path_kind, reading
-from costmodel.errors import InputError
-from costmodel.traffic import MAX_LENGTH_TOKENS, Trace
+from kvtune.costmodel.files import path_kind, reading
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.traffic import MAX_LENGTH_TOKENS, Trace
 
 __all__ = ["read_trace", "detect_format", "FORMATS", "MOONCAKE_BLOCK_TOKENS"]
 

@@ -16,13 +16,13 @@ from typing import Sequence
 
 import numpy as np
 
-from costmodel.calibration import ENGINES, efficiency_for
-from costmodel.closed_loop import STAGGERED_ENGINES, canonical_engine
-from costmodel.efficiency import IDEAL, Efficiency
-from costmodel.errors import InputError, ProfileDataMissing
-from costmodel.fit import METRICS, PointFit, RowPredictor, evaluate, measured_metrics
-from costmodel.hardware import GPU, get_gpu
-from costmodel.profile_table import ProfileRow
+from kvtune.costmodel.calibration import ENGINES, efficiency_for
+from kvtune.costmodel.closed_loop import STAGGERED_ENGINES, canonical_engine
+from kvtune.costmodel.efficiency import IDEAL, Efficiency
+from kvtune.costmodel.errors import InputError, ProfileDataMissing
+from kvtune.costmodel.fit import METRICS, PointFit, RowPredictor, evaluate, measured_metrics
+from kvtune.costmodel.hardware import GPU, get_gpu
+from kvtune.costmodel.profile_table import ProfileRow
 
 __all__ = ["MetricSummary", "ValidationGroup", "Validation", "validate_rows", "summarise", "predictable"]
 

@@ -65,7 +65,7 @@ def sim_config(ctx: SolveContext, params: dict):
         if launch_scheduling(ctx.engine.engine, s.method if s else None, params.get("spec_k", 0)) == "prefill_first":
             cfg = dataclasses.replace(cfg, prefill_first=True)
         return cfg
-    from costmodel.simulate import SimConfig
+    from kvtune.costmodel.simulate import SimConfig
     return SimConfig(batch_cap=int(params["batch_cap"]), chunk_tokens=int(params["chunk_tokens"]))
 
 
@@ -80,7 +80,7 @@ def sim_requests(attainment: float, operating_batch: int) -> int:
     """Requests per simulated rate: goodput's default (>= 100 in the allowed-miss tail, and several
     times the concurrency the screen expects: fewer requests than the KV pool holds sequences
     would all be admitted at once and never queue), capped for simulation time."""
-    from costmodel.goodput import default_n_requests
+    from kvtune.costmodel.goodput import default_n_requests
     return int(min(default_n_requests(attainment, max_concurrency=operating_batch),
                    MAX_SIM_REQUESTS))
 
@@ -111,8 +111,8 @@ def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: f
     """Simulated per-replica goodput, sizing and latencies at the target load for one config.
     ``guess_req_s`` (the screened goodput) starts the goodput bracket; it does not bias the answer
     beyond the bisection tolerance."""
-    from costmodel.goodput import goodput
-    from costmodel.simulate import simulate
+    from kvtune.costmodel.goodput import goodput
+    from kvtune.costmodel.simulate import simulate
 
     sm = ctx.fitting_step(params)
     spec, seed = ctx.spec, ctx.workload_seed

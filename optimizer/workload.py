@@ -41,17 +41,17 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from costmodel import get_gpu, get_model
-from costmodel.files import FLOAT_MAX, parse_yaml, path_kind, printable, profiles_path, read_text, reading
-from costmodel.calibration import ENGINES, efficiency_for
-from costmodel.dtypes import KNOWN as _DTYPE_NAMES
-from costmodel.errors import InputError, KvtuneError
-from costmodel.hardware import load_gpu_file
-from costmodel.memory import GPU_MEM_UTIL
-from costmodel.models import ModelArch
-from costmodel.requests import Requests
-from costmodel.step import SpecConfig
-from costmodel.traffic import DISTS, MAX_LENGTH_TOKENS, SLO, LengthDist, RequestClass, Workload
+from kvtune.costmodel import get_gpu, get_model
+from kvtune.costmodel.files import FLOAT_MAX, parse_yaml, path_kind, printable, profiles_path, read_text, reading
+from kvtune.costmodel.calibration import ENGINES, efficiency_for
+from kvtune.costmodel.dtypes import KNOWN as _DTYPE_NAMES
+from kvtune.costmodel.errors import InputError, KvtuneError
+from kvtune.costmodel.hardware import load_gpu_file
+from kvtune.costmodel.memory import GPU_MEM_UTIL
+from kvtune.costmodel.models import ModelArch
+from kvtune.costmodel.requests import Requests
+from kvtune.costmodel.step import SpecConfig
+from kvtune.costmodel.traffic import DISTS, MAX_LENGTH_TOKENS, SLO, LengthDist, RequestClass, Workload
 
 from .traces import read_trace
 

@@ -29,11 +29,11 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from costmodel import SpecConfig, StepModel, efficiency_for, get_gpu, get_model  # noqa: E402
-from costmodel.measured import MeasuredStepModel  # noqa: E402
-from costmodel.profile_table import ProfileRow  # noqa: E402
-from costmodel.requests import Requests  # noqa: E402
-from costmodel.simulate import SimConfig, simulate_replica, simulate_fleet  # noqa: E402
+from kvtune.costmodel import SpecConfig, StepModel, efficiency_for, get_gpu, get_model  # noqa: E402
+from kvtune.costmodel.measured import MeasuredStepModel  # noqa: E402
+from kvtune.costmodel.profile_table import ProfileRow  # noqa: E402
+from kvtune.costmodel.requests import Requests  # noqa: E402
+from kvtune.costmodel.simulate import SimConfig, simulate_replica, simulate_fleet  # noqa: E402
 
 FIXTURE = HERE / "data" / "sim_golden.json"
 H100 = get_gpu("h100-sxm")

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from costmodel.files import UNFORESEEN
-from optimizer.cli import main
+from kvtune.costmodel.files import UNFORESEEN
+from kvtune.optimizer.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data"

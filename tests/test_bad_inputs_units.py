@@ -12,12 +12,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from costmodel.errors import InputError
-from costmodel.models import model_from_config
-from costmodel.profile_table import contradictions, read_table
-from optimizer.cli import main
-from optimizer.storage import check_journal, check_storage_url
-from optimizer.workload import load_workload, load_workload_dict
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.models import model_from_config
+from kvtune.costmodel.profile_table import contradictions, read_table
+from kvtune.optimizer.cli import main
+from kvtune.optimizer.storage import check_journal, check_storage_url
+from kvtune.optimizer.workload import load_workload, load_workload_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm", "usd_per_gpu_hour": 3.0},
@@ -217,7 +217,7 @@ def test_context_follows_rope_scaling_as_vllm_reads_it():
 def test_a_journal_cut_short_during_a_run_is_not_appended_to(tmp_path):
     import optuna
 
-    from optimizer.search import make_storage
+    from kvtune.optimizer.search import make_storage
 
     j = tmp_path / "j.log"
     storage = make_storage(f"journal:{j}")

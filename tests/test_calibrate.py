@@ -9,13 +9,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from costmodel import IDEAL, Efficiency, InputError, StepModel, get_gpu, get_model
-from costmodel.calibration import load_calibration
-from costmodel.fit import RowPredictor, evaluate, fit_efficiency, mape
-from costmodel.hardware import load_gpu_file
-from costmodel.profile_table import ProfileRow, read_table
-from optimizer.cli import main
-from optimizer.importers import rows_to_csv
+from kvtune.costmodel import IDEAL, Efficiency, InputError, StepModel, get_gpu, get_model
+from kvtune.costmodel.calibration import load_calibration
+from kvtune.costmodel.fit import RowPredictor, evaluate, fit_efficiency, mape
+from kvtune.costmodel.hardware import load_gpu_file
+from kvtune.costmodel.profile_table import ProfileRow, read_table
+from kvtune.optimizer.cli import main
+from kvtune.optimizer.importers import rows_to_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = get_gpu("h100-sxm")

@@ -37,11 +37,11 @@ from pathlib import Path
 
 import pytest
 
-from costmodel import get_gpu
-from costmodel.calibration import find_calibration, load_calibration
-from costmodel.fit import RowPredictor, evaluate
-from costmodel.profile_table import read_table
-from optimizer.calibrate import STAGGERED_ENGINES
+from kvtune.costmodel import get_gpu
+from kvtune.costmodel.calibration import find_calibration, load_calibration
+from kvtune.costmodel.fit import RowPredictor, evaluate
+from kvtune.costmodel.profile_table import read_table
+from kvtune.optimizer.calibrate import STAGGERED_ENGINES
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"

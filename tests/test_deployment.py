@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from costmodel import StepModel, efficiency_for, get_gpu, get_model
-from costmodel.deployment import (KVLink, Pool, disaggregated_bound_req_s, exposed_transfer_s, kv_link,
+from kvtune.costmodel import StepModel, efficiency_for, get_gpu, get_model
+from kvtune.costmodel.deployment import (KVLink, Pool, disaggregated_bound_req_s, exposed_transfer_s, kv_link,
                                   simulate_disaggregated)
-from costmodel.goodput import goodput
-from costmodel.requests import Requests
-from costmodel.simulate import SimConfig, simulate
+from kvtune.costmodel.goodput import goodput
+from kvtune.costmodel.requests import Requests
+from kvtune.costmodel.simulate import SimConfig, simulate
 
 H100 = get_gpu("h100-sxm")
 CAL = efficiency_for("calibrated", "h100-sxm")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from optimizer.cli import main
+from kvtune.optimizer.cli import main
 
 
 def _workload(tmp_path, name, model, inp, out, rate, ttft_ms, tpot_ms, tp, deployment=None, max_nodes=2):
@@ -116,10 +116,10 @@ def test_disaggregated_only_recommends_it_and_names_the_aggregated_best(tmp_path
 def test_a_disaggregated_deployment_answers_where_no_aggregated_one_meets_the_slos(tmp_path):
     import dataclasses
 
-    from optimizer.cli.solve import summary_text
-    from optimizer.deployment_choice import solve_deployments
-    from optimizer.recommend import solve
-    from optimizer.workload import load_workload
+    from kvtune.optimizer.cli.solve import summary_text
+    from kvtune.optimizer.deployment_choice import solve_deployments
+    from kvtune.optimizer.recommend import solve
+    from kvtune.optimizer.workload import load_workload
 
     spec = load_workload(str(RAG))
     tight = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, max_nodes=1))

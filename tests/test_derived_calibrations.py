@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from costmodel import get_gpu, get_model, list_gpus
-from costmodel.calibration import ENGINES, efficiency_for, find_calibration, load_calibration
-from costmodel.derived import BASE_GPU, TRANSFER_REL_SD
-from costmodel.estimate import estimate
-from costmodel.fit import RowPredictor, evaluate
-from costmodel.profile_table import read_table
-from optimizer.calibrate import STAGGERED_ENGINES
-from optimizer.cli import main
+from kvtune.costmodel import get_gpu, get_model, list_gpus
+from kvtune.costmodel.calibration import ENGINES, efficiency_for, find_calibration, load_calibration
+from kvtune.costmodel.derived import BASE_GPU, TRANSFER_REL_SD
+from kvtune.costmodel.estimate import estimate
+from kvtune.costmodel.fit import RowPredictor, evaluate
+from kvtune.costmodel.profile_table import read_table
+from kvtune.optimizer.calibrate import STAGGERED_ENGINES
+from kvtune.optimizer.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "profiles" / "tables" / "other-gpus-published.csv"
@@ -77,7 +77,7 @@ def test_moe_single_user_speed_is_the_batch1_weight_read():
     row = e.rows[0]
     assert e.single_user_tok_s == pytest.approx(row.tok_s_per_user, rel=0.02)
     # hand: bandwidth / (dense weights + 8 of 256 experts), per GPU
-    from costmodel.memory import weight_bytes
+    from kvtune.costmodel.memory import weight_bytes
     expert = m.expert_params_total * 1
     touched = 1 - (1 - 8 / 256)
     per_gpu = (weight_bytes(m, "fp8") - expert + expert * touched) / 8

@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 
-from costmodel import StepModel, efficiency_for, get_gpu, get_model
-from costmodel.requests import Requests
-from costmodel.simulate import SimConfig
-from optimizer.disagg import search_disaggregated
+from kvtune.costmodel import StepModel, efficiency_for, get_gpu, get_model
+from kvtune.costmodel.requests import Requests
+from kvtune.costmodel.simulate import SimConfig
+from kvtune.optimizer.disagg import search_disaggregated
 
 H100 = get_gpu("h100-sxm")
 CAL = efficiency_for("calibrated", "h100-sxm")

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel import calibration, fit
-from costmodel.files import profiles_path
-from costmodel.engines import (ENGINE_NAMES, REGISTRY, MixedChunkedPrefill, OutputReserveAdmission, PrefillFirst,
+from kvtune.costmodel import calibration, fit
+from kvtune.costmodel.files import profiles_path
+from kvtune.costmodel.engines import (ENGINE_NAMES, REGISTRY, MixedChunkedPrefill, OutputReserveAdmission, PrefillFirst,
                                PromptAdmission, admission_for, get_engine, scheduling_for)
-from costmodel.errors import InputError
-from costmodel.hardware import get_gpu
-from optimizer import calibrate
-from optimizer.cli import main
-from optimizer.step_factory import StepFactory
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.hardware import get_gpu
+from kvtune.optimizer import calibrate
+from kvtune.optimizer.cli import main
+from kvtune.optimizer.step_factory import StepFactory
 
 
 def test_every_engine_is_described_in_one_record():
@@ -55,7 +55,7 @@ def test_fit_calibrate_engine_model_and_cli_read_the_registry():
         assert em.default_calibration == (f"h100-sxm-{name}" if name != "llamacpp" else "h100-sxm")
         assert em.sim_config(64, 2048).output_reserve == REGISTRY[name].output_reserve
     assert StepFactory.build(gpu).default_calibration is None
-    from costmodel.closed_loop import STAGGERED_ENGINES
+    from kvtune.costmodel.closed_loop import STAGGERED_ENGINES
     assert STAGGERED_ENGINES == {"vllm", "trtllm"}
     for cmd in ("simulate", "goodput", "estimate", "calibrate", "validate"):
         opt = next(p for p in main.commands[cmd].params if p.name == "engine")

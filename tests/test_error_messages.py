@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from optimizer.cli import main
+from kvtune.optimizer.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)")
@@ -160,8 +160,8 @@ def test_a_message_that_named_missing_flags_is_caught():
     cmds = commands()
     assert "mode" not in cmds["solve"]        # 'use --mode ideal' from solve's calibration lookup
     assert "tp" not in cmds["solve"]          # 'try --tp 16' from solve's memory check
-    from costmodel.calibration import find_calibration
-    from costmodel.errors import ProfileDataMissing
+    from kvtune.costmodel.calibration import find_calibration
+    from kvtune.costmodel.errors import ProfileDataMissing
     import pytest
 
     with pytest.raises(ProfileDataMissing) as exc:

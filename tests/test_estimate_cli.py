@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from optimizer.cli import main
+from kvtune.optimizer.cli import main
 
 SEED = ["estimate", "--model", "llama-2-70b", "--gpu", "h100-sxm", "--tp", "8", "--context", "4096",
         "--batch", "1,64,320", "--kv-dtype", "bf16", "--mode", "ideal", "--gpu-mem-util", "0.9", "--json"]

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from costmodel import get_gpu, get_model
-from costmodel.calibration import load_calibration
-from costmodel.efficiency import FP8_PARAMS, Efficiency
-from costmodel.fit import RowPredictor
-from costmodel.profile_table import ProfileRow
-from costmodel.step import StepModel
-from optimizer.calibrate import fit_fp8_terms
+from kvtune.costmodel import get_gpu, get_model
+from kvtune.costmodel.calibration import load_calibration
+from kvtune.costmodel.efficiency import FP8_PARAMS, Efficiency
+from kvtune.costmodel.fit import RowPredictor
+from kvtune.costmodel.profile_table import ProfileRow
+from kvtune.costmodel.step import StepModel
+from kvtune.optimizer.calibrate import fit_fp8_terms
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = get_gpu("h100-sxm")

@@ -23,13 +23,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from costmodel.files import UNFORESEEN
-from costmodel.errors import KvtuneError
-from costmodel.models import get_model, model_from_config
-from costmodel.profile_table import read_table
-from optimizer.importers import import_file, rows_to_csv
-from optimizer.traces import read_trace
-from optimizer.workload import load_workload, load_workload_dict
+from kvtune.costmodel.files import UNFORESEEN
+from kvtune.costmodel.errors import KvtuneError
+from kvtune.costmodel.models import get_model, model_from_config
+from kvtune.costmodel.profile_table import read_table
+from kvtune.optimizer.importers import import_file, rows_to_csv
+from kvtune.optimizer.traces import read_trace
+from kvtune.optimizer.workload import load_workload, load_workload_dict
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent

@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from costmodel import StepModel, efficiency_for, get_gpu, get_model
-from costmodel.errors import InputError
-from costmodel.goodput import capacity_bound_req_s, default_n_requests, goodput
-from costmodel.requests import Requests
-from costmodel.simulate import SimConfig, simulate
+from kvtune.costmodel import StepModel, efficiency_for, get_gpu, get_model
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.goodput import capacity_bound_req_s, default_n_requests, goodput
+from kvtune.costmodel.requests import Requests
+from kvtune.costmodel.simulate import SimConfig, simulate
 
 H100 = get_gpu("h100-sxm")
 CAL = efficiency_for("calibrated", "h100-sxm")
@@ -110,7 +110,7 @@ def test_cli_goodput(tmp_path):
 
     from click.testing import CliRunner
 
-    from optimizer.cli import main
+    from kvtune.optimizer.cli import main
 
     wl = tmp_path / "wl.yaml"
     wl.write_text("""

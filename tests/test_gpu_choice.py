@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from costmodel.errors import InputError
-from optimizer.gpu_choice import solve_gpu_choice
-from optimizer.workload import load_workload_dict
+from kvtune.costmodel.errors import InputError
+from kvtune.optimizer.gpu_choice import solve_gpu_choice
+from kvtune.optimizer.workload import load_workload_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

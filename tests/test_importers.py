@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from costmodel.errors import InputError
-from costmodel.profile_table import COLUMNS, read_table
-from optimizer.cli import main
-from optimizer.importers import Metadata, detect_format, import_file, import_files, latency_summary, rows_to_csv
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.profile_table import COLUMNS, read_table
+from kvtune.optimizer.cli import main
+from kvtune.optimizer.importers import Metadata, detect_format, import_file, import_files, latency_summary, rows_to_csv
 
 DATA = Path(__file__).parent / "data"
 

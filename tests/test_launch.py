@@ -7,12 +7,12 @@ import json
 import pytest
 import yaml
 
-from costmodel import get_gpu, get_model
-from costmodel.files import profiles_path
-from costmodel.memory import weight_bytes
-from optimizer.launch import (ENGINE_VERSIONS, FLAGS, SPEC_METHODS, TRTLLM_KEYS, argv_of, build_pick,
+from kvtune.costmodel import get_gpu, get_model
+from kvtune.costmodel.files import profiles_path
+from kvtune.costmodel.memory import weight_bytes
+from kvtune.optimizer.launch import (ENGINE_VERSIONS, FLAGS, SPEC_METHODS, TRTLLM_KEYS, argv_of, build_pick,
                               launch_for_pick, launch_settings, scheduling)
-from optimizer.launch.trtllm import free_fraction
+from kvtune.optimizer.launch.trtllm import free_fraction
 
 CFG = {"tp": 4, "batch_cap": 128, "kv_dtype": "fp8", "spec_k": 3, "chunk_tokens": 4096}
 SPEC = {"method": "eagle3", "draft_model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}

@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 
-from costmodel import get_gpu, get_model
-from optimizer.launch import (ENGINE_VERSIONS, FLAGS, ROUTER_VERSIONS, TRTLLM_DISAGG_KEYS, TRTLLM_KEYS, argv_of,
+from kvtune.costmodel import get_gpu, get_model
+from kvtune.optimizer.launch import (ENGINE_VERSIONS, FLAGS, ROUTER_VERSIONS, TRTLLM_DISAGG_KEYS, TRTLLM_KEYS, argv_of,
                               build_pick, disaggregated_launch)
 
 GPU = get_gpu("h100-sxm")

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from optimizer.cli import main
-from optimizer.workload import load_workload_dict
+from kvtune.optimizer.cli import main
+from kvtune.optimizer.workload import load_workload_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_TABLE = ROOT / "profiles" / "tables" / "smollm2-135m-cpu-llamacpp.csv"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from costmodel import IDEAL, ProfileDataMissing, StepModel, get_gpu, get_model
-from costmodel.measured import MeasuredStepModel
-from costmodel.profile_table import ProfileRow
+from kvtune.costmodel import IDEAL, ProfileDataMissing, StepModel, get_gpu, get_model
+from kvtune.costmodel.measured import MeasuredStepModel
+from kvtune.costmodel.profile_table import ProfileRow
 
 BASE = StepModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm"), 1, efficiency=IDEAL)
 BATCHES, CTXS, CHUNKS = (1, 8, 64), (256, 2048), (128, 1024, 4096)
@@ -71,8 +71,8 @@ def test_same_interface_as_step_model():
 
 
 def test_simulator_runs_on_it():
-    sim = pytest.importorskip("costmodel.simulate")
-    from costmodel.requests import Requests
+    sim = pytest.importorskip("kvtune.costmodel.simulate")
+    from kvtune.costmodel.requests import Requests
 
     m = MeasuredStepModel(BASE, rows())
     res = sim.simulate(m, Requests.uniform(16, 1024, 16), sim.SimConfig(batch_cap=8), arrival="closed", concurrency=8)
@@ -83,8 +83,8 @@ def test_simulator_runs_on_it():
 def test_simulator_times_every_decode_step_from_the_table():
     """All 8 requests prefill in one step, then 15 decode steps of 8 sequences at context
     1024..1038: TPOT is the mean of those measured (interpolated) step times, not the base model's."""
-    from costmodel.requests import Requests
-    from costmodel.simulate import SimConfig, simulate
+    from kvtune.costmodel.requests import Requests
+    from kvtune.costmodel.simulate import SimConfig, simulate
 
     m = MeasuredStepModel(BASE, rows())
     res = simulate(m, Requests.uniform(8, 1024, 16), SimConfig(batch_cap=8, chunk_tokens=8192), arrival="inf")

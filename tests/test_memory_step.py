@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel import (IDEAL, DoesNotFit, InputError, SpecConfig, StepModel, estimate, get_gpu,
+from kvtune.costmodel import (IDEAL, DoesNotFit, InputError, SpecConfig, StepModel, estimate, get_gpu,
                        get_model, plan_memory, spec_tokens_per_step)
-from costmodel.calibration import efficiency_for
+from kvtune.costmodel.calibration import efficiency_for
 
 H100 = get_gpu("h100-sxm")
 L70 = get_model("llama-2-70b")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from costmodel import InputError, get_model, list_models
+from kvtune.costmodel import InputError, get_model, list_models
 
 
 @pytest.mark.parametrize("name", list_models())
@@ -61,7 +61,7 @@ def test_lookup_by_short_name_and_hf_id():
 
 def test_local_config_json_with_text_config(tmp_path):
     cfg = {"model_type": "llava", "text_config": json.loads(open(
-        __import__("costmodel.files").files.profiles_path("models", "llama-3.1-8b.json")).read())}
+        __import__("kvtune.costmodel.files").costmodel.files.profiles_path("models", "llama-3.1-8b.json")).read())}
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
     m = get_model(str(p))

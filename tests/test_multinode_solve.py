@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from costmodel import get_gpu, get_model
-from optimizer.layouts import layout_params, search_layouts
-from optimizer.recommend import solve
-from optimizer.workload import load_workload, load_workload_dict
+from kvtune.costmodel import get_gpu, get_model
+from kvtune.optimizer.layouts import layout_params, search_layouts
+from kvtune.optimizer.recommend import solve
+from kvtune.optimizer.workload import load_workload, load_workload_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

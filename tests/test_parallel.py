@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from costmodel import StepModel, get_gpu, get_model
-from costmodel.calibration import efficiency_for
-from costmodel.errors import DoesNotFit, InputError
-from costmodel.memory import attention_weight_bytes, plan_memory, weight_bytes
-from costmodel.parallel import (Parallel, all_to_all_s, allreduce_s, expert_load_imbalance, hop_s,
+from kvtune.costmodel import StepModel, get_gpu, get_model
+from kvtune.costmodel.calibration import efficiency_for
+from kvtune.costmodel.errors import DoesNotFit, InputError
+from kvtune.costmodel.memory import attention_weight_bytes, plan_memory, weight_bytes
+from kvtune.costmodel.parallel import (Parallel, all_to_all_s, allreduce_s, expert_load_imbalance, hop_s,
                                 micro_batches)
 
 H100 = get_gpu("h100-sxm")

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from costmodel.errors import InputError, KvtuneError
-from costmodel.profile_table import read_table
-from optimizer.cli import main
-from optimizer.importers import Metadata
-from optimizer.profile_run import (PointResult, RequestResult, RunSpec, make_prompt, probe_server, run_profile,
+from kvtune.costmodel.errors import InputError, KvtuneError
+from kvtune.costmodel.profile_table import read_table
+from kvtune.optimizer.cli import main
+from kvtune.optimizer.importers import Metadata
+from kvtune.optimizer.profile_run import (PointResult, RequestResult, RunSpec, make_prompt, probe_server, run_profile,
                                    summarize_point)
 
 TTFT_S, ITL_S = 0.03, 0.004

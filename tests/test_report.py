@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.recommend import solve
-from optimizer.report import write_report
-from optimizer.workload import load_workload
+from kvtune.optimizer.recommend import solve
+from kvtune.optimizer.report import write_report
+from kvtune.optimizer.workload import load_workload
 
 EX = Path(__file__).resolve().parents[1] / "examples"
 

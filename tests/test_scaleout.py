@@ -28,7 +28,7 @@ def _solve(tmp_path, name, *args):
     wl = tmp_path / "w.yaml"
     wl.write_text(yaml.safe_dump(WORKLOAD))
     out = tmp_path / f"{name}.json"
-    code = ("import sys; from optimizer.cli import main; sys.argv[0] = 'kvtune'; main()")
+    code = ("import sys; from kvtune.optimizer.cli import main; sys.argv[0] = 'kvtune'; main()")
     p = subprocess.run([sys.executable, "-c", code, "solve", str(wl), "--quiet", "--json", str(out), *args],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -36,8 +36,8 @@ def _solve(tmp_path, name, *args):
 
 
 def _sim_study(url, r):
-    from optimizer.search import make_storage
-    from optimizer.scaleout import sim_study_name
+    from kvtune.optimizer.search import make_storage
+    from kvtune.optimizer.scaleout import sim_study_name
     st = make_storage(url)
     return (optuna.load_study(study_name=r["study_name"], storage=st),
             optuna.load_study(study_name=sim_study_name(r["study_name"]), storage=st))

@@ -11,13 +11,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from costmodel import StepModel, get_gpu, get_model
-from costmodel.calibration import efficiency_for
-from costmodel.requests import Requests
-from optimizer.screen import WorkloadStats, screen
-from optimizer.search import (SolveContext, completed_evals, config_key, evaluate, grid_space, open_study,
+from kvtune.costmodel import StepModel, get_gpu, get_model
+from kvtune.costmodel.calibration import efficiency_for
+from kvtune.costmodel.requests import Requests
+from kvtune.optimizer.screen import WorkloadStats, screen
+from kvtune.optimizer.search import (SolveContext, completed_evals, config_key, evaluate, grid_space, open_study,
                               run_search)
-from optimizer.workload import load_workload_dict
+from kvtune.optimizer.workload import load_workload_dict
 
 EFF = efficiency_for("calibrated", "h100-sxm")
 M8 = get_model("llama-3.1-8b")
@@ -155,7 +155,7 @@ _WORKER = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {root!r})
     from tests.test_search import small_spec
-    from optimizer.search import SolveContext, open_study, run_search
+    from kvtune.optimizer.search import SolveContext, open_study, run_search
     ctx = SolveContext.build(small_spec())
     st = open_study(ctx, "tpe", sys.argv[1], "shared")
     # barrier: start searching only once every worker has imported and opened the study,
@@ -181,7 +181,7 @@ def _worker(tmp_path, storage, n, n_workers=1):
 
 
 def _load(storage_url):
-    from optimizer.search import make_storage
+    from kvtune.optimizer.search import make_storage
     return optuna.load_study(study_name="shared", storage=make_storage(storage_url))
 
 
@@ -252,18 +252,18 @@ def test_sampler_seed_leaves_the_workload_sample_alone():
     p = {"tp": 1, "batch_cap": 64, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 2048}
     ea, eb = evaluate(a, p), evaluate(b, p)
     assert ea.per_replica_goodput_req_s == eb.per_replica_goodput_req_s and ea.value == eb.value
-    from optimizer.recommend import verify
+    from kvtune.optimizer.recommend import verify
     va, vb = verify(a, p, ea.batch, ea.per_replica_goodput_req_s), verify(b, p, eb.batch, eb.per_replica_goodput_req_s)
     assert va.per_replica_goodput_req_s == vb.per_replica_goodput_req_s > 0
 
 
 def test_importing_leaves_optuna_logging_alone_and_solve_restores_it():
     code = ("import optuna; optuna.logging.set_verbosity(optuna.logging.INFO); "
-            "import optimizer.search, optimizer.recommend; "
+            "import kvtune.optimizer.search, kvtune.optimizer.recommend; "
             "assert optuna.logging.get_verbosity() == optuna.logging.INFO")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert subprocess.run([sys.executable, "-c", code], cwd=root).returncode == 0
-    from optimizer.recommend import solve
+    from kvtune.optimizer.recommend import solve
     before = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -274,8 +274,8 @@ def test_importing_leaves_optuna_logging_alone_and_solve_restores_it():
 
 
 def test_goodput_guess_saves_simulations_not_accuracy():
-    from costmodel.goodput import goodput
-    from costmodel.simulate import SimConfig
+    from kvtune.costmodel.goodput import goodput
+    from kvtune.costmodel.simulate import SimConfig
     spec = small_spec()
     sm = StepModel(M8, H100, 1, "bf16", "bf16", EFF)
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel import SpecConfig, StepModel, efficiency_for, get_gpu, get_model
-from costmodel.goodput import goodput
-from costmodel.requests import Requests
-from costmodel.simulate import SimConfig, simulate
+from kvtune.costmodel import SpecConfig, StepModel, efficiency_for, get_gpu, get_model
+from kvtune.costmodel.goodput import goodput
+from kvtune.costmodel.requests import Requests
+from kvtune.costmodel.simulate import SimConfig, simulate
 
 H100 = get_gpu("h100-sxm")
 CAL = efficiency_for("calibrated", "h100-sxm")
@@ -148,7 +148,7 @@ class _Spec:
 def test_speculation_with_huge_outputs_stays_small_in_memory():
     import tracemalloc
 
-    from costmodel.simulate import _spec_verify_steps
+    from kvtune.costmodel.simulate import _spec_verify_steps
 
     out = np.full(20, 10**9)  # one draw per token would be 160 GB
     tracemalloc.start()
@@ -167,7 +167,7 @@ def test_speculation_with_huge_outputs_stays_small_in_memory():
 
 
 def test_block_by_block_draws_equal_drawing_the_whole_stream(monkeypatch):
-    import costmodel.simulate as sim
+    import kvtune.costmodel.simulate as sim
 
     rng = np.random.default_rng(4)
     for _ in range(40):
@@ -181,7 +181,7 @@ def test_block_by_block_draws_equal_drawing_the_whole_stream(monkeypatch):
 
 
 def test_long_outputs_draw_pass_counts_with_the_per_pass_law(monkeypatch):
-    import costmodel.simulate as sim
+    import kvtune.costmodel.simulate as sim
 
     for k, a in ((3, 0.3), (5, 0.8), (7, 0.95)):
         out = np.full(3000, sim.SPEC_CLT_TOKENS + 2000)

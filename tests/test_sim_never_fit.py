@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from costmodel import StepModel, efficiency_for, get_gpu, get_model
-from costmodel.goodput import goodput
-from costmodel.requests import Requests
-from costmodel.simulate import SimConfig, simulate
-from optimizer.cli import main
+from kvtune.costmodel import StepModel, efficiency_for, get_gpu, get_model
+from kvtune.costmodel.goodput import goodput
+from kvtune.costmodel.requests import Requests
+from kvtune.costmodel.simulate import SimConfig, simulate
+from kvtune.optimizer.cli import main
 
 H100 = get_gpu("h100-sxm")
 CAL = efficiency_for("calibrated", "h100-sxm")
@@ -50,7 +50,7 @@ def test_an_engine_emptied_by_preemption_beside_pinned_prefixes_drops_the_cache(
 
 
 def test_the_rag_example_at_tp2_simulates_and_reports_its_rejections():
-    from optimizer.workload import load_workload
+    from kvtune.optimizer.workload import load_workload
 
     spec = load_workload(RAG)
     s = StepModel(get_model(spec.model), H100, 2, efficiency=CAL)

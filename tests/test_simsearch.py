@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from optimizer.recommend import solve
-from optimizer.search import Evaluation, SolveContext, config_key, evaluate
-from optimizer.simsearch import (Outcome, Probe, Work, LocalRunner, bar_req_s, lattice_configs, race, rank)
-from optimizer.verify import REL_TOL, Verification, verify_config
-from optimizer.workload import load_workload_dict
+from kvtune.optimizer.recommend import solve
+from kvtune.optimizer.search import Evaluation, SolveContext, config_key, evaluate
+from kvtune.optimizer.simsearch import (Outcome, Probe, Work, LocalRunner, bar_req_s, lattice_configs, race, rank)
+from kvtune.optimizer.verify import REL_TOL, Verification, verify_config
+from kvtune.optimizer.workload import load_workload_dict
 
 
 def tiny_spec(objective="min_cost", **over):
@@ -124,7 +124,7 @@ def test_max_goodput_is_feasible_where_a_target_rate_is_not_met():
     assert c["priced_at"] == "goodput"
     assert c["usd_per_million_output_tokens"] == pytest.approx(c["usd_per_hour"] / (p["goodput_req_s"] * 200 * 3600) * 1e6)
     assert all(x["evidence"] == "simulated" for x in r["pareto"])
-    from optimizer.cli.solve import summary_text
+    from kvtune.optimizer.cli.solve import summary_text
     text = summary_text(r, None)
     assert "at the goodput" in text
     front = [ln for ln in text.splitlines() if "cost/goodput front" in ln]

@@ -9,11 +9,11 @@ from collections import deque
 import numpy as np
 import pytest
 
-from costmodel import SpecConfig, StepModel, efficiency_for, get_gpu, get_model
-from costmodel.errors import InputError
-from costmodel.requests import Requests
-from costmodel.sim_clock import DecodeClock
-from costmodel.simulate import (RESERVE_RATIO_DECAY_PER_STEP, RESERVE_RATIO_INIT, SimConfig, simulate_replica, simulate,
+from kvtune.costmodel import SpecConfig, StepModel, efficiency_for, get_gpu, get_model
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.requests import Requests
+from kvtune.costmodel.sim_clock import DecodeClock
+from kvtune.costmodel.simulate import (RESERVE_RATIO_DECAY_PER_STEP, RESERVE_RATIO_INIT, SimConfig, simulate_replica, simulate,
                                  simulate_fleet)
 
 H100 = get_gpu("h100-sxm")
@@ -460,7 +460,7 @@ def _cli(args, tmp_path):
 
     from click.testing import CliRunner
 
-    from optimizer.cli import main
+    from kvtune.optimizer.cli import main
 
     wl = tmp_path / "wl.yaml"
     wl.write_text(WORKLOAD_YAML)

@@ -10,11 +10,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from costmodel.simulate import SimConfig, simulate
-from optimizer.cli import main
-from optimizer.recommend import sim_requests, solve
-from optimizer.search import SolveContext
-from optimizer.workload import load_workload, load_workload_dict
+from kvtune.costmodel.simulate import SimConfig, simulate
+from kvtune.optimizer.cli import main
+from kvtune.optimizer.recommend import sim_requests, solve
+from kvtune.optimizer.search import SolveContext
+from kvtune.optimizer.workload import load_workload, load_workload_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
@@ -192,7 +192,7 @@ def test_json_has_the_contract_keys(tmp_path):
 @pytest.mark.slow
 def test_two_cli_processes_on_one_journal_give_one_answer(tmp_path):
     url = f"journal:{tmp_path / 'j.log'}"
-    procs = [subprocess.Popen([sys.executable, "-c", "from optimizer.cli import main; main()", "solve",
+    procs = [subprocess.Popen([sys.executable, "-c", "from kvtune.optimizer.cli import main; main()", "solve",
                                str(EX / "trace-azure.yaml"), "--trials", "40", "--storage", url, "--study-name", "s",
                                "--json", str(tmp_path / f"r{i}.json"), "--quiet"], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]

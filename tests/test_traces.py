@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from costmodel.errors import InputError
-from costmodel.traffic import Workload
-from optimizer.traces import detect_format, read_trace
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.traffic import Workload
+from kvtune.optimizer.traces import detect_format, read_trace
 
 SAMPLES = Path(__file__).parent.parent / "examples" / "traces"
 DATA = Path(__file__).parent / "data"

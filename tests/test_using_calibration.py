@@ -19,11 +19,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from costmodel import StepModel, get_gpu, get_model
-from costmodel.calibration import efficiency_for
-from costmodel.profile_table import ProfileRow, read_table
-from optimizer.cli import main
-from optimizer.importers import rows_to_csv
+from kvtune.costmodel import StepModel, get_gpu, get_model
+from kvtune.costmodel.calibration import efficiency_for
+from kvtune.costmodel.profile_table import ProfileRow, read_table
+from kvtune.optimizer.cli import main
+from kvtune.optimizer.importers import rows_to_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = ROOT / "tests" / "data" / "fixed-llama3.1-8b.yaml"
@@ -119,7 +119,7 @@ def test_engine_picks_the_simulators_admission():
     """The simulator admits as the engine does: SGLang holds pool room for the outputs, vLLM and
     TensorRT-LLM (and no engine named) admit on the prompt; kvtune's launch lines mix prefill chunks
     into decode steps for every engine, so the simulator does too."""
-    from optimizer.step_factory import StepFactory
+    from kvtune.optimizer.step_factory import StepFactory
     gpu = get_gpu("h100-sxm")
     for engine, reserve in (("sglang", True), ("vllm", False), ("trtllm", False), (None, False)):
         cfg = StepFactory.build(gpu, "calibrated", None, engine).sim_config(64, 2048)

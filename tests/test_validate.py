@@ -10,14 +10,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from costmodel import get_gpu
-from costmodel.calibration import efficiency_for
-from costmodel.closed_loop import STAGGERED_ENGINES, default_clients, measured_window
-from costmodel.dtypes import BYTES_PER_ELEMENT, canonical
-from costmodel.fit import RowPredictor
-from costmodel.profile_table import ProfileRow, read_table
-from optimizer.cli import main
-from optimizer.importers import rows_to_csv
+from kvtune.costmodel import get_gpu
+from kvtune.costmodel.calibration import efficiency_for
+from kvtune.costmodel.closed_loop import STAGGERED_ENGINES, default_clients, measured_window
+from kvtune.costmodel.dtypes import BYTES_PER_ELEMENT, canonical
+from kvtune.costmodel.fit import RowPredictor
+from kvtune.costmodel.profile_table import ProfileRow, read_table
+from kvtune.optimizer.cli import main
+from kvtune.optimizer.importers import rows_to_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_TABLE = ROOT / "profiles" / "tables" / "smollm2-135m-cpu-llamacpp.csv"

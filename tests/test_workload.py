@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.errors import InputError
-from costmodel.traffic import SLO, LengthDist, RequestClass, Trace, Workload
-from costmodel.dtypes import KNOWN as DTYPE_NAMES
-from optimizer.workload import SearchSpec, load_workload, load_workload_dict
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.traffic import SLO, LengthDist, RequestClass, Trace, Workload
+from kvtune.costmodel.dtypes import KNOWN as DTYPE_NAMES
+from kvtune.optimizer.workload import SearchSpec, load_workload, load_workload_dict
 
 DATA = Path(__file__).parent / "data"
 EXAMPLE = DATA / "workload_example.yaml"

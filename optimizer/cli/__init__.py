@@ -11,8 +11,8 @@ import sys
 
 import click
 
-from costmodel import __version__
-from costmodel.errors import KvtuneError
+from kvtune import __version__
+from kvtune.costmodel.errors import KvtuneError
 
 
 class KvtuneGroup(click.Group):
@@ -63,9 +63,9 @@ def _register() -> None:
 
     for mod in ("estimate", "simulate", "solve", "profile", "calibrate", "validate"):
         try:
-            m = importlib.import_module(f"optimizer.cli.{mod}")
+            m = importlib.import_module(f"kvtune.optimizer.cli.{mod}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"optimizer.cli.{mod}":
+            if exc.name == f"kvtune.optimizer.cli.{mod}":
                 continue  # that command is not built yet
             raise
         for cmd in getattr(m, "COMMANDS", []):

@@ -7,9 +7,9 @@ import math
 
 import click
 
-from costmodel.errors import InputError
-from optimizer.output import check_output_path, write_atomic  # noqa: F401 (the commands import them from here)
-from optimizer.workload import MAX_SEED  # noqa: F401 (the seed bound of --seed flags)
+from kvtune.costmodel.errors import InputError
+from kvtune.optimizer.output import check_output_path, write_atomic  # noqa: F401 (the commands import them from here)
+from kvtune.optimizer.workload import MAX_SEED  # noqa: F401 (the seed bound of --seed flags)
 
 
 

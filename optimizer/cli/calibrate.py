@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
-from costmodel.engines import ENGINE_NAMES
-from costmodel.errors import InputError
-from costmodel.closed_loop import STAGGERED_ENGINES
-from costmodel.fit import RowPredictor
-from costmodel.profile_table import contradictions
+from kvtune.costmodel.engines import ENGINE_NAMES
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.closed_loop import STAGGERED_ENGINES
+from kvtune.costmodel.fit import RowPredictor
+from kvtune.costmodel.profile_table import contradictions
 
 from ._common import check_output_path, dumps, echo_table, write_atomic
 
@@ -40,8 +40,8 @@ from ._common import check_output_path, dumps, echo_table, write_atomic
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, clients, max_nfev, output, name, as_json):
     """Fit bandwidth/FLOP efficiencies, step overhead and all-reduce cost to TABLES."""
-    from costmodel.hardware import resolve_gpu
-    from optimizer.calibrate import (calibrate, calibration_dict, calibration_yaml, load_tables, resolve_base,
+    from kvtune.costmodel.hardware import resolve_gpu
+    from kvtune.optimizer.calibrate import (calibrate, calibration_dict, calibration_yaml, load_tables, resolve_base,
                                      select_rows)
 
     out = Path(output)

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import click
 
-from costmodel import SpecConfig, estimate, get_model
-from costmodel.engines import ENGINE_NAMES
-from costmodel.errors import InputError
-from costmodel.memory import GPU_MEM_UTIL
+from kvtune.costmodel import SpecConfig, estimate, get_model
+from kvtune.costmodel.engines import ENGINE_NAMES
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.memory import GPU_MEM_UTIL
 
 from ._common import dumps, echo_table, parse_int_list
 
@@ -37,8 +37,8 @@ from ._common import dumps, echo_table, parse_int_list
 def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, calibration, engine, profile,
                  gpu_mem_util, spec_k, spec_alpha, spec_draft_cost, as_json):
     """What a decode step costs, how many sequences fit and the tokens per second."""
-    from costmodel.hardware import resolve_gpu
-    from optimizer.step_factory import StepFactory
+    from kvtune.costmodel.hardware import resolve_gpu
+    from kvtune.optimizer.step_factory import StepFactory
 
     batches = parse_int_list(batch, "batch")
     m, g = get_model(model), resolve_gpu(gpu)

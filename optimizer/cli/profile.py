@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from costmodel.profile_table import ProfileRow, read_table
-from optimizer.importers import FORMATS, Metadata, import_files, rows_to_csv
+from kvtune.costmodel.profile_table import ProfileRow, read_table
+from kvtune.optimizer.importers import FORMATS, Metadata, import_files, rows_to_csv
 
 from ._common import check_output_path, echo_table, parse_int_list, write_atomic
 
@@ -103,7 +103,7 @@ def import_cmd(files, output, fmt, model, gpu, tp, engine, engine_version, weigh
 def run_cmd(url, model, concurrency, isl, osl, output, requests_per_point, seed, timeout_s, warmup, append,
             gpu, tp, engine, engine_version, weight_dtype, kv_dtype, chunk_tokens):
     """Measure TTFT, TPOT and throughput on a live server over a grid of loads and lengths."""
-    from optimizer.profile_run import RunSpec, run_profile  # keeps `kvtune --help` light
+    from kvtune.optimizer.profile_run import RunSpec, run_profile  # keeps `kvtune --help` light
 
     spec = RunSpec(url=url, model=model, concurrencies=tuple(parse_int_list(concurrency, "concurrency")),
                    input_tokens=tuple(parse_int_list(isl, "isl")), output_tokens=tuple(parse_int_list(osl, "osl")),

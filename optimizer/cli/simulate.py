@@ -8,16 +8,16 @@ import time
 
 import click
 
-from costmodel import get_model
-from costmodel.closed_loop import CLIENT_STARTS, default_clients, run_closed_loop
-from costmodel.dtypes import KNOWN as DTYPE_NAMES  # bf16, fp8, fp16, GGUF q8_0/q4_0/...
-from costmodel.engines import ENGINE_NAMES
-from costmodel.errors import Infeasible, InputError
-from costmodel.goodput import goodput
-from costmodel.memory import BLOCK_TOKENS
-from costmodel.simulate import simulate_fleet
-from costmodel.step import SpecConfig
-from optimizer.workload import MAX_SPEC_K
+from kvtune.costmodel import get_model
+from kvtune.costmodel.closed_loop import CLIENT_STARTS, default_clients, run_closed_loop
+from kvtune.costmodel.dtypes import KNOWN as DTYPE_NAMES  # bf16, fp8, fp16, GGUF q8_0/q4_0/...
+from kvtune.costmodel.engines import ENGINE_NAMES
+from kvtune.costmodel.errors import Infeasible, InputError
+from kvtune.costmodel.goodput import goodput
+from kvtune.costmodel.memory import BLOCK_TOKENS
+from kvtune.costmodel.simulate import simulate_fleet
+from kvtune.costmodel.step import SpecConfig
+from kvtune.optimizer.workload import MAX_SPEC_K
 
 from ._common import dumps
 
@@ -129,9 +129,9 @@ def engine_choice(spec, calibration, engine, profile) -> tuple:
 
 
 def _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile):
-    from costmodel.hardware import resolve_gpu
-    from optimizer.step_factory import StepFactory
-    from optimizer.workload import load_workload
+    from kvtune.costmodel.hardware import resolve_gpu
+    from kvtune.optimizer.step_factory import StepFactory
+    from kvtune.optimizer.workload import load_workload
 
     spec = load_workload(workload)
     model = get_model(spec.model)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from costmodel.errors import Infeasible, InputError
+from kvtune.costmodel.errors import Infeasible, InputError
 
 from ._common import MAX_SEED, check_output_path, dumps, parse_int, write_atomic
 
@@ -63,8 +63,8 @@ class _Progress:
 def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, calibration, engine, profile,
               json_path, report_dir, quiet, jobs, workers):
     """Search serving configs for WORKLOAD.yaml and recommend the cheapest that meets its SLOs."""
-    from optimizer.workload import load_workload
-    from optimizer.recommend import solve
+    from kvtune.optimizer.workload import load_workload
+    from kvtune.optimizer.recommend import solve
 
     if sampler not in SAMPLER_NAMES:
         raise InputError(f"--sampler must be one of {', '.join(SAMPLER_NAMES)}, got {sampler!r}")
@@ -87,12 +87,12 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     spec = load_workload(workload)
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
-        from optimizer.gpu_choice import solve_gpu_choice
+        from kvtune.optimizer.gpu_choice import solve_gpu_choice
         solve = solve_gpu_choice  # noqa: F811
     # aggregated and/or disaggregated deployments (search.deployment; optimizer.deployment_choice)
     from functools import partial
 
-    from optimizer.deployment_choice import solve_deployments
+    from kvtune.optimizer.deployment_choice import solve_deployments
     solve = partial(solve_deployments, solve_one=solve)  # noqa: F811
     with _workers(n_workers, storage, workload, sys.argv) as shared:
         result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
@@ -100,7 +100,7 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
                        profile=profile, jobs=n_jobs, **extra)
     result["engine"] = engine or spec.engine  # the target whose launch line is printed (None: vLLM's)
     if report_dir:
-        from optimizer.report import write_report
+        from kvtune.optimizer.report import write_report
         result["report"] = write_report(result, spec, report_dir)
     text = dumps(result)
     if json_path:
@@ -122,7 +122,7 @@ class _workers:
     def __enter__(self) -> str | None:
         if self.n <= 1:
             return self.storage
-        from optimizer.scaleout import spawn_workers
+        from kvtune.optimizer.scaleout import spawn_workers
         if not self.storage:
             import tempfile
             self.tmp = tempfile.TemporaryDirectory(prefix="kvtune-workers-")
@@ -158,7 +158,7 @@ def summary_text(r: dict, storage: str | None) -> str:
         c = r.get("closest") or {}
         if c.get("config"):
             lines.append(f"  closest: {_cfg(c['config'])}: {c.get('miss', '')}")
-        from optimizer.deployment_choice import deployment_lines
+        from kvtune.optimizer.deployment_choice import deployment_lines
         lines += deployment_lines(r)
         return "\n".join(lines)
     rec, p, c, b = r["recommendation"], r["predicted"], r["cost"], r["bottleneck"]
@@ -188,7 +188,7 @@ def summary_text(r: dict, storage: str | None) -> str:
         lines.append(f"  bottleneck: {b['term']} (batch limited by {b['batch_limit']} at {b['operating_batch']}; "
                      f"step {b.get('step_ms') or 0:.1f} ms: memory {b.get('mem_ms') or 0:.1f}, "
                      f"compute {b.get('compute_ms') or 0:.1f})")
-    from optimizer.deployment_choice import deployment_lines
+    from kvtune.optimizer.deployment_choice import deployment_lines
     lines += deployment_lines(r)
     for n in r.get("notes", []):
         lines.append(f"  note: {n}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from costmodel.engines import ENGINE_NAMES
-from costmodel.errors import InputError
+from kvtune.costmodel.engines import ENGINE_NAMES
+from kvtune.costmodel.errors import InputError
 
 from ._common import dumps, echo_table
 
@@ -26,9 +26,9 @@ from ._common import dumps, echo_table
 def validate_cmd(tables, calibration, engine, gpu, mode, worst, all_rows, as_json):
     """Predict every row of measured TABLES with the current model: measured vs predicted, per-metric
     MAPE and bias, the worst rows."""
-    from costmodel.hardware import resolve_gpu
-    from optimizer.calibrate import load_tables
-    from optimizer.validate import validate_rows, validation_dict
+    from kvtune.costmodel.hardware import resolve_gpu
+    from kvtune.optimizer.calibrate import load_tables
+    from kvtune.optimizer.validate import validate_rows, validation_dict
 
     if calibration is not None and mode == "ideal":
         raise InputError("validate: give --calibration or --mode ideal, not both")

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from costmodel.memory import GPU_MEM_UTIL
+from kvtune.costmodel.memory import GPU_MEM_UTIL
 
 __all__ = ["LaunchPick", "MemoryFacts", "Unsupported", "SPEC_METHODS", "NGRAM_MATCH_TOKENS",
            "model_reference", "fp8_checkpoint", "build_pick"]
@@ -183,9 +183,9 @@ def _memory(arch, gpu, cfg: dict, weights: str, kv_dtype: str, gpu_mem_util: flo
             reserve_bytes: float) -> MemoryFacts | None:
     if arch is None or gpu is None:
         return None
-    from costmodel.errors import KvtuneError
-    from costmodel.memory import plan_memory
-    from costmodel.parallel import Parallel
+    from kvtune.costmodel.errors import KvtuneError
+    from kvtune.costmodel.memory import plan_memory
+    from kvtune.costmodel.parallel import Parallel
     tp = int(cfg["tp"])
     try:
         par = Parallel(tp=tp, pp=int(cfg.get("pp", 1)), ep=int(cfg.get("ep", 1)),
