@@ -67,6 +67,7 @@ def test_long_prompts_and_tight_slos_pick_a_disaggregated_deployment_with_its_po
     assert "vllm serve" in r["launch_aggregated"]["vllm"]
 
 
+@pytest.mark.slow
 def test_the_json_keeps_the_aggregated_keys(long_prompts, tmp_path):
     r, _ = long_prompts
     w = yaml.safe_load(RAG.read_text())

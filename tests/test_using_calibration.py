@@ -229,6 +229,7 @@ def test_profile_without_matching_rows_is_one_line_error(tmp_path):
     assert code == 2 and out.strip() == f"Error: --profile {tmp_path / 'nope.csv'}: no such profile table"
 
 
+@pytest.mark.slow
 def test_solve_with_a_profile_uses_it_where_it_matches(tmp_path):
     """The workload's profile: key; the table covers TP 1 only, so TP 2 trials get the calibration."""
     table = slow_table(tmp_path / "slow.csv")
