@@ -1,6 +1,7 @@
 """Serving simulator: one replica, event driven, scheduled the way its engine schedules.
 
-This module prepares the requests (arrival order, speculative verify steps, rejections) and turns
+This module prepares the requests (arrival order, speculative verify steps drawn by
+``costmodel.speculation``, rejections) and turns
 the replica's times into results (``SimResult``); ``costmodel.replica`` is the replica's state and
 step loop, and ``costmodel.engines`` the engines' scheduling and admission policies (vLLM V1's
 mixed chunked prefill below; SGLang's prefill-first batches and output reserve are its
@@ -44,7 +45,7 @@ only when the bound says the pool may run out.
 Simplifications (documented, deliberate): a re-prefill after preemption emits no token; a
 speculative sequence gains its own mean accepted run per verify step (its number of verify steps is
 sampled up front, one draw per verify step, or from the renewal central limit theorem past
-``SPEC_CLT_TOKENS`` output tokens, so completion times are random as in the engine, but the
+``costmodel.speculation.SPEC_CLT_TOKENS`` output tokens, so completion times are random as in the engine, but the
 context between completions grows linearly); requests whose prompt plus output cannot fit in the pool at all are
 rejected (never served, they miss the SLO and count in ``rejected``).
 
@@ -71,6 +72,7 @@ from .errors import InputError
 from .memory import BLOCK_TOKENS
 from .replica import Replica, ReplicaInputs
 from .requests import Requests
+from .speculation import verify_passes
 from .step import StepCost
 
 __all__ = ["SimConfig", "SimResult", "simulate", "simulate_fleet", "build_result", "ARRIVAL_MODES",
@@ -180,109 +182,6 @@ class SimResult:
         }
 
 
-_SPEC_DRAWS_PER_BLOCK = 1 << 20  # acceptance draws held at once (8 MiB of doubles)
-# a request with more tokens after its first than this gets its pass count from the renewal
-# central limit theorem instead of one draw per pass (past 4,096 tokens at k=5, a=0.8: > 1,100
-# passes, the count's relative sd ~2%, its law normal to well within that); below it, one draw
-# per pass: 20,000 requests of 4,096 tokens draw ~2e7 uniforms (~2 s), not one per token
-SPEC_CLT_TOKENS = 4096
-
-
-def _accepted_runs(u: np.ndarray, k: int, a: float) -> np.ndarray:
-    """Tokens each verify pass emits, 1 + X, from uniforms ``u`` (modified in place)."""
-    u[u <= 0] = np.finfo(float).tiny
-    return 1 + np.minimum(np.floor(np.log(u) / math.log(a)), k).astype(np.int64)
-
-
-def _spec_verify_steps(step: StepCost, out: np.ndarray, seed: int) -> np.ndarray:
-    """Verify passes each request needs for its ``out - 1`` tokens after the first. A pass emits
-    1 + X tokens, X = consecutive accepted drafts: P(X >= j) = a^j for j <= k, so
-    X = min(floor(ln U / ln a), k); mean (1 - a^(k+1)) / (1 - a) = step.tokens_per_step.
-
-    Request i reads its passes' uniforms from its own segment of one random stream, segment i
-    starting at sum(need[:i]) and ``need[i]`` draws long (at most one per token: a pass emits >= 1);
-    it uses as many as it has passes. The stream is drawn a block at a time and the unused rest of
-    a long segment is jumped over (``advance``), so memory stays bounded by the block whatever the
-    outputs, and the draws are the same as drawing the whole stream at once."""
-    need = np.maximum(out.astype(np.int64) - 1, 0)
-    spec = step.spec
-    if spec is None:
-        raise ValueError("speculative verify steps asked of a step model without speculation")
-    k, a = spec.k, spec.acceptance
-    total = int(need.sum())
-    if total == 0:
-        return need.copy()
-    if a >= 1.0:
-        return -(-need // (k + 1))
-    if a <= 0.0:
-        return need.copy()  # every pass emits one token
-    rng = np.random.default_rng(seed)
-    if total <= _SPEC_DRAWS_PER_BLOCK and need.max() <= SPEC_CLT_TOKENS:
-        return _passes_of_segments(rng.random(total), need, k, a)
-    res = np.zeros(len(need), dtype=np.int64)
-    long = np.flatnonzero(need > SPEC_CLT_TOKENS)
-    if long.size:  # their own generator: the stream the others read stays as it was
-        res[long] = _passes_clt(np.random.default_rng([seed, 1]), need[long], k, a)
-    i, n = 0, len(need)
-    while i < n:
-        if need[i] > SPEC_CLT_TOKENS:
-            rng.bit_generator.advance(int(need[i]))  # type: ignore[attr-defined]  # PCG64 (default_rng) has advance
-            i += 1
-            continue
-        if need[i] > _SPEC_DRAWS_PER_BLOCK:
-            res[i] = _passes_of_long_segment(rng, int(need[i]), k, a)
-            i += 1
-            continue
-        j, drawn = i, 0  # consecutive requests whose segments fit one block
-        while j < n and need[j] <= _SPEC_DRAWS_PER_BLOCK - drawn and need[j] <= SPEC_CLT_TOKENS:
-            drawn += int(need[j])
-            j += 1
-        res[i:j] = _passes_of_segments(rng.random(drawn), need[i:j], k, a)
-        i = j
-    return res
-
-
-def _passes_clt(rng: np.random.Generator, need: np.ndarray, k: int, a: float) -> np.ndarray:
-    """Passes to emit ``need`` tokens when each emits 1 + X (X as above): by the renewal CLT the
-    count is normal with mean need / mu (+ 1/2 for the last pass's overshoot) and variance
-    need sigma^2 / mu^3, mu and sigma^2 the mean and variance of 1 + X; within [need/(k+1), need]."""
-    j = np.arange(1, k + 1)
-    mu = 1.0 + float(np.sum(a ** j))                      # E[1 + X] = sum_{j=0..k} a^j
-    var = float(np.sum((2 * j - 1) * a ** j)) - (mu - 1.0) ** 2  # E[X^2] - E[X]^2
-    mean = need / mu + 0.5
-    sd = np.sqrt(need * max(var, 0.0) / mu ** 3)
-    draw = np.rint(mean + sd * rng.standard_normal(len(need))).astype(np.int64)
-    return np.clip(draw, -(-need // (k + 1)), need)
-
-
-def _passes_of_segments(u: np.ndarray, need: np.ndarray, k: int, a: float) -> np.ndarray:
-    """Passes of consecutive requests whose segments together are ``u``."""
-    runs = _accepted_runs(u, k, a)
-    cum = np.concatenate(([0], np.cumsum(runs)))
-    start = np.concatenate(([0], np.cumsum(need)[:-1]))
-    base = cum[start]
-    end = np.searchsorted(cum, base + need, side="left")  # first index with cum >= base + need
-    return np.where(need > 0, end - start, 0).astype(np.int64)
-
-
-def _passes_of_long_segment(rng: np.random.Generator, need: int, k: int, a: float) -> int:
-    """Passes of one request whose segment exceeds a block: drawn a block at a time until its
-    tokens are reached, then the rest of the segment is skipped."""
-    drawn, got = 0, 0
-    while True:
-        m = min(_SPEC_DRAWS_PER_BLOCK, need - drawn)
-        c = np.cumsum(_accepted_runs(rng.random(m), k, a))
-        if got + int(c[-1]) >= need:
-            passes = drawn + int(np.searchsorted(c, need - got, side="left")) + 1
-            drawn += m
-            break
-        got += int(c[-1])
-        drawn += m
-    if need > drawn:
-        rng.bit_generator.advance(need - drawn)  # type: ignore[attr-defined]  # PCG64 has advance
-    return passes
-
-
 def simulate(step: StepCost, requests: Requests, config: SimConfig, arrival: str = "trace",
              concurrency: int | None = None, seed: int = 0, warmup_frac: float | None = None) -> SimResult:
     """Simulate one replica serving ``requests``.
@@ -375,7 +274,7 @@ def simulate_replica(step: StepCost, requests: Requests, config: SimConfig, arri
             arr[:k0] = starts.tolist()
             n_trace = k0
     if step.spec is not None:
-        nsteps_a = _spec_verify_steps(step, out_a, seed)
+        nsteps_a = verify_passes(out_a, step.spec, seed)
         gain_a = np.where(nsteps_a > 0, (out_a - 1) / np.maximum(nsteps_a, 1), 0.0)
     else:
         nsteps_a = np.maximum(out_a - 1, 0)

@@ -17,6 +17,7 @@ from kvtune.costmodel import SpecConfig, StepModel, efficiency_for, get_gpu, get
 from kvtune.costmodel.goodput import goodput
 from kvtune.costmodel.requests import Requests
 from kvtune.costmodel.simulate import SimConfig, simulate
+from kvtune.costmodel.speculation import SPEC_CLT_TOKENS, verify_passes
 
 H100 = get_gpu("h100-sxm")
 CAL = efficiency_for("calibrated", "h100-sxm")
@@ -140,19 +141,12 @@ def test_goodput_never_exceeds_its_capacity_bound(sm, engine, cap, chunk, sizes,
 
 # ---- speculation: pass counts drawn per pass (or in closed form), never one draw per token -----
 
-class _Spec:
-    def __init__(self, k: int, a: float):
-        self.spec = SpecConfig(k, a)
-
-
 def test_speculation_with_huge_outputs_stays_small_in_memory():
     import tracemalloc
 
-    from kvtune.costmodel.simulate import _spec_verify_steps
-
     out = np.full(20, 10**9)  # one draw per token would be 160 GB
     tracemalloc.start()
-    passes = _spec_verify_steps(_Spec(5, 0.8), out, 0)
+    passes = verify_passes(out, SpecConfig(5, 0.8), 0)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 64 * 2**20
@@ -166,28 +160,21 @@ def test_speculation_with_huge_outputs_stays_small_in_memory():
     assert big.rejected == 0 and np.isfinite(big.e2e_s).all()
 
 
-def test_block_by_block_draws_equal_drawing_the_whole_stream(monkeypatch):
-    import kvtune.costmodel.simulate as sim
-
+def test_block_by_block_draws_equal_drawing_the_whole_stream():
     rng = np.random.default_rng(4)
     for _ in range(40):
-        spec = _Spec(int(rng.integers(1, 8)), float(rng.choice([0.3, 0.8, 0.95])))
+        spec = SpecConfig(int(rng.integers(1, 8)), float(rng.choice([0.3, 0.8, 0.95])))
         out = rng.integers(1, int(rng.choice([3, 50, 3000])), int(rng.integers(1, 40)))
         seed = int(rng.integers(0, 1000))
-        whole = sim._spec_verify_steps(spec, out, seed)
-        monkeypatch.setattr(sim, "_SPEC_DRAWS_PER_BLOCK", int(rng.choice([1, 5, 64])))
-        assert (sim._spec_verify_steps(spec, out, seed) == whole).all()
-        monkeypatch.undo()
+        whole = verify_passes(out, spec, seed)
+        blocks = int(rng.choice([1, 5, 64]))
+        assert (verify_passes(out, spec, seed, draws_per_block=blocks) == whole).all()
 
 
-def test_long_outputs_draw_pass_counts_with_the_per_pass_law(monkeypatch):
-    import kvtune.costmodel.simulate as sim
-
+def test_long_outputs_draw_pass_counts_with_the_per_pass_law():
     for k, a in ((3, 0.3), (5, 0.8), (7, 0.95)):
-        out = np.full(3000, sim.SPEC_CLT_TOKENS + 2000)
-        clt = sim._spec_verify_steps(_Spec(k, a), out, 1)
-        monkeypatch.setattr(sim, "SPEC_CLT_TOKENS", 10**9)
-        exact = sim._spec_verify_steps(_Spec(k, a), out, 1)
-        monkeypatch.undo()
+        out = np.full(3000, SPEC_CLT_TOKENS + 2000)
+        clt = verify_passes(out, SpecConfig(k, a), 1)
+        exact = verify_passes(out, SpecConfig(k, a), 1, clt_tokens=10**9)
         assert abs(clt.mean() - exact.mean()) < 4 * exact.std() / np.sqrt(len(out)) + 0.5
         assert clt.std() == pytest.approx(exact.std(), rel=0.1)
