@@ -15,7 +15,8 @@ from kvtune.costmodel.fit import RowPredictor, evaluate, fit_efficiency, mape
 from kvtune.costmodel.hardware import load_gpu_file
 from kvtune.costmodel.profile_table import ProfileRow, read_table
 from kvtune.optimizer.cli import main
-from kvtune.optimizer.importers import rows_to_csv
+
+from helpers import write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = get_gpu("h100-sxm")
@@ -49,11 +50,6 @@ def synthetic_rows(truth: Efficiency, noise: float = 0.03, seed: int = 0, tps=(1
                 rows.append(ProfileRow(**{**r.__dict__, "ttft_mean_ms": m["ttft_ms"] * np.exp(rng.normal(0, noise)),
                                           "tpot_mean_ms": m["tpot_ms"] * np.exp(rng.normal(0, noise))}))
     return rows
-
-
-def write_table(path: Path, rows) -> Path:
-    path.write_text(rows_to_csv(rows))
-    return path
 
 
 def test_round_trip_recovers_parameters_within_three_sigma():

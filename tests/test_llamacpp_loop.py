@@ -8,19 +8,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from kvtune.optimizer.cli import main
 from kvtune.optimizer.workload import load_workload_dict
+
+from helpers import kvtune
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_TABLE = ROOT / "profiles" / "tables" / "smollm2-135m-cpu-llamacpp.csv"
 CPU_HW = ROOT / "profiles" / "hardware-cpu-example.yaml"
-
-
-def kvtune(*args) -> tuple[int, str]:
-    r = CliRunner().invoke(main, [str(a) for a in args])
-    return r.exit_code, r.output
 
 
 def cpu_workload(tmp_path: Path, cal: Path, **search) -> Path:

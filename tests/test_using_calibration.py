@@ -17,13 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from kvtune.costmodel import StepModel, get_gpu, get_model
 from kvtune.costmodel.calibration import efficiency_for
 from kvtune.costmodel.profile_table import ProfileRow, read_table
-from kvtune.optimizer.cli import main
-from kvtune.optimizer.importers import rows_to_csv
+
+from helpers import kvtune, kvtune_json, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = ROOT / "tests" / "data" / "fixed-llama3.1-8b.yaml"
@@ -33,26 +32,9 @@ CPU_TABLE = ROOT / "profiles" / "tables" / "smollm2-135m-cpu-llamacpp.csv"
 CPU_HW = ROOT / "profiles" / "hardware-cpu-example.yaml"
 
 
-def kvtune(*args) -> tuple[int, str]:
-    """Run a command through the real group (its one-line errors and exit codes)."""
-    r = CliRunner().invoke(main, [str(a) for a in args])
-    return r.exit_code, r.output
-
-
-def kvtune_json(*args) -> dict:
-    code, out = kvtune(*args, "--json")
-    assert code == 0, out
-    return json.loads(out)
-
-
 def mape(pred, meas) -> float:
     p, m = np.asarray(pred, float), np.asarray(meas, float)
     return float(np.mean(np.abs(p / m - 1)) * 100)
-
-
-def write_table(path: Path, rows) -> Path:
-    path.write_text(rows_to_csv(rows))
-    return path
 
 
 def fixed_workload(path: Path, input_tokens: int, output_tokens: int, **top) -> Path:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from kvtune.costmodel import get_gpu
 from kvtune.costmodel.calibration import efficiency_for
@@ -16,29 +14,13 @@ from kvtune.costmodel.closed_loop import STAGGERED_ENGINES, default_clients, mea
 from kvtune.costmodel.dtypes import BYTES_PER_ELEMENT, canonical
 from kvtune.costmodel.fit import RowPredictor
 from kvtune.costmodel.profile_table import ProfileRow, read_table
-from kvtune.optimizer.cli import main
-from kvtune.optimizer.importers import rows_to_csv
+
+from helpers import kvtune, kvtune_json, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_TABLE = ROOT / "profiles" / "tables" / "smollm2-135m-cpu-llamacpp.csv"
 CPU_HW = ROOT / "profiles" / "hardware-cpu-example.yaml"
 FIXED = ROOT / "tests" / "data" / "fixed-llama3.1-8b.yaml"
-
-
-def kvtune(*args) -> tuple[int, str]:
-    r = CliRunner().invoke(main, [str(a) for a in args])
-    return r.exit_code, r.output
-
-
-def kvtune_json(*args) -> dict:
-    code, out = kvtune(*args, "--json")
-    assert code == 0, out
-    return json.loads(out)
-
-
-def write_table(path: Path, rows) -> Path:
-    path.write_text(rows_to_csv(rows))
-    return path
 
 
 # ---- item 1: kvtune simulate --concurrency and the calibration share one path -------------------
