@@ -196,6 +196,7 @@ def goodput(step: StepCost, make_requests: Callable[[float, int, int], Requests]
               if config.prefix_caching and fits.any() else 0.0)
     ub = (capacity_bound_req_s(step, mean_in, mean_out, config.batch_cap, shared, config.kv_pool_tokens)
           if upper_bound_req_s is None else float(upper_bound_req_s))
+    search = _Search(attainment, rel_tol, n, ub, history)
 
     def run(rate: float) -> tuple[SimResult, Requests]:
         req = make_requests(rate, n, seed)
@@ -205,10 +206,10 @@ def goodput(step: StepCost, make_requests: Callable[[float, int, int], Requests]
         if res.rejected:
             best = _best_attainment(res)
             if best < attainment:  # requests that never fit miss at every rate
-                raise _Unreachable(GoodputResult(
-                    0.0, res.slo_attainment, attainment, res.summary(), len(history), (0.0, rate), rel_tol, n, ub,
-                    f"{res.reject_reason}: at most {best:.3f} of the measured requests can meet the SLOs at any "
-                    f"rate, below the target {attainment:g}", tuple(history)))
+                raise _Unreachable(search.result(
+                    0.0, res, (0.0, rate),
+                    reason=f"{res.reject_reason}: at most {best:.3f} of the measured requests can meet the SLOs at "
+                           f"any rate, below the target {attainment:g}"))
         return res, req
 
     def saturated() -> float:
@@ -225,11 +226,36 @@ def goodput(step: StepCost, make_requests: Callable[[float, int, int], Requests]
         return float((k2 - 1 - k1) / (fin[k2 - 1] - fin[k1]))
 
     try:
-        out = _bisect(run, saturated, attainment, n, rel_tol, wf, max_iterations, guess_req_s, ub, history)
+        out = _bisect(run, saturated, search, wf, max_iterations, guess_req_s)
         # the offline run that measured the saturated throughput counts as a simulation too
         return out if out.saturated_req_s is None else replace(out, iterations=out.iterations + 1)
     except _Unreachable as exc:
         return exc.result
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What every answer of one goodput search shares: the target attainment, the tolerance, the
+    requests per simulation, the capacity bound (req/s) and the probes so far, ``(rate_req_s,
+    attainment)`` in order (the list grows as the search runs; each answer keeps a copy)."""
+
+    target_attainment: float
+    rel_tol: float
+    n_requests: int
+    upper_bound_req_s: float
+    history: list[tuple[float, float]]
+
+    def result(self, goodput_req_s: float, at: SimResult, bracket: tuple[float, float], *, reason: str = "",
+               capacity_limited: bool = False, saturated_req_s: float | None = None, limit: str = "") -> GoodputResult:
+        """The answer ``goodput_req_s`` (req/s), ``at`` the simulation at that rate (the zero-load
+        probe when it is 0), ``bracket`` the final (meets, misses) rates; the rest as in
+        ``GoodputResult``."""
+        return GoodputResult(goodput_req_s=goodput_req_s, attainment=at.slo_attainment,
+                             target_attainment=self.target_attainment, summary=at.summary(),
+                             iterations=len(self.history), bracket=bracket, rel_tol=self.rel_tol,
+                             n_requests=self.n_requests, upper_bound_req_s=self.upper_bound_req_s, reason=reason,
+                             history=tuple(self.history), capacity_limited=capacity_limited,
+                             saturated_req_s=saturated_req_s, limit=limit)
 
 
 class _Unreachable(Exception):
@@ -248,8 +274,10 @@ def _best_attainment(res: SimResult) -> float:
     return float((m & ~np.isinf(res.ttft_s)).sum() / m.sum())
 
 
-def _bisect(run, saturated, attainment: float, n: int, rel_tol: float, wf: float, max_iterations: int,
-            guess_req_s: float | None, ub: float, history: list) -> GoodputResult:
+def _bisect(run, saturated, search: _Search, wf: float, max_iterations: int,
+            guess_req_s: float | None) -> GoodputResult:
+    attainment, n, rel_tol = search.target_attainment, search.n_requests, search.rel_tol
+    ub, history = search.upper_bound_req_s, search.history
     guess = guess_req_s if guess_req_s is not None and math.isfinite(guess_req_s) and guess_req_s > 0 else None
     res_lo = res_hi = None
     met: list[tuple[float, SimResult]] = []   # rates that met the target, in the order probed
@@ -273,9 +301,7 @@ def _bisect(run, saturated, attainment: float, n: int, rel_tol: float, wf: float
         lo_rate = ub * 1e-3
         res_lo, req_lo = run(lo_rate)
         if res_lo.slo_attainment < attainment:
-            return GoodputResult(0.0, res_lo.slo_attainment, attainment, res_lo.summary(), len(history),
-                                 (0.0, lo_rate), rel_tol, n, ub, _zero_load_reason(res_lo, req_lo, attainment),
-                                 tuple(history))
+            return search.result(0.0, res_lo, (0.0, lo_rate), reason=_zero_load_reason(res_lo, req_lo, attainment))
         met.append((lo_rate, res_lo))
         if res_hi is None:
             hi_rate = top
@@ -306,10 +332,8 @@ def _bisect(run, saturated, attainment: float, n: int, rel_tol: float, wf: float
                 lo_rate = min(ub * 1e-3, 0.5 * top)
                 res_lo, req_lo = run(lo_rate)
                 if res_lo.slo_attainment < attainment:
-                    return GoodputResult(0.0, res_lo.slo_attainment, attainment, res_lo.summary(), len(history),
-                                         (0.0, lo_rate), rel_tol, n, ub,
-                                         _zero_load_reason(res_lo, req_lo, attainment), tuple(history),
-                                         saturated_req_s=sat)
+                    return search.result(0.0, res_lo, (0.0, lo_rate),
+                                         reason=_zero_load_reason(res_lo, req_lo, attainment), saturated_req_s=sat)
             if lo_rate >= top:
                 res_hi = res_lo
                 break
@@ -322,12 +346,9 @@ def _bisect(run, saturated, attainment: float, n: int, rel_tol: float, wf: float
             what = ("the simulator's saturated throughput (every request queued)" if sat is not None and top == sat
                     else "the analytic capacity bound")
             what = f"{what}, {hi_rate:.3g} req/s"
-            return GoodputResult(hi_rate, res_hi.slo_attainment, attainment, res_hi.summary(), len(history),
-                                 (hi_rate, hi_rate), rel_tol, n, ub, "", tuple(history), capacity_limited=True,
-                                 saturated_req_s=sat, limit=f"throughput: the SLOs still hold at {what}")
-        return GoodputResult(hi_rate, res_hi.slo_attainment, attainment, res_hi.summary(), len(history),
-                             (hi_rate, top), rel_tol, n, ub,
-                             "", tuple(history), saturated_req_s=sat,
+            return search.result(hi_rate, res_hi, (hi_rate, hi_rate), capacity_limited=True, saturated_req_s=sat,
+                                 limit=f"throughput: the SLOs still hold at {what}")
+        return search.result(hi_rate, res_hi, (hi_rate, top), saturated_req_s=sat,
                              limit=f"no miss found up to {hi_rate:.3g} req/s after {max_iterations} simulations")
     # narrow the bracket: while it spans more than a factor 2, geometric bisection; then aim at the
     # crossing interpolated on logit(attainment) and probe a pair straddling it, 0.9 rel_tol apart,
@@ -364,6 +385,4 @@ def _bisect(run, saturated, attainment: float, n: int, rel_tol: float, wf: float
             f_lo *= 0.5
         if hi_rate == was[1]:
             f_hi *= 0.5
-    return GoodputResult(lo_rate, res_lo.slo_attainment, attainment, res_lo.summary(), len(history),
-                         (lo_rate, hi_rate), rel_tol, n, ub, "", tuple(history), saturated_req_s=sat,
-                         limit="slo")
+    return search.result(lo_rate, res_lo, (lo_rate, hi_rate), saturated_req_s=sat, limit="slo")
