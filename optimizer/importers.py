@@ -159,8 +159,9 @@ def _short(v) -> str:
     return s if len(s) <= 40 else s[:37] + "..."
 
 
-def _whole(x: float) -> int:
-    return int(round(x)) if math.isfinite(x) else x  # inf stays inf: the row check names it
+def _whole(x: float) -> int | float:
+    """A mean token count rounded to a whole number; inf stays the float inf: the row check names it."""
+    return int(round(x)) if math.isfinite(x) else x
 
 
 def _load_records(path: Path) -> list[_Rec]:
@@ -201,7 +202,8 @@ def detect_format(obj: dict) -> str | None:
     if any(k.startswith("results_ttft_s") for k in obj):
         return "llmperf"
     cfg = obj.get("input_config")
-    metrics = obj.get("records") if isinstance(obj.get("records"), dict) else obj
+    records = obj.get("records")
+    metrics: dict = records if isinstance(records, dict) else obj
     if isinstance(cfg, dict) and isinstance(metrics.get("time_to_first_token", metrics.get("inter_token_latency")), dict):
         # AIPerf's config has "loadgen" (and an "endpoint" section); genai-perf's newer config tree
         # has "perf_analyzer" instead, its older one the flat CLI arguments.
@@ -318,8 +320,9 @@ def _dig(obj, *path):
 
 def _perf_row(rec: _Rec, fmt: str) -> dict[str, Any]:
     o = rec.obj
-    stats = o["records"] if isinstance(o.get("records"), dict) else o
-    cfg = o.get("input_config") if isinstance(o.get("input_config"), dict) else {}
+    records, config = o.get("records"), o.get("input_config")
+    stats: dict = records if isinstance(records, dict) else o
+    cfg: dict = config if isinstance(config, dict) else {}
     out: dict[str, Any] = {}
 
     def metric(name: str, stat: str, optional: bool = True, to_ms: bool = False):
@@ -383,9 +386,12 @@ def _perf_row(rec: _Rec, fmt: str) -> dict[str, Any]:
     gpu = None
     gpus = _dig(o, "telemetry_data", "endpoints")
     if isinstance(gpus, dict):
-        found = {g.get("gpu_name") for ep in gpus.values() if isinstance(ep, dict)
-                 for g in (ep.get("gpus") if isinstance(ep.get("gpus"), dict) else {}).values()
-                 if isinstance(g, dict) and isinstance(g.get("gpu_name"), str) and g.get("gpu_name")}
+        found: set[str] = set()
+        for ep in gpus.values():
+            per_gpu = ep.get("gpus") if isinstance(ep, dict) else None
+            if isinstance(per_gpu, dict):
+                found |= {g["gpu_name"] for g in per_gpu.values()
+                          if isinstance(g, dict) and isinstance(g.get("gpu_name"), str) and g["gpu_name"]}
         gpu = found.pop() if len(found) == 1 else None
     date = o.get("start_time") if isinstance(o.get("start_time"), str) else None
     out["_meta"] = Metadata(model=model, gpu=gpu, date=date)
