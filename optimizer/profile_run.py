@@ -141,6 +141,8 @@ class PointResult:
 
 def _split(url: str) -> tuple[str, str, int, str]:
     u = urllib.parse.urlsplit(url)
+    if not u.hostname:  # RunSpec checks the URL it is given; this guards the public probe_server
+        raise InputError(f"--url {url!r}: expected http://HOST:PORT/v1")
     port = u.port or (443 if u.scheme == "https" else 80)
     return u.scheme, u.hostname, port, u.path.rstrip("/")
 
@@ -218,7 +220,8 @@ def _llamacpp_settings(root: str, props: dict, timeout_s: float) -> tuple[int | 
     """(slots, pool tokens, batch tokens) of a llama.cpp server: ``/props`` ``total_slots`` and
     ``default_generation_settings.n_ctx`` (per slot), else ``/slots`` (one entry per slot, each with
     its ``n_ctx``); ``n_batch`` only if some field reports it. None where the server does not say."""
-    gen = props.get("default_generation_settings") if isinstance(props.get("default_generation_settings"), dict) else {}
+    settings = props.get("default_generation_settings")
+    gen: dict = settings if isinstance(settings, dict) else {}
     slots, n_ctx = _whole(props.get("total_slots")), _whole(gen.get("n_ctx"))
     n_batch = _whole(props.get("n_batch")) or _whole(gen.get("n_batch"))
     pool = slots * n_ctx if slots and n_ctx else None
@@ -229,9 +232,9 @@ def _llamacpp_settings(root: str, props: dict, timeout_s: float) -> tuple[int | 
         except (OSError, http.client.HTTPException, ValueError):
             lst = None
         if isinstance(lst, list) and lst and all(isinstance(x, dict) for x in lst):
-            ctxs = [_whole(x.get("n_ctx")) for x in lst]
+            ctxs = [c for c in (_whole(x.get("n_ctx")) for x in lst) if c is not None]
             slots = slots or len(lst)
-            if all(ctxs):
+            if len(ctxs) == len(lst):  # every slot says its context
                 pool = sum(ctxs) if len(lst) == slots else slots * ctxs[0]
             n_batch = n_batch or _whole(lst[0].get("n_batch"))
     return slots, pool, n_batch
@@ -321,7 +324,8 @@ def stream_completion(url: str, payload: dict, timeout_s: float) -> RequestResul
     """POST ``{url}/completions`` with ``stream: true``; time the text chunks of the SSE stream."""
     c, base = _conn(url, timeout_s)
     t0 = time.perf_counter()
-    first = last = None
+    first: float | None = None  # perf_counter times of the first and the last text chunk
+    last = t0
     chunks = 0
     usage_out = usage_in = None
     try:
