@@ -173,7 +173,7 @@ _HEADER = ("# Fitted by 'kvtune calibrate' (costmodel.fit): params are what kvtu
 def calibration_yaml(d: dict) -> str:
     text = _HEADER + yaml.safe_dump(d, sort_keys=False, default_flow_style=None, width=110)
     # what we write must load back (and within bounds): fail before anything touches the disk
-    Efficiency(**{k: float(v) for k, v in yaml.safe_load(text)["params"].items()})
+    Efficiency().with_params(**{k: float(v) for k, v in yaml.safe_load(text)["params"].items()})
     return text
 
 
@@ -250,11 +250,11 @@ def _fit_pool_reserve(res: FitResult, pool_rows: Sequence[ProfileRow], rows: Seq
 
     hi = PARAM_BOUNDS["activation_reserve_bytes"][1] / 1e9
     coarse = {g: rms(g) for g in POOL_RESERVE_GRID_GB if g <= hi}
-    best = min(coarse, key=coarse.get)
+    best = min(coarse, key=coarse.__getitem__)
     span = POOL_RESERVE_GRID_GB[1] - POOL_RESERVE_GRID_GB[0]
     n = int(round(span / POOL_RESERVE_STEP_GB))
     fine = {g: rms(g) for g in (round(best + k * POOL_RESERVE_STEP_GB, 6) for k in range(-n, n + 1)) if 0 <= g <= hi}
-    best = min(fine, key=fine.get)
+    best = min(fine, key=fine.__getitem__)
     near = [g for g, v in fine.items() if v <= 1.25 * fine[best]]
     eff = res.efficiency.with_params(activation_reserve_bytes=best * 1e9)
     all_rows = list(rows) + ttft_rows
@@ -414,7 +414,9 @@ def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None
             f"--clients staggered), SGLang's with clients starting together and prefill batches of their own"]
         base = resolve_base("ideal", gpu, engine)
         t0 = time.perf_counter()
-        metrics, params, pool_bound = SHIPPED_METRICS, None, []
+        metrics: tuple[str, ...] = SHIPPED_METRICS
+        params: tuple[str, ...] | None = None
+        pool_bound: list[ProfileRow] = []
         if engine in TTFT_JOINT_ENGINES:
             rows, pool_bound = _without_pool_bound_ttft(rows, gpu, base)
             metrics, params = SHIPPED_METRICS + ("ttft_ms",), FIT_PARAMS + ("request_overhead_s",)

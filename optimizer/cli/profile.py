@@ -63,7 +63,9 @@ def profile_group():
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="Input format (default: detected from content).")
 @_meta_options
-def import_cmd(files, output, fmt, model, gpu, tp, engine, engine_version, weight_dtype, kv_dtype, source):
+def import_cmd(files: tuple[Path, ...], output: Path, fmt: str | None, model: str | None, gpu: str | None,
+               tp: int | None, engine: str | None, engine_version: str | None, weight_dtype: str | None,
+               kv_dtype: str | None, source: str | None) -> None:
     """Convert vLLM, SGLang, genai-perf, AIPerf or LLMPerf results to one profile table.
 
     Values in a file win; the flags fill what a file does not record. A bad file stops the whole
@@ -100,10 +102,12 @@ def import_cmd(files, output, fmt, model, gpu, tp, engine, engine_version, weigh
 @click.option("--chunk-tokens", type=int, default=None,
               help="The engine's per-step token budget, written to every row when the server does not report it "
                    "(llama.cpp: its -b, 2048 by default; vLLM: --max-num-batched-tokens).")
-def run_cmd(url, model, concurrency, isl, osl, output, requests_per_point, seed, timeout_s, warmup, append,
-            gpu, tp, engine, engine_version, weight_dtype, kv_dtype, chunk_tokens):
+def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: Path, requests_per_point: int,
+            seed: int, timeout_s: float, warmup: int, append: bool, gpu: str | None, tp: int | None,
+            engine: str | None, engine_version: str | None, weight_dtype: str | None, kv_dtype: str | None,
+            chunk_tokens: int | None) -> None:
     """Measure TTFT, TPOT and throughput on a live server over a grid of loads and lengths."""
-    from kvtune.optimizer.profile_run import RunSpec, run_profile  # keeps `kvtune --help` light
+    from kvtune.optimizer.profile_run import PointResult, RunSpec, run_profile  # keeps `kvtune --help` light
 
     spec = RunSpec(url=url, model=model, concurrencies=tuple(parse_int_list(concurrency, "concurrency")),
                    input_tokens=tuple(parse_int_list(isl, "isl")), output_tokens=tuple(parse_int_list(osl, "osl")),
@@ -125,7 +129,7 @@ def run_cmd(url, model, concurrency, isl, osl, output, requests_per_point, seed,
     meta = Metadata(gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
                     kv_dtype=kv_dtype, source=shlex.join(cmd))
 
-    def progress(pt, row):
+    def progress(pt: PointResult, row: ProfileRow) -> None:
         fails = f"  ({len(pt.failures)} failed: {pt.failures[0].error})" if pt.failures else ""
         tpot = f"{row.tpot_mean_ms:.2f}" if row.tpot_mean_ms is not None else "-"
         click.echo(f"concurrency {pt.concurrency:>3}  isl {row.input_tokens:>5}  osl {row.output_tokens:>4}  "
