@@ -40,8 +40,10 @@ def _one_error(res) -> str:
 
 @pytest.fixture
 def workload(tmp_path) -> Path:
+    """TINY, aggregated deployments only: the study's storage holds the aggregated search alone (the
+    disaggregated search keeps nothing there), so the storage tests need not run it three times."""
     p = tmp_path / "w.yaml"
-    p.write_text(yaml.safe_dump(TINY))
+    p.write_text(yaml.safe_dump({**TINY, "search": {**TINY["search"], "deployment": ["aggregated"]}}))
     return p
 
 
