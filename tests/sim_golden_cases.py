@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-if str(HERE.parent) not in sys.path:
+# run as a script (--write) from a checkout: the repository root holds the kvtune package. Imported by
+# pytest it adds nothing, so no test can import the repository's folders by their bare names
+if __name__ == "__main__" and str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
 from kvtune.costmodel import SpecConfig, StepModel, efficiency_for, get_gpu, get_model  # noqa: E402

@@ -111,7 +111,7 @@ def _reached_by(rel: str, fn: str, cmds: dict[str, set[str]]) -> tuple[str, ...]
     if rel.startswith("optimizer/cli/"):
         import importlib
 
-        mod = importlib.import_module(rel[:-3].replace("/", "."))
+        mod = importlib.import_module("kvtune." + rel[:-3].replace("/", "."))
         names = []
         for c in getattr(mod, "COMMANDS", []):
             subs = [c] if not isinstance(c, click.Group) else list(c.commands.values())
