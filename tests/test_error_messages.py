@@ -11,6 +11,7 @@ calls). A message raised from shared code must name flags that every command rea
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -91,8 +92,10 @@ def _strings(node: ast.AST) -> list[str]:
     return out
 
 
-def messages() -> list[tuple[str, int, str, str]]:
-    """(module, line, text, enclosing top-level function) of every raised message."""
+@functools.cache
+def messages() -> tuple[tuple[str, int, str, str], ...]:
+    """(module, line, text, enclosing top-level function) of every raised message (the sources
+    parsed once for the three tests that read them)."""
     out = []
     for folder in ("costmodel", "optimizer"):
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -104,7 +107,7 @@ def messages() -> list[tuple[str, int, str, str]]:
                     if isinstance(node, ast.Raise) and node.exc is not None:
                         for s in _strings(node.exc):
                             out.append((rel, node.lineno, s, fn))
-    return out
+    return tuple(out)
 
 
 def _reached_by(rel: str, fn: str, cmds: dict[str, set[str]]) -> tuple[str, ...]:
