@@ -60,7 +60,7 @@ class _Flat:
     @classmethod
     def from_json(cls: type[_F], d: Mapping[str, Any]) -> _F:
         kw = {}
-        for f in fields(cls):
+        for f in fields(cls):   # f.type is the annotation's text (postponed annotations)
             v = d.get(f.name) if f.name in cls._OMIT_NONE else d[f.name]
             if "float" in str(f.type):
                 v = _nums(v) if isinstance(v, Mapping) else _num(v)
@@ -466,10 +466,6 @@ class SolveResult:
     deployment: DeploymentChoice | None = None
     engine: str | None = None                   # the engine whose launch line is printed (None: vLLM's)
     report: str | None = None                   # report.md's path (--report)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
     def to_json(self) -> JsonObject:
         """The ``--json`` object, keys in the order the answer is built: the provenance, then the
