@@ -28,10 +28,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from kvtune.costmodel.deployment import Pool, disaggregated_bound_req_s, kv_link, simulate_disaggregated
 from kvtune.costmodel.goodput import goodput
+from kvtune.costmodel.simulate import SimConfig
+from kvtune.costmodel.step import StepCost
 
 __all__ = ["PoolChoice", "DisaggCandidate", "DisaggSearch", "search_disaggregated", "margin", "DEFAULT_ENGINE"]
 
@@ -57,6 +59,10 @@ class PoolChoice:
     def to_json(self) -> dict:
         return {"tp": self.tp, "replicas": self.replicas, "batch_cap": self.batch_cap,
                 "chunk_tokens": self.chunk_tokens, "gpus": self.gpus}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PoolChoice:
+        return cls(d["tp"], d["replicas"], d["batch_cap"], d["chunk_tokens"])
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,18 @@ class DisaggCandidate:
                 "goodput_per_gpu_req_s": self.goodput_per_gpu_req_s, "simulations": self.simulations,
                 "round": self.round, **({"reason": self.reason} if self.reason else {})}
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> DisaggCandidate:
+        """``to_json``'s object read back (``gpus`` and the goodput per GPU follow from the rest)."""
+        return cls(PoolChoice.from_json(d["prefill"]), PoolChoice.from_json(d["decode"]), d["link"],
+                   _float(d["bound_req_s"]), _float(d["goodput_req_s"]), d["simulations"], d["round"],
+                   d.get("reason", ""))
+
+
+def _float(x: Any) -> Any:
+    """A figure read back: the output writes inf and nan as strings."""
+    return float(x) if isinstance(x, str) else x
+
 
 @dataclass(frozen=True)
 class DisaggSearch:
@@ -101,7 +119,8 @@ class DisaggSearch:
                 "wall_s": round(self.wall_s, 3), "simulated": [c.to_json() for c in self.simulated[:8]]}
 
 
-def search_disaggregated(step_for: Callable[[int], object], sim_config: Callable[[int, int], object],
+def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
+                         sim_config: Callable[[int, int], SimConfig],
                          make_requests: Callable, attainment: float, *, tps, gpu, gpus_per_node: int,
                          max_gpus: int, engine: str | None = None, seed: int = 0, final_n: int = 400,
                          short_n: int = 150, short_keep: int = 48, final_keep: int = 3, final_max: int = 8,
@@ -122,7 +141,7 @@ def search_disaggregated(step_for: Callable[[int], object], sim_config: Callable
     if score is None:
         def score(o: DisaggCandidate) -> tuple:
             return (-o.goodput_per_gpu_req_s, o.gpus)
-    steps = {}
+    steps: dict[int, StepCost] = {}
     for tp in sorted(set(int(t) for t in tps)):
         s = step_for(tp)
         if s is not None and not isinstance(s, Exception) and tp <= gpus_per_node:
@@ -166,7 +185,7 @@ def search_disaggregated(step_for: Callable[[int], object], sim_config: Callable
         return float(g.goodput_req_s), int(g.iterations), g.reason or ""
 
     # ---- 2. short simulations, branch and bound on the bound per GPU ----------------------------
-    short = []
+    short: list[tuple[Any, float, int, str]] = []
     sims = 0
     for c in cands:
         if len(short) >= short_keep:
@@ -183,7 +202,7 @@ def search_disaggregated(step_for: Callable[[int], object], sim_config: Callable
     # (short runs read optimistic: one whose short score is already worse than the best full one
     # stops the round once ``final_keep`` shapes have run)
     out = []
-    shapes = set()
+    shapes: set[tuple[int, int, int, int]] = set()
     best_final = None
     for c, g, it, why in short:
         shape = (c[2].tp, c[2].replicas, c[3].tp, c[3].replicas)

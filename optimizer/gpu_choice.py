@@ -14,34 +14,56 @@ lost (how much dearer, or why no config met the SLOs).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
+
+from .result import GpuChoiceRow, SolveResult
+from .workload import WorkloadSpec
 
 __all__ = ["solve_gpu_choice"]
 
+_CONFIG_KEYS = ("tp", "pp", "ep", "dp_attention", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "replicas")
 
-def _score(spec, r: dict) -> tuple:
-    if r["status"] != "ok":
+
+def _score(spec: WorkloadSpec, r: SolveResult) -> tuple:
+    if r.status != "ok" or r.cost is None or r.predicted is None:
         return (1, 0.0)
-    return (0, *spec.objective_key(r["cost"]["usd_per_hour"], r["predicted"]["goodput_req_s"]))
+    return (0, *spec.objective_key(r.cost.usd_per_hour, r.predicted.goodput_req_s))
 
 
-def _row(gpu: str, usd: float, r: dict) -> dict:
-    row = {"gpu": gpu, "usd_per_gpu_hour": usd, "status": r["status"], "source": r.get("source", "")}
-    if r["status"] == "ok":
-        rec = r["recommendation"]
-        row |= {"usd_per_hour": r["cost"]["usd_per_hour"], "goodput_req_s": r["predicted"]["goodput_req_s"],
-                "gpus": rec["gpus"], "nodes": rec["nodes"],
-                "config": {k: rec[k] for k in ("tp", "pp", "ep", "dp_attention", "batch_cap", "kv_dtype",
-                                               "spec_k", "chunk_tokens", "replicas") if k in rec}}
-    else:
-        row |= {"usd_per_hour": None, "goodput_req_s": None, "reason": r.get("reason", "")}
-    return row
+def _row(gpu: str, usd: float, r: SolveResult, why: str) -> GpuChoiceRow:
+    if r.status == "ok" and r.cost is not None and r.predicted is not None and r.recommendation is not None:
+        rec = r.recommendation
+        js = rec.to_json()
+        return GpuChoiceRow(gpu=gpu, usd_per_gpu_hour=usd, status=r.status, source=r.source, why=why,
+                            usd_per_hour=r.cost.usd_per_hour, goodput_req_s=r.predicted.goodput_req_s,
+                            gpus=rec.gpus, nodes=rec.nodes, config={k: js[k] for k in _CONFIG_KEYS if k in js})
+    return GpuChoiceRow(gpu=gpu, usd_per_gpu_hour=usd, status=r.status, source=r.source, why=why,
+                        reason=r.reason or "")
 
 
-def solve_gpu_choice(spec, solve_one=None, **kwargs) -> dict:
+def _why(spec: WorkloadSpec, r: SolveResult, chosen: bool, best_gpu: str, best: SolveResult) -> str:
+    """Why this type was chosen or lost against the best type's result."""
+    if r.status != "ok" or r.cost is None or r.predicted is None:
+        return f"no config meets the SLOs: {r.reason or ''}"
+    if chosen:
+        return "chosen"
+    assert best.cost is not None and best.predicted is not None   # sorted first: ok whenever r is
+    if spec.objective == "max_goodput":
+        mine = r.predicted.goodput_req_s / r.cost.usd_per_hour
+        top = best.predicted.goodput_req_s / best.cost.usd_per_hour
+        return f"{mine:.4g} req/s per $/h against {best_gpu}'s {top:.4g}"
+    d = r.cost.usd_per_hour - best.cost.usd_per_hour
+    return (f"${d:.2f}/h more than {best_gpu} (${best.cost.usd_per_hour:.2f}/h)" if d > 1e-9 else
+            f"same ${r.cost.usd_per_hour:.2f}/h as {best_gpu}, less goodput")
+
+
+def solve_gpu_choice(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] | None = None,
+                     **kwargs: Any) -> SolveResult:
     """Solve ``spec`` once per ``spec.hardware.choices`` entry; the best type's result, with
     ``gpu_choice`` (every type, best first) and ``status`` ok if any type met the SLOs."""
     if solve_one is None:
-        from .recommend import solve as solve_one
+        from .recommend import solve
+        solve_one = solve
     h = spec.hardware
     results = []
     for gpu, usd in h.choices:
@@ -52,21 +74,6 @@ def solve_gpu_choice(spec, solve_one=None, **kwargs) -> dict:
         results.append((gpu, usd, solve_one(one, **kw)))
     order = sorted(range(len(results)), key=lambda i: (_score(spec, results[i][2]), i))
     best_gpu, _, best = results[order[0]]
-    rows = []
-    for i in order:
-        gpu, usd, r = results[i]
-        row = _row(gpu, usd, r)
-        if i == order[0] and r["status"] == "ok":
-            row["why"] = "chosen"
-        elif r["status"] != "ok":
-            row["why"] = f"no config meets the SLOs: {r.get('reason', '')}"
-        elif spec.objective == "max_goodput":
-            mine = r["predicted"]["goodput_req_s"] / r["cost"]["usd_per_hour"]
-            top = best["predicted"]["goodput_req_s"] / best["cost"]["usd_per_hour"]
-            row["why"] = f"{mine:.4g} req/s per $/h against {best_gpu}'s {top:.4g}"
-        else:
-            d = r["cost"]["usd_per_hour"] - best["cost"]["usd_per_hour"]
-            row["why"] = (f"${d:.2f}/h more than {best_gpu} (${best['cost']['usd_per_hour']:.2f}/h)" if d > 1e-9 else
-                          f"same ${r['cost']['usd_per_hour']:.2f}/h as {best_gpu}, less goodput")
-        rows.append(row)
-    return {**best, "gpu_choice": rows}
+    rows = tuple(_row(gpu, usd, r, _why(spec, r, i == order[0], best_gpu, best))
+                 for i, (gpu, usd, r) in ((i, results[i]) for i in order))
+    return dataclasses.replace(best, gpu_choice=rows)

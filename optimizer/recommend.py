@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import Any, Callable
 
 import optuna
 
@@ -20,31 +21,36 @@ from kvtune import __version__
 
 from .launch import launch_settings
 from .layouts import gpus_per_replica, layout_params
-from .search import (SolveContext, completed_evals, config_key, evaluate, grid_space, make_storage, open_study,
-                     run_search)
+from .result import (Bottleneck, Closest, Cost, ParetoPoint, Predicted, ProfileUse, RaceRow, Recommendation, Screened,
+                     SolveResult, StepTerms, TrialCounts, VerificationCounts, VerifiedRow)
+from .search import (Evaluation, SolveContext, completed_evals, config_key, evaluate, grid_space, make_storage,
+                     open_study, run_search)
 from .scaleout import StudyRunner
 from .simsearch import LocalRunner, Race, race, rank
 from .verify import Verification, sim_requests, verify
 
-__all__ = ["solve", "verify", "recommend", "pareto_front", "sim_requests", "VERIFY_TOP"]
+__all__ = ["solve", "verify", "recommend", "pareto_front", "sim_requests", "VERIFY_TOP", "SolveResult"]
 
 VERIFY_TOP = 4         # max_goodput: configs fully verified before the race (--verify-top)
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
+_STEP_TERMS = ("step_ms", "mem_ms", "compute_ms", "comm_ms", "kv_pool_tokens", "kv_pool_used",
+               "prefill_tokens_per_step", "limits")   # the screen's detail the bottleneck shows
 
 
-def pareto_front(items: list[dict]) -> list[dict]:
+def pareto_front(items: list[ParetoPoint]) -> list[ParetoPoint]:
     """Non-dominated (fewer $/h, more goodput) points, cheapest first."""
-    pts = sorted(items, key=lambda d: (d["usd_per_hour"], -d["goodput_req_s"]))
+    pts = sorted(items, key=lambda d: (d.usd_per_hour, -d.goodput_req_s))
     front, best = [], -math.inf
     for d in pts:
-        if d["goodput_req_s"] > best + 1e-12:
+        if d.goodput_req_s > best + 1e-12:
             front.append(d)
-            best = d["goodput_req_s"]
+            best = d.goodput_req_s
     return front
 
 
-def recommend(ctx: SolveContext, study, sampler: str, verify_top: int = VERIFY_TOP, runner=None) -> dict:
-    """The result object (``status`` ok or infeasible): the race's best verified config."""
+def recommend(ctx: SolveContext, study: optuna.Study, sampler: str, verify_top: int = VERIFY_TOP,
+              runner: LocalRunner | StudyRunner | None = None) -> SolveResult:
+    """The result (``status`` ok or infeasible): the race's best verified config."""
     evals = completed_evals(study)
     own = runner is None
     runner = runner or LocalRunner(ctx)
@@ -53,14 +59,11 @@ def recommend(ctx: SolveContext, study, sampler: str, verify_top: int = VERIFY_T
     finally:
         if own:
             runner.close()
-    verified = r.verified
-    ok = [v for v in verified if v.feasible]
+    ok = [v for v in r.verified if v.feasible]
     if not ok:
-        return _base(ctx, study, evals, sampler, r) | _infeasible(ctx, r)
+        return _infeasible(ctx, study, evals, sampler, r)
     pick = min(ok, key=lambda v: rank(ctx, v))
-    notes = _dtype_notes(ctx, pick, r)
-    ev = evaluate(ctx, pick.params)
-    return _base(ctx, study, evals, sampler, r) | _ok(ctx, pick, ev, r, notes)
+    return _ok(ctx, study, evals, sampler, r, pick, evaluate(ctx, pick.params), _dtype_notes(ctx, pick, r))
 
 
 def _dtype_notes(ctx: SolveContext, pick: Verification, r: Race) -> list[str]:
@@ -75,25 +78,32 @@ def _dtype_notes(ctx: SolveContext, pick: Verification, r: Race) -> list[str]:
             "check quality on your hardest evals"]
 
 
-def _base(ctx: SolveContext, study, evals, sampler, r: Race) -> dict:
+def _base(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler: str, r: Race) -> dict[str, Any]:
+    """The fields every result has: provenance, the screen's trials and the race's evidence."""
+    rec = ctx.engine.record()   # source, calibration, admission and (with a table) profile
     return {"kvtune_version": __version__, "seed": ctx.seed, "workload_seed": ctx.workload_seed,
-            "sampler": sampler, **_source(ctx),
+            "sampler": sampler, "source": rec["source"], "calibration": rec.get("calibration"),
+            "admission": rec.get("admission"),
+            "profile": ProfileUse.from_json(rec["profile"]) if "profile" in rec else None,
             "objective": ctx.spec.objective, "study_name": study.study_name,
             "target_rate_req_s": ctx.rate_req_s,
-            "trials": {"completed": len(evals), "feasible": sum(1 for e in evals if e.feasible)},
-            "verification": {"configs": len(r.verified), "simulations": r.simulations, "work_items": r.work_items,
-                             "outcomes": r.counts()}}
+            "trials": TrialCounts(completed=len(evals), feasible=sum(1 for e in evals if e.feasible)),
+            "verification": VerificationCounts(configs=len(r.verified), simulations=r.simulations,
+                                               work_items=r.work_items, outcomes=r.counts()),
+            "verified": tuple(_verified_row(v) for v in r.verified),
+            "race": tuple(RaceRow(config=o.config, status=o.status, reason=o.reason, simulations=o.simulations)
+                          for o in r.outcomes),
+            "engine": ctx.engine.engine}   # the engine whose launch line is printed (None: vLLM's)
 
 
-def _source(ctx: SolveContext) -> dict:
-    """``source`` (one line), ``calibration`` and, with a measured table, ``profile``."""
-    if ctx.engine is None:
-        return {"source": ctx.eff.source}
-    return ctx.engine.record()
-
-
-def _ok(ctx, pick, ev, r: Race, notes) -> dict:
+def _ok(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler: str, r: Race,
+        pick: Verification, ev: Evaluation, notes: list[str]) -> SolveResult:
     spec, p = ctx.spec, pick.params
+    # feasible, so sized and simulated at its load: every figure is there
+    assert pick.usd_per_hour is not None and pick.goodput_req_s is not None and pick.replicas is not None \
+        and pick.gpus is not None and pick.nodes is not None and pick.slo_attainment is not None \
+        and pick.output_tok_s is not None and pick.load_per_replica_req_s is not None \
+        and pick.output_tok_s_at_goodput is not None
     # min_cost is priced at the target rate it serves; max_goodput at its goodput
     out_tok_s = ctx.rate_req_s * ctx.stats.mean_output_tokens if spec.objective == "min_cost" \
         else pick.output_tok_s_at_goodput
@@ -103,86 +113,87 @@ def _ok(ctx, pick, ev, r: Race, notes) -> dict:
     if spec.speculative is not None:
         s = spec.speculative
         sdict = {"method": s.method, "draft_model": s.draft_model}
-    items = [{"gpus": v.gpus, "usd_per_hour": v.usd_per_hour, "goodput_req_s": v.goodput_req_s,
-              "config": dict(v.params, replicas=v.replicas), "evidence": "simulated"}
-             for v in r.verified if v.feasible]
+    items = [ParetoPoint(gpus=v.gpus, usd_per_hour=v.usd_per_hour, goodput_req_s=v.goodput_req_s,
+                         config=dict(v.params, replicas=v.replicas), evidence="simulated")
+             for v in r.verified if v.feasible and v.gpus is not None and v.usd_per_hour is not None
+             and v.goodput_req_s is not None]
     detail = ev.detail
+    layout = layout_params(p, spec.hardware.gpus_per_node)
     headroom = pick.goodput_req_s / ctx.rate_req_s - 1 if ctx.rate_req_s > 0 else float("nan")
-    return {
-        "status": "ok",
-        "recommendation": {**{k: p[k] for k in _PARAM_KEYS}, **layout_params(p, spec.hardware.gpus_per_node),
-                           **({"layout": p["layout"]} if p.get("layout") else {}),
-                           "replicas": pick.replicas, "gpus": pick.gpus,
-                           "nodes": pick.nodes, "gpu": ctx.gpu.name, "model": ctx.model.name},
-        "predicted": {"goodput_req_s": pick.goodput_req_s, "per_replica_goodput_req_s": pick.per_replica_goodput_req_s,
-                      "slo_attainment": pick.slo_attainment, "ttft_ms": pick.ttft_ms, "tpot_ms": pick.tpot_ms,
-                      "output_tok_s": pick.output_tok_s,
-                      "tok_s_per_user": 1000.0 / tpot_mean if tpot_mean and tpot_mean > 0 else float("nan"),
-                      "load_per_replica_req_s": pick.load_per_replica_req_s, "evidence": "simulated"},
-        "screened": ev.screened(),
-        "cost": {"usd_per_hour": usd, "usd_per_gpu_hour": spec.hardware.usd_per_gpu_hour,
-                 "usd_per_million_output_tokens": usd / (out_tok_s * 3600) * 1e6 if out_tok_s > 0 else float("inf"),
-                 "priced_at": "target rate" if spec.objective == "min_cost" else "goodput"},
-        "bottleneck": {"term": ev.bottleneck, "batch_limit": ev.batch_limit, "operating_batch": ev.batch,
-                       **{k: detail.get(k) for k in ("step_ms", "mem_ms", "compute_ms", "comm_ms", "kv_pool_tokens",
-                                                     "kv_pool_used", "prefill_tokens_per_step", "limits")}},
-        "headroom": headroom,
-        "pareto": pareto_front(items),
-        "verified": [_verified_row(v) for v in r.verified],
-        "race": [{k: o.to_json()[k] for k in ("config", "status", "reason", "simulations")} for o in r.outcomes],
-        "launch": launch_settings(ctx.model.hf_id or spec.model, {**p, **layout_params(p, spec.hardware.gpus_per_node)},
-                                  pick.replicas, spec.gpu_mem_util, sdict,
-                                  name=f"kvtune-{ctx.model.name}", arch=ctx.model, gpu=ctx.gpu,
-                                  weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
-                                  gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine),
-        "notes": notes,
-    }
+    return SolveResult(
+        **_base(ctx, study, evals, sampler, r),
+        status="ok",
+        recommendation=Recommendation(**{k: p[k] for k in _PARAM_KEYS}, **layout, layout=p.get("layout") or None,
+                                      replicas=pick.replicas, gpus=pick.gpus, nodes=pick.nodes, gpu=ctx.gpu.name,
+                                      model=ctx.model.name),
+        predicted=Predicted(goodput_req_s=pick.goodput_req_s,
+                            per_replica_goodput_req_s=pick.per_replica_goodput_req_s,
+                            slo_attainment=pick.slo_attainment, ttft_ms=pick.ttft_ms, tpot_ms=pick.tpot_ms,
+                            output_tok_s=pick.output_tok_s,
+                            tok_s_per_user=1000.0 / tpot_mean if tpot_mean and tpot_mean > 0 else float("nan"),
+                            load_per_replica_req_s=pick.load_per_replica_req_s, evidence="simulated"),
+        screened=Screened.from_json(ev.screened()),
+        cost=Cost(usd_per_hour=usd, usd_per_gpu_hour=spec.hardware.usd_per_gpu_hour,
+                  usd_per_million_output_tokens=usd / (out_tok_s * 3600) * 1e6 if out_tok_s > 0 else float("inf"),
+                  priced_at="target rate" if spec.objective == "min_cost" else "goodput"),
+        bottleneck=Bottleneck(term=ev.bottleneck, batch_limit=ev.batch_limit, operating_batch=ev.batch,
+                              step=StepTerms(**{k: detail.get(k) for k in _STEP_TERMS})),
+        headroom=headroom,
+        pareto=tuple(pareto_front(items)),
+        launch=launch_settings(ctx.model.hf_id or spec.model, {**p, **layout},
+                               pick.replicas, spec.gpu_mem_util, sdict,
+                               name=f"kvtune-{ctx.model.name}", arch=ctx.model, gpu=ctx.gpu,
+                               weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
+                               gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine),
+        notes=tuple(notes),
+    )
 
 
-def _verified_row(v: Verification) -> dict:
-    return {"config": v.params, "feasible": v.feasible, "usd_per_hour": v.usd_per_hour,
-            "goodput_req_s": v.goodput_req_s, "per_replica_goodput_req_s": v.per_replica_goodput_req_s,
-            "simulations": v.simulations, "reason": v.reason}
+def _verified_row(v: Verification) -> VerifiedRow:
+    return VerifiedRow(config=v.params, feasible=v.feasible, usd_per_hour=v.usd_per_hour,
+                       goodput_req_s=v.goodput_req_s, per_replica_goodput_req_s=v.per_replica_goodput_req_s,
+                       simulations=v.simulations, reason=v.reason)
 
 
-def _infeasible(ctx, r: Race) -> dict:
+def _infeasible(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler: str, r: Race) -> SolveResult:
+    reason, closest = _why_infeasible(ctx, r)
+    return SolveResult(**_base(ctx, study, evals, sampler, r), status="infeasible", reason=reason, closest=closest)
+
+
+def _why_infeasible(ctx: SolveContext, r: Race) -> tuple[str, Closest | None]:
     """Why nothing qualifies, from the simulator: every config misses even at zero load (the
     closest group's miss), or none serves the target within the node budget (the closest)."""
     spec = ctx.spec
     alive = [o for o in r.outcomes if o.status not in ("zero_load", "never_fits")]
-    base = {"status": "infeasible", "verified": [_verified_row(v) for v in r.verified],
-            "race": [{k: o.to_json()[k] for k in ("config", "status", "reason", "simulations")} for o in r.outcomes]}
     if not r.outcomes:
         why = r.no_fit[0][1] if r.no_fit else "the search space is empty"
-        return base | {"reason": f"no configuration of the search space fits in GPU memory: {why}",
-                       "closest": {"config": None, "miss": why} if r.no_fit else None}
+        return (f"no configuration of the search space fits in GPU memory: {why}",
+                Closest(config=None, miss=why) if r.no_fit else None)
     if not alive and not r.zero_load:
         o = r.outcomes[-1]
-        reason = f"in every configuration that fits in memory, {o.reason}"
-        return base | {"reason": reason, "closest": {"config": o.config, "miss": o.reason}}
+        return f"in every configuration that fits in memory, {o.reason}", Closest(config=o.config, miss=o.reason)
     if not alive:
         pr = max(r.zero_load, key=lambda p: (p.attainment, p.config))
         o = next(o for o in r.outcomes if config_key(o.config) == pr.config)
         reason = (f"{pr.reason}, even at zero load (one request at a time, so TTFT is the prefill alone), "
                   f"in every configuration (simulated); the closest, {pr.config}, meets the SLOs for "
                   f"{pr.attainment:.1%} of requests < {spec.slo.attainment:g}")
-        return base | {"reason": reason, "closest": {"config": o.config, "miss": pr.reason, "attainment": pr.attainment}}
+        return reason, Closest(config=o.config, miss=pr.reason, attainment=pr.attainment)
     if r.verified:
         v = max(r.verified, key=lambda v: (v.per_replica_goodput_req_s or 0.0) / gpus_per_replica(v.params))
         reason = v.reason or "simulated SLO attainment misses the target"
-        return base | {"reason": reason, "closest": {"config": v.params, "miss": reason,
-                                                     "usd_per_hour": v.usd_per_hour}}
+        return reason, Closest(config=v.params, miss=reason, usd_per_hour=v.usd_per_hour, priced=True)
     o = alive[0]
     h = spec.hardware
-    reason = (f"no configuration serves {ctx.rate_req_s:g} req/s within hardware.max_nodes {h.max_nodes} "
-              f"({ctx.max_gpus} GPUs), simulated; e.g. {config_key(o.config)}: {o.reason}")
-    return base | {"reason": reason, "closest": {"config": o.config, "miss": o.reason}}
+    return (f"no configuration serves {ctx.rate_req_s:g} req/s within hardware.max_nodes {h.max_nodes} "
+            f"({ctx.max_gpus} GPUs), simulated; e.g. {config_key(o.config)}: {o.reason}",
+            Closest(config=o.config, miss=o.reason))
 
 
 def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str = "tpe",
           storage: str | None = None, study_name: str | None = None, verify_top: int = VERIFY_TOP,
-          on_trial=None, calibration: str | None = None, engine: str | None = None,
-          profile: str | None = None, jobs: int = 1) -> dict:
+          on_trial: Callable[[int, int], None] | None = None, calibration: str | None = None,
+          engine: str | None = None, profile: str | None = None, jobs: int = 1) -> SolveResult:
     """Search, verify and recommend: the whole ``kvtune solve`` for a loaded ``WorkloadSpec``.
     ``seed`` drives the sampler; the simulated request sample follows ``spec.search.seed``.
     ``calibration``/``engine``/``profile`` override the spec's (see ``SolveContext.build``)."""

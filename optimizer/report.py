@@ -10,27 +10,49 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from kvtune.costmodel.errors import InputError
 
+from .result import DisaggregatedRecommendation, Recommendation, SolveResult
+from .search import SolveContext
+from .workload import WorkloadSpec
+
 __all__ = ["write_report"]
 
+_Rec = Recommendation | DisaggregatedRecommendation
 
-def _plt():
+
+def _plt() -> Any:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
 
 
-def _frontier(ctx, rec: dict, result: dict, path: Path) -> None:
+def _layout(rec: _Rec) -> str | None:
+    return rec.layout if isinstance(rec, Recommendation) else None
+
+
+def _operating_batch(result: SolveResult) -> int:
+    return (result.bottleneck.operating_batch if result.bottleneck is not None else None) or 1
+
+
+def _step(ctx: SolveContext, rec: _Rec) -> Any:
+    sm = ctx.step(rec.tp, rec.kv_dtype, rec.spec_k, _layout(rec))
+    if isinstance(sm, Exception):   # the pick was simulated, so its step model exists
+        raise sm
+    return sm
+
+
+def _frontier(ctx: SolveContext, rec: _Rec, result: SolveResult, path: Path) -> None:
     plt = _plt()
-    sm = ctx.step(rec["tp"], rec["kv_dtype"], rec["spec_k"], rec.get("layout"))
+    sm = _step(ctx, rec)
     w = ctx.stats
     context = w.mean_input_tokens + w.mean_output_tokens / 2
-    b_max = max(2, min(rec["batch_cap"] * 2, int(sm.memory.kv_pool_tokens // context)))
+    b_max = max(2, min(rec.batch_cap * 2, int(sm.memory.kv_pool_tokens // context)))
     batches = np.unique(np.geomspace(1, b_max, 40).astype(int))
     per_user, total = [], []
     for b in batches:
@@ -39,11 +61,11 @@ def _frontier(ctx, rec: dict, result: dict, path: Path) -> None:
         per_user.append(u)
         total.append(u * b)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(total, per_user, "-o", ms=3, label=f"TP{rec['tp']} KV {rec['kv_dtype']} k={rec['spec_k']} (decode at {context:,.0f} ctx)")
+    ax.plot(total, per_user, "-o", ms=3, label=f"TP{rec.tp} KV {rec.kv_dtype} k={rec.spec_k} (decode at {context:,.0f} ctx)")
     tpot = ctx.spec.slo.tpot_ms
     if np.isfinite(tpot):
         ax.axhline(1000 / tpot, color="red", ls="--", label=f"TPOT SLO {tpot:g} ms = {1000 / tpot:.0f} tok/s/user")
-    op = result["bottleneck"].get("operating_batch") or 1
+    op = _operating_batch(result)
     s = sm.decode_step(int(op), context)
     ax.plot([s.tokens_per_seq / s.time_s * op], [s.tokens_per_seq / s.time_s], "k*", ms=14,
             label=f"operating point (batch {op})")
@@ -57,21 +79,22 @@ def _frontier(ctx, rec: dict, result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _pareto(result: dict, path: Path) -> None:
+def _pareto(result: SolveResult, path: Path) -> None:
     plt = _plt()
-    pts = result.get("pareto", [])
+    pts = result.pareto or ()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for ev, mk in (("simulated", "o"), ("screened (upper bound)", "x")):
-        sel = [p for p in pts if p.get("evidence") == ev]
+        sel = [p for p in pts if p.evidence == ev]
         if sel:
-            ax.plot([p["usd_per_hour"] for p in sel], [p["goodput_req_s"] for p in sel], mk, label=ev)
+            ax.plot([p.usd_per_hour for p in sel], [p.goodput_req_s for p in sel], mk, label=ev)
     if pts:
-        xs = [p["usd_per_hour"] for p in pts]
-        ys = [p["goodput_req_s"] for p in pts]
+        xs = [p.usd_per_hour for p in pts]
+        ys = [p.goodput_req_s for p in pts]
         ax.step(xs, ys, where="post", color="gray", alpha=0.5)
-    c, p = result["cost"], result["predicted"]
-    ax.plot([c["usd_per_hour"]], [p["goodput_req_s"]], "r*", ms=14, label="recommendation (simulated)")
-    rate = result.get("target_rate_req_s")
+    c, pr = result.cost, result.predicted
+    assert c is not None and pr is not None   # write_report draws an ok result only
+    ax.plot([c.usd_per_hour], [pr.goodput_req_s], "r*", ms=14, label="recommendation (simulated)")
+    rate = result.target_rate_req_s
     if rate and np.isfinite(rate):
         ax.axhline(rate, color="red", ls="--", label=f"target {rate:g} req/s")
     ax.set_xlabel("$ per hour")
@@ -84,16 +107,17 @@ def _pareto(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _latency(ctx, rec: dict, result: dict, path: Path) -> None:
-    from kvtune.costmodel.simulate import SimConfig, simulate
+def _latency(ctx: SolveContext, rec: _Rec, result: SolveResult, path: Path) -> None:
+    from kvtune.costmodel.simulate import simulate
+
+    from .verify import sim_requests
     plt = _plt()
-    sm = ctx.step(rec["tp"], rec["kv_dtype"], rec["spec_k"], rec.get("layout"))
-    load = result["predicted"]["load_per_replica_req_s"]
-    from .recommend import sim_requests
-    n = sim_requests(ctx.spec.slo.attainment, result["bottleneck"].get("operating_batch") or 1)
+    sm = _step(ctx, rec)
+    assert result.predicted is not None   # write_report draws an ok result only
+    load = result.predicted.load_per_replica_req_s
+    n = sim_requests(ctx.spec.slo.attainment, _operating_batch(result))
     res = simulate(sm, ctx.spec.requests(n, ctx.seed + 1, rate_req_s=load),
-                   ctx.engine.sim_config(rec["batch_cap"], rec["chunk_tokens"]) if ctx.engine is not None
-                   else SimConfig(batch_cap=rec["batch_cap"], chunk_tokens=rec["chunk_tokens"]), arrival="trace", seed=ctx.seed)
+                   ctx.engine.sim_config(rec.batch_cap, rec.chunk_tokens), arrival="trace", seed=ctx.seed)
     m = res.measured
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, arr, slo, name in ((axes[0], res.ttft_s[m] * 1e3, ctx.spec.slo.ttft_ms, "TTFT"),
@@ -114,45 +138,45 @@ def _latency(ctx, rec: dict, result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(result: dict, spec, out_dir: str) -> str:
+def write_report(result: SolveResult, spec: WorkloadSpec, out_dir: str) -> str:
     """Write report.md and the plots into ``out_dir`` (created if missing); returns the md path."""
-    from .search import SolveContext
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise InputError(f"--report {out_dir}: exists and is not a folder")
     d.mkdir(parents=True, exist_ok=True)
+    r = result
     lines = [f"# kvtune solve: {Path(spec.path).name}", "",
-             f"kvtune {result['kvtune_version']}, sampler {result['sampler']}, seed {result['seed']}, "
-             f"{result['trials']['completed']} trials ({result['trials']['feasible']} feasible).",
-             f"Efficiency: {result['source']}.", ""]
-    if result["status"] != "ok":
-        lines += ["## Infeasible", "", result["reason"], ""]
+             f"kvtune {r.kvtune_version}, sampler {r.sampler}, seed {r.seed}, "
+             f"{r.trials.completed} trials ({r.trials.feasible} feasible).",
+             f"Efficiency: {r.source}.", ""]
+    rec, p, c, b, launch = r.recommendation, r.predicted, r.cost, r.bottleneck, r.launch
+    if r.status != "ok" or rec is None or p is None or c is None or b is None or launch is None \
+            or r.headroom is None:
+        lines += ["## Infeasible", "", r.reason or "", ""]
         (d / "report.md").write_text("\n".join(lines))
         return str(d / "report.md")
-    ctx = SolveContext.build(spec, result["seed"])
-    rec = result["recommendation"]
-    _frontier(ctx, rec, result, d / "frontier.png")
-    _pareto(result, d / "pareto.png")
-    _latency(ctx, rec, result, d / "latency.png")
-    p, c, b = result["predicted"], result["cost"], result["bottleneck"]
+    ctx = SolveContext.build(spec, r.seed)
+    _frontier(ctx, rec, r, d / "frontier.png")
+    _pareto(r, d / "pareto.png")
+    _latency(ctx, rec, r, d / "latency.png")
     lines += [
         "## Recommendation", "",
-        f"**{rec['replicas']} x TP{rec['tp']}** ({rec['gpus']} GPUs, {rec['nodes']} node(s)), batch cap "
-        f"{rec['batch_cap']}, chunk {rec['chunk_tokens']} tokens, KV {rec['kv_dtype']}, speculative k {rec['spec_k']}.", "",
+        f"**{rec.replicas} x TP{rec.tp}** ({rec.gpus} GPUs, {rec.nodes} node(s)), batch cap "
+        f"{rec.batch_cap}, chunk {rec.chunk_tokens} tokens, KV {rec.kv_dtype}, speculative k {rec.spec_k}.", "",
         "| metric | value |", "|---|---|",
-        f"| cost | ${c['usd_per_hour']:.2f}/h, ${c['usd_per_million_output_tokens']:.3f} per 1M output tokens |",
-        f"| goodput (simulated) | {p['goodput_req_s']:.2f} req/s (target {result['target_rate_req_s']:g}; headroom {result['headroom'] * 100:+.0f}%) |",
-        f"| SLO attainment at target | {p['slo_attainment']:.3f} |",
-        f"| TTFT p50 / p90 / p99 | {p['ttft_ms']['p50']:.0f} / {p['ttft_ms']['p90']:.0f} / {p['ttft_ms']['p99']:.0f} ms |",
-        f"| TPOT p50 / p90 / p99 | {p['tpot_ms']['p50']:.1f} / {p['tpot_ms']['p90']:.1f} / {p['tpot_ms']['p99']:.1f} ms |",
-        f"| bottleneck | {b['term']} (batch limited by {b['batch_limit']} at {b['operating_batch']}) |", "",
-        *[f"- {n}" for n in result.get("notes", [])], "",
+        f"| cost | ${c.usd_per_hour:.2f}/h, ${c.usd_per_million_output_tokens:.3f} per 1M output tokens |",
+        f"| goodput (simulated) | {p.goodput_req_s:.2f} req/s (target {r.target_rate_req_s:g}; headroom {r.headroom * 100:+.0f}%) |",
+        f"| SLO attainment at target | {p.slo_attainment:.3f} |",
+        f"| TTFT p50 / p90 / p99 | {p.ttft_ms['p50']:.0f} / {p.ttft_ms['p90']:.0f} / {p.ttft_ms['p99']:.0f} ms |",
+        f"| TPOT p50 / p90 / p99 | {p.tpot_ms['p50']:.1f} / {p.tpot_ms['p90']:.1f} / {p.tpot_ms['p99']:.1f} ms |",
+        f"| bottleneck | {b.term} (batch limited by {b.batch_limit} at {b.operating_batch}) |", "",
+        *[f"- {n}" for n in r.notes or ()], "",
         "## Plots", "", "![frontier](frontier.png)", "", "![pareto](pareto.png)", "", "![latency](latency.png)", "",
-        "## Launch (vLLM)", "", "```bash", result["launch"]["vllm"], "```", "",
-        "## Launch (SGLang)", "", "```bash", result["launch"]["sglang"], "```", "",
-        "## Launch (TensorRT-LLM)", "", "```bash", result["launch"]["trtllm"]["command"], "```", "",
-        "config.yaml:", "", "```yaml", result["launch"]["trtllm"]["config_yaml"].rstrip(), "```", "",
-        "## Kubernetes", "", "```yaml", result["launch"]["k8s"].rstrip(), "```", "",
-        f"_{result['launch']['checked']}_", ""]
+        "## Launch (vLLM)", "", "```bash", launch["vllm"], "```", "",
+        "## Launch (SGLang)", "", "```bash", launch["sglang"], "```", "",
+        "## Launch (TensorRT-LLM)", "", "```bash", launch["trtllm"]["command"], "```", "",
+        "config.yaml:", "", "```yaml", launch["trtllm"]["config_yaml"].rstrip(), "```", "",
+        "## Kubernetes", "", "```yaml", launch["k8s"].rstrip(), "```", "",
+        f"_{launch['checked']}_", ""]
     (d / "report.md").write_text("\n".join(lines))
     return str(d / "report.md")

@@ -125,8 +125,8 @@ def test_a_disaggregated_deployment_answers_where_no_aggregated_one_meets_the_sl
     spec = load_workload(str(RAG))
     tight = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, max_nodes=1))
     agg = solve(dataclasses.replace(tight, workload=dataclasses.replace(tight.workload, rate_req_s=5.0)), trials=12)
-    assert agg["status"] != "ok"
+    assert agg.status != "ok"
     r = solve_deployments(spec, solve_one=lambda s, **kw: agg, trials=12)
-    assert r["status"] == "ok" and r["recommendation"]["deployment"] == "disaggregated"
-    assert r["deployment"]["aggregated"] is None and r["deployment"]["margin_pct"] is None
+    assert r.status == "ok" and r.recommendation.deployment == "disaggregated"
+    assert r.deployment.aggregated is None and r.deployment.margin_pct is None
     assert "Recommendation: disaggregated" in summary_text(r, None)

@@ -9,9 +9,19 @@ import yaml
 
 from kvtune.costmodel.errors import InputError
 from kvtune.optimizer.gpu_choice import solve_gpu_choice
+from kvtune.optimizer.result import SolveResult, TrialCounts, VerificationCounts
 from kvtune.optimizer.workload import load_workload_dict
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _infeasible(reason: str) -> SolveResult:
+    """A solve that found nothing, with no evidence: what the outer loop reads of a type's answer."""
+    return SolveResult(kvtune_version="0", seed=0, workload_seed=0, sampler="tpe", source="test",
+                       objective="min_cost", study_name="s", target_rate_req_s=1.0,
+                       trials=TrialCounts(completed=0, feasible=0),
+                       verification=VerificationCounts(configs=0, simulations=0, work_items=0, outcomes={}),
+                       status="infeasible", verified=(), race=(), reason=reason)
 
 
 def _doc(**hw):
@@ -56,17 +66,17 @@ def test_the_cheapest_type_wins_and_the_others_say_why():
     spec = load_workload_dict(_doc(gpu=["h100-sxm", "h200", "a100"],
                                    usd_per_gpu_hour={"h100-sxm": 3.0, "h200": 3.8, "a100": 1.8}))
     r = solve_gpu_choice(spec, trials=20)
-    rows = r["gpu_choice"]
-    assert [g["gpu"] for g in rows] and {g["gpu"] for g in rows} == {"h100-sxm", "h200", "a100-80gb"}
-    ok = [g for g in rows if g["status"] == "ok"]
-    assert ok and rows[0]["why"] == "chosen"
-    assert r["recommendation"]["gpu"] == rows[0]["gpu"]
-    assert rows[0]["usd_per_hour"] == min(g["usd_per_hour"] for g in ok)
+    rows = r.gpu_choice
+    assert [g.gpu for g in rows] and {g.gpu for g in rows} == {"h100-sxm", "h200", "a100-80gb"}
+    ok = [g for g in rows if g.status == "ok"]
+    assert ok and rows[0].why == "chosen"
+    assert r.recommendation.gpu == rows[0].gpu
+    assert rows[0].usd_per_hour == min(g.usd_per_hour for g in ok)
     for g in rows[1:]:
-        assert g["why"] and g["why"] != "chosen"
-        if g["status"] == "ok":
-            assert g["usd_per_hour"] >= rows[0]["usd_per_hour"]
-            assert g["usd_per_hour"] == pytest.approx(g["gpus"] * g["usd_per_gpu_hour"])
+        assert g.why and g.why != "chosen"
+        if g.status == "ok":
+            assert g.usd_per_hour >= rows[0].usd_per_hour
+            assert g.usd_per_hour == pytest.approx(g.gpus * g.usd_per_gpu_hour)
 
 
 def test_outer_loop_passes_each_type_and_its_price():
@@ -75,8 +85,8 @@ def test_outer_loop_passes_each_type_and_its_price():
 
     def fake(one, **kw):
         seen.append((one.hardware.gpu, one.hardware.usd_per_gpu_hour, one.hardware.choices, kw.get("study_name")))
-        return {"status": "infeasible", "reason": f"nothing on {one.hardware.gpu}"}
+        return _infeasible(f"nothing on {one.hardware.gpu}")
 
     r = solve_gpu_choice(spec, solve_one=fake, study_name="s")
     assert seen == [("h100-sxm", 3.0, (), "s-h100-sxm"), ("h200", 5.0, (), "s-h200")]
-    assert r["status"] == "infeasible" and all("no config meets" in g["why"] for g in r["gpu_choice"])
+    assert r.status == "infeasible" and all("no config meets" in g.why for g in r.gpu_choice)

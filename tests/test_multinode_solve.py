@@ -35,12 +35,12 @@ def test_layout_params_defaults():
 def test_solve_recommends_multi_node(example):
     spec = load_workload(ROOT / "examples" / example)
     r = solve(spec, trials=30)
-    assert r["status"] == "ok", r.get("reason")
-    rec = r["recommendation"]
-    assert rec["tp"] * rec["pp"] >= 16 and rec["nodes_per_replica"] >= 2 and rec["gpus_per_node"] == 8
-    assert rec["gpus"] == rec["replicas"] * rec["tp"] * rec["pp"]
-    assert r["predicted"]["slo_attainment"] >= spec.slo.attainment
-    assert {"pp", "ep", "dp_attention", "nodes_per_replica", "gpus_per_node"} <= set(rec)
+    assert r.status == "ok", r.reason
+    rec = r.recommendation
+    assert rec.tp * rec.pp >= 16 and rec.nodes_per_replica >= 2 and rec.gpus_per_node == 8
+    assert rec.gpus == rec.replicas * rec.tp * rec.pp
+    assert r.predicted.slo_attainment >= spec.slo.attainment
+    assert {"pp", "ep", "dp_attention", "nodes_per_replica", "gpus_per_node"} <= set(rec.to_json())
 
 
 def test_one_node_budget_is_a_true_infeasible():
@@ -49,5 +49,5 @@ def test_one_node_budget_is_a_true_infeasible():
     data = yaml.safe_load((ROOT / "examples" / "multinode-llama3.1-405b.yaml").read_text())
     data["hardware"]["max_nodes"] = 1
     r = solve(load_workload_dict(data), trials=20)
-    assert r["status"] == "infeasible"
-    assert "hardware.max_nodes 1" in r["reason"] and "16 GPUs" in r["reason"]
+    assert r.status == "infeasible"
+    assert "hardware.max_nodes 1" in r.reason and "16 GPUs" in r.reason

@@ -22,5 +22,5 @@ def test_report_writes_markdown_and_plots(tmp_path):
         assert p.exists() and p.stat().st_size > 10_000
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"({png})" in text
-    assert "vllm serve" in text and f"{r['recommendation']['replicas']} x TP{r['recommendation']['tp']}" in text
+    assert "vllm serve" in text and f"{r.recommendation.replicas} x TP{r.recommendation.tp}" in text
     assert "nvidia.com/gpu" in text

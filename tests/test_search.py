@@ -267,7 +267,7 @@ def test_importing_leaves_optuna_logging_alone_and_solve_restores_it():
     before = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        assert solve(small_spec(), trials=12)["status"] == "ok"
+        assert solve(small_spec(), trials=12).status == "ok"
         assert optuna.logging.get_verbosity() == optuna.logging.WARNING
     finally:
         optuna.logging.set_verbosity(before)

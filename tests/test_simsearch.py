@@ -101,16 +101,16 @@ def test_one_or_two_local_processes_give_the_same_race():
 def test_same_seed_same_pick_and_sampler_seed_does_not_move_it():
     spec = tiny_spec()
     r = [solve(spec, seed=s, trials=8) for s in (0, 0, 5)]
-    assert r[0]["recommendation"] == r[1]["recommendation"] == r[2]["recommendation"]
-    assert r[0]["predicted"] == r[1]["predicted"]
+    assert r[0].recommendation == r[1].recommendation == r[2].recommendation
+    assert r[0].predicted == r[1].predicted
 
 
 def test_infeasible_at_zero_load_says_so_with_the_prefill():
     """A 3,000-token prefill alone takes longer than 20 ms on any TP: nothing qualifies even at a trickle."""
     r = solve(tiny_spec("max_goodput", slo={"ttft_ms": 20, "tpot_ms": 30, "attainment": 0.9}), trials=5)
-    assert r["status"] == "infeasible"
-    assert r["reason"].startswith("TTFT") and "zero load" in r["reason"] and "prefill alone" in r["reason"]
-    assert "3,000 tokens" in r["reason"]
+    assert r.status == "infeasible"
+    assert r.reason.startswith("TTFT") and "zero load" in r.reason and "prefill alone" in r.reason
+    assert "3,000 tokens" in r.reason
 
 
 def test_max_goodput_is_feasible_where_a_target_rate_is_not_met():
@@ -118,17 +118,17 @@ def test_max_goodput_is_feasible_where_a_target_rate_is_not_met():
     spec = tiny_spec("max_goodput", workload={"rate_req_s": 1000, "classes": [
         {"name": "c", "share": 1.0, "input_tokens": 3000, "output_tokens": 200}]})
     r = solve(spec, trials=5)
-    assert r["status"] == "ok" and r["headroom"] < -0.5
+    assert r.status == "ok" and r.headroom < -0.5
     # priced at the goodput it serves, not at the target rate
-    c, p = r["cost"], r["predicted"]
-    assert c["priced_at"] == "goodput"
-    assert c["usd_per_million_output_tokens"] == pytest.approx(c["usd_per_hour"] / (p["goodput_req_s"] * 200 * 3600) * 1e6)
-    assert all(x["evidence"] == "simulated" for x in r["pareto"])
+    c, p = r.cost, r.predicted
+    assert c.priced_at == "goodput"
+    assert c.usd_per_million_output_tokens == pytest.approx(c.usd_per_hour / (p.goodput_req_s * 200 * 3600) * 1e6)
+    assert all(x.evidence == "simulated" for x in r.pareto)
     from kvtune.optimizer.cli.solve import summary_text
     text = summary_text(r, None)
     assert "at the goodput" in text
     front = [ln for ln in text.splitlines() if "cost/goodput front" in ln]
-    assert not front or front[0].count("simulated") == min(len(r["pareto"]), 6)
+    assert not front or front[0].count("simulated") == min(len(r.pareto), 6)
 
 
 def test_requests_that_never_fit_the_pool_rule_a_config_out_with_the_reason():

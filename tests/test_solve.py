@@ -27,32 +27,32 @@ def run(args):
 
 def _resimulate(spec, result, seed=12345):
     """Re-simulate the pick at rate / replicas with fresh requests (another seed)."""
-    rec = result["recommendation"]
+    rec = result.recommendation
     ctx = SolveContext.build(spec)
-    sm = ctx.step(rec["tp"], rec["kv_dtype"], rec["spec_k"])
-    n = sim_requests(spec.slo.attainment, result["bottleneck"]["operating_batch"])
-    req = spec.requests(n, seed, rate_req_s=ctx.rate_req_s / rec["replicas"])
-    return simulate(sm, req, SimConfig(batch_cap=rec["batch_cap"], chunk_tokens=rec["chunk_tokens"]), seed=seed)
+    sm = ctx.step(rec.tp, rec.kv_dtype, rec.spec_k)
+    n = sim_requests(spec.slo.attainment, result.bottleneck.operating_batch)
+    req = spec.requests(n, seed, rate_req_s=ctx.rate_req_s / rec.replicas)
+    return simulate(sm, req, SimConfig(batch_cap=rec.batch_cap, chunk_tokens=rec.chunk_tokens), seed=seed)
 
 
 @pytest.mark.parametrize("name", ["chat-llama3.1-8b", "speculative-llama3.1-8b", "trace-azure"])
 def test_example_solves_and_meets_its_slo_when_resimulated(name):
     spec = load_workload(EX / f"{name}.yaml")
     r = solve(spec)
-    assert r["status"] == "ok"
-    assert r["predicted"]["slo_attainment"] >= spec.slo.attainment
-    assert r["headroom"] >= 0
+    assert r.status == "ok"
+    assert r.predicted.slo_attainment >= spec.slo.attainment
+    assert r.headroom >= 0
     res = _resimulate(spec, r)
     assert res.slo_attainment >= spec.slo.attainment - 0.02, (name, res.slo_attainment)
     for key in ("vllm", "sglang", "trtllm", "k8s"):
-        assert r["launch"][key]
+        assert r.launch[key]
 
 
 @pytest.mark.slow
 def test_same_seed_same_recommendation():
     spec = load_workload(EX / "chat-llama3.1-8b.yaml")
     a, b = solve(spec, trials=25, seed=7), solve(spec, trials=25, seed=7)
-    assert a["recommendation"] == b["recommendation"] and a["predicted"] == b["predicted"]
+    assert a.recommendation == b.recommendation and a.predicted == b.predicted
 
 
 def _spec(tpot_ms, rate, spec_k=(0, 4), kv=("bf16",), trials=50, ttft_ms=2000, inp=600, out=300):
@@ -71,17 +71,17 @@ def _spec(tpot_ms, rate, spec_k=(0, 4), kv=("bf16",), trials=50, ttft_ms=2000, i
 def test_tight_tpot_at_small_batch_favours_speculation():
     # 5 ms/token: a plain 8B decode step on one H100 takes ~6.6 ms, so without drafts it needs TP 2
     r = solve(_spec(tpot_ms=5, rate=4))
-    assert r["status"] == "ok"
-    assert r["recommendation"]["spec_k"] > 0 and r["recommendation"]["tp"] == 1
+    assert r.status == "ok"
+    assert r.recommendation.spec_k > 0 and r.recommendation.tp == 1
     plain = solve(_spec(tpot_ms=5, rate=4, spec_k=(0, 0)))
-    assert plain["status"] == "infeasible" or plain["cost"]["usd_per_hour"] > r["cost"]["usd_per_hour"]
+    assert plain.status == "infeasible" or plain.cost.usd_per_hour > r.cost.usd_per_hour
 
 
 @pytest.mark.slow
 def test_loose_tpot_with_a_huge_rate_disfavours_speculation():
     # compute-bound big batches: k + 1 verify tokens per sequence cost more than the ~2.7 they emit
     r = solve(_spec(tpot_ms=200, rate=300))
-    assert r["status"] == "ok" and r["recommendation"]["spec_k"] == 0
+    assert r.status == "ok" and r.recommendation.spec_k == 0
 
 
 def _spec_len(model, inp, out, rate, ttft_ms=5000, tpot_ms=50, trials=40):
@@ -102,9 +102,9 @@ def test_long_prompts_push_to_fp8_kv():
     same outputs fill the KV pool and only fp8 KV fits the same GPU."""
     short = solve(_spec_len("llama-3.1-8b", 1000, 1000, rate=5))
     long = solve(_spec_len("llama-3.1-8b", 16000, 1000, rate=1))
-    assert short["status"] == long["status"] == "ok"
-    assert short["recommendation"]["kv_dtype"] == "bf16"
-    assert long["recommendation"]["kv_dtype"] == "fp8"
+    assert short.status == long.status == "ok"
+    assert short.recommendation.kv_dtype == "bf16"
+    assert long.recommendation.kv_dtype == "fp8"
 
 
 @pytest.mark.slow
@@ -113,14 +113,14 @@ def test_longer_prompts_push_to_larger_tp():
     prefill of a whole document is fastest and the pool holds the most sequences."""
     rag = solve(load_workload(EX / "rag-llama3.1-70b.yaml"))
     doc = solve(load_workload(EX / "longdoc-128k.yaml"))
-    assert rag["status"] == doc["status"] == "ok"
-    assert doc["recommendation"]["tp"] > rag["recommendation"]["tp"]
+    assert rag.status == doc.status == "ok"
+    assert doc.recommendation.tp > rag.recommendation.tp
 
 
 def test_bf16_only_search_never_picks_fp8():
     r = solve(_spec(tpot_ms=40, rate=50, spec_k=(0, 0), kv=("bf16",), trials=25))
-    assert r["recommendation"]["kv_dtype"] == "bf16"
-    assert any("excluded" in n for n in r["notes"])
+    assert r.recommendation.kv_dtype == "bf16"
+    assert any("excluded" in n for n in r.notes)
 
 
 # ---- CLI: exit codes, one-line errors, atomic output ---------------------------------------------

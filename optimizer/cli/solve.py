@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
 from kvtune.costmodel.errors import Infeasible, InputError
 
 from ._common import MAX_SEED, check_output_path, dumps, parse_int, write_atomic
+
+if TYPE_CHECKING:
+    from kvtune.optimizer.result import SolveResult
 
 SAMPLER_NAMES = ("tpe", "grid", "nsga2")
 
@@ -60,11 +67,13 @@ class _Progress:
               help="Processes sharing one --storage (default 1): this one plus N-1 started here; processes on "
                    "other machines join by running the same command on the same RDB URL. Without --storage, a "
                    "temporary journal file.")
-def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, calibration, engine, profile,
-              json_path, report_dir, quiet, jobs, workers):
+def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str, storage: str | None,
+              study_name: str | None, verify_top: str | None, calibration: str | None, engine: str | None,
+              profile: str | None, json_path: str | None, report_dir: str | None, quiet: bool, jobs: str | None,
+              workers: str | None) -> None:
     """Search serving configs for WORKLOAD.yaml and recommend the cheapest that meets its SLOs."""
+    from kvtune.optimizer.recommend import solve as solve_aggregated
     from kvtune.optimizer.workload import load_workload
-    from kvtune.optimizer.recommend import solve
 
     if sampler not in SAMPLER_NAMES:
         raise InputError(f"--sampler must be one of {', '.join(SAMPLER_NAMES)}, got {sampler!r}")
@@ -76,7 +85,7 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
     if n_jobs is None:
         import os
         n_jobs = min(2, os.cpu_count() or 1) if n_workers == 1 else 1
-    extra = {} if top is None else {"verify_top": top}
+    extra: dict[str, Any] = {} if top is None else {"verify_top": top}
     if json_path:
         parent = Path(json_path).parent
         if not parent.exists():
@@ -86,28 +95,25 @@ def solve_cmd(workload, trials, seed, sampler, storage, study_name, verify_top, 
         raise InputError(f"--report {report_dir}: exists and is not a folder")
     spec = load_workload(workload)
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
+    solve_one: Callable[..., SolveResult] = solve_aggregated
     if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
         from kvtune.optimizer.gpu_choice import solve_gpu_choice
-        solve = solve_gpu_choice  # noqa: F811
+        solve_one = solve_gpu_choice
     # aggregated and/or disaggregated deployments (search.deployment; optimizer.deployment_choice)
-    from functools import partial
-
     from kvtune.optimizer.deployment_choice import solve_deployments
-    solve = partial(solve_deployments, solve_one=solve)  # noqa: F811
     with _workers(n_workers, storage, workload, sys.argv) as shared:
-        result = solve(spec, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
-                       study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
-                       profile=profile, jobs=n_jobs, **extra)
-    result["engine"] = engine or spec.engine  # the target whose launch line is printed (None: vLLM's)
+        result = solve_deployments(spec, solve_one, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
+                                   study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
+                                   profile=profile, jobs=n_jobs, **extra)
     if report_dir:
         from kvtune.optimizer.report import write_report
-        result["report"] = write_report(result, spec, report_dir)
-    text = dumps(result)
+        result = dataclasses.replace(result, report=write_report(result, spec, report_dir))
+    text = dumps(result.to_json())
     if json_path:
         write_atomic(json_path, text + "\n")
     click.echo(summary_text(result, storage))
-    if result["status"] != "ok":
-        raise Infeasible(f"no configuration meets the SLOs: {result['reason']}")
+    if result.status != "ok":
+        raise Infeasible(f"no configuration meets the SLOs: {result.reason}")
 
 
 class _workers:
@@ -117,14 +123,14 @@ class _workers:
 
     def __init__(self, n: int, storage: str | None, workload: str, argv: list[str]):
         self.n, self.storage, self.workload, self.argv = n, storage, workload, argv
-        self.procs, self.tmp = [], None
+        self.procs: list[subprocess.Popen] = []
+        self.tmp: tempfile.TemporaryDirectory | None = None
 
     def __enter__(self) -> str | None:
         if self.n <= 1:
             return self.storage
         from kvtune.optimizer.scaleout import spawn_workers
         if not self.storage:
-            import tempfile
             self.tmp = tempfile.TemporaryDirectory(prefix="kvtune-workers-")
             self.storage = f"journal:{self.tmp.name}/study.log"
         self.procs = spawn_workers(self.argv, self.storage, self.n - 1)
@@ -139,74 +145,76 @@ class _workers:
             self.tmp.cleanup()
 
 
-def summary_text(r: dict, storage: str | None) -> str:
+def summary_text(r: SolveResult, storage: str | None) -> str:
+    from kvtune.optimizer.deployment_choice import deployment_lines
+    from kvtune.optimizer.result import DisaggregatedRecommendation
+
     lines = []
-    t = r["trials"]
-    head = f"kvtune {r['kvtune_version']}  {r['objective']}  target {r['target_rate_req_s']:g} req/s  " \
-           f"sampler {r['sampler']} seed {r['seed']}  trials {t['completed']} ({t['feasible']} feasible)"
+    t = r.trials
+    head = f"kvtune {r.kvtune_version}  {r.objective}  target {r.target_rate_req_s:g} req/s  " \
+           f"sampler {r.sampler} seed {r.seed}  trials {t.completed} ({t.feasible} feasible)"
     lines.append(head)
-    cal = r.get("calibration") or {}
-    named = f"calibration {cal['name']}: " if cal.get("name") and cal["name"] not in r["source"] else ""
-    lines.append(f"  efficiency: {named}{r['source']}")
-    if r.get("profile"):
-        p = r["profile"]
-        lines.append(f"  profile: {p['path']}: {p['rows_used']} rows used, {p['fallbacks']} of {p['step_evaluations']} "
+    cal = r.calibration or {}
+    named = f"calibration {cal['name']}: " if cal.get("name") and cal["name"] not in r.source else ""
+    lines.append(f"  efficiency: {named}{r.source}")
+    if r.profile is not None:
+        pu = r.profile
+        lines.append(f"  profile: {pu.path}: {pu.rows_used} rows used, {pu.fallbacks} of {pu.step_evaluations} "
                      f"step evaluations fell back to the calibration"
-                     + (f"; no rows for {', '.join(p['unmatched'])}" if p["unmatched"] else ""))
-    if r["status"] != "ok":
-        lines.append(f"INFEASIBLE: {r['reason']}")
-        c = r.get("closest") or {}
-        if c.get("config"):
-            lines.append(f"  closest: {_cfg(c['config'])}: {c.get('miss', '')}")
-        from kvtune.optimizer.deployment_choice import deployment_lines
+                     + (f"; no rows for {', '.join(pu.unmatched)}" if pu.unmatched else ""))
+    rec, p, c, b = r.recommendation, r.predicted, r.cost, r.bottleneck
+    if r.status != "ok" or rec is None or p is None or c is None or b is None or r.headroom is None:
+        lines.append(f"INFEASIBLE: {r.reason}")
+        if r.closest is not None and r.closest.config:
+            lines.append(f"  closest: {_cfg(r.closest.config)}: {r.closest.miss}")
         lines += deployment_lines(r)
         return "\n".join(lines)
-    rec, p, c, b = r["recommendation"], r["predicted"], r["cost"], r["bottleneck"]
-    layout = f"TP{rec['tp']}" + (f" x PP{rec['pp']}" if rec.get("pp", 1) > 1 else "") \
-        + (f" EP{rec['ep']}" if rec.get("ep", 1) > 1 else "") + (" DP-attention" if rec.get("dp_attention") else "")
-    per = rec.get("nodes_per_replica", 1)
-    if rec.get("deployment") == "disaggregated":  # prefill and decode pools (optimizer.deployment_choice)
-        q, d = rec["prefill"], rec["decode"]
-        lines.append(f"Recommendation: disaggregated, {q['replicas']} prefill x TP{q['tp']} + {d['replicas']} decode x "
-                     f"TP{d['tp']} {rec['model']} on {rec['gpus']} {rec['gpu']} "
-                     f"({rec['nodes']} node{'s' if rec['nodes'] > 1 else ''})")
+    if isinstance(rec, DisaggregatedRecommendation):  # prefill and decode pools (optimizer.deployment_choice)
+        q, d = rec.prefill, rec.decode
+        lines.append(f"Recommendation: disaggregated, {q.replicas} prefill x TP{q.tp} + {d.replicas} decode x "
+                     f"TP{d.tp} {rec.model} on {rec.gpus} {rec.gpu} "
+                     f"({rec.nodes} node{'s' if rec.nodes > 1 else ''})")
     else:
-        lines.append(f"Recommendation: {rec['replicas']} x {layout} {rec['model']} on {rec['gpus']} {rec['gpu']} "
-                     f"({rec['nodes']} node{'s' if rec['nodes'] > 1 else ''}"
+        layout = f"TP{rec.tp}" + (f" x PP{rec.pp}" if rec.pp > 1 else "") \
+            + (f" EP{rec.ep}" if rec.ep > 1 else "") + (" DP-attention" if rec.dp_attention else "")
+        per = rec.nodes_per_replica
+        lines.append(f"Recommendation: {rec.replicas} x {layout} {rec.model} on {rec.gpus} {rec.gpu} "
+                     f"({rec.nodes} node{'s' if rec.nodes > 1 else ''}"
                      + (f", {per} per replica" if per > 1 else "") + ")")
-    lines.append(f"  batch cap {rec['batch_cap']}  chunk {rec['chunk_tokens']} tokens  KV {rec['kv_dtype']}  "
-                 f"speculative k {rec['spec_k']}")
-    lines.append(f"  cost ${c['usd_per_hour']:.2f}/h  ${c['usd_per_million_output_tokens']:.3f} per 1M output tokens"
-                 f" (at the {c.get('priced_at', 'target rate')})")
-    lines.append(f"  predicted (simulated at {p['load_per_replica_req_s']:.2f} req/s per replica): "
-                 f"goodput {p['goodput_req_s']:.2f} req/s  SLO attainment {p['slo_attainment']:.3f}  "
-                 f"headroom {r['headroom'] * 100:+.0f}%")
-    lines.append(f"  TTFT p50/p90/p99 {p['ttft_ms']['p50']:.0f}/{p['ttft_ms']['p90']:.0f}/{p['ttft_ms']['p99']:.0f} ms   "
-                 f"TPOT p50/p90/p99 {p['tpot_ms']['p50']:.1f}/{p['tpot_ms']['p90']:.1f}/{p['tpot_ms']['p99']:.1f} ms   "
-                 f"{p['tok_s_per_user']:.0f} tok/s per user  {p['output_tok_s']:,.0f} output tok/s")
-    if b["term"] != "disaggregated":
-        lines.append(f"  bottleneck: {b['term']} (batch limited by {b['batch_limit']} at {b['operating_batch']}; "
-                     f"step {b.get('step_ms') or 0:.1f} ms: memory {b.get('mem_ms') or 0:.1f}, "
-                     f"compute {b.get('compute_ms') or 0:.1f})")
-    from kvtune.optimizer.deployment_choice import deployment_lines
+    lines.append(f"  batch cap {rec.batch_cap}  chunk {rec.chunk_tokens} tokens  KV {rec.kv_dtype}  "
+                 f"speculative k {rec.spec_k}")
+    lines.append(f"  cost ${c.usd_per_hour:.2f}/h  ${c.usd_per_million_output_tokens:.3f} per 1M output tokens"
+                 f" (at the {c.priced_at})")
+    lines.append(f"  predicted (simulated at {p.load_per_replica_req_s:.2f} req/s per replica): "
+                 f"goodput {p.goodput_req_s:.2f} req/s  SLO attainment {p.slo_attainment:.3f}  "
+                 f"headroom {r.headroom * 100:+.0f}%")
+    lines.append(f"  TTFT p50/p90/p99 {p.ttft_ms['p50']:.0f}/{p.ttft_ms['p90']:.0f}/{p.ttft_ms['p99']:.0f} ms   "
+                 f"TPOT p50/p90/p99 {p.tpot_ms['p50']:.1f}/{p.tpot_ms['p90']:.1f}/{p.tpot_ms['p99']:.1f} ms   "
+                 f"{p.tok_s_per_user:.0f} tok/s per user  {p.output_tok_s:,.0f} output tok/s")
+    if b.step is not None:
+        st = b.step
+        lines.append(f"  bottleneck: {b.term} (batch limited by {b.batch_limit} at {b.operating_batch}; "
+                     f"step {st.step_ms or 0:.1f} ms: memory {st.mem_ms or 0:.1f}, "
+                     f"compute {st.compute_ms or 0:.1f})")
     lines += deployment_lines(r)
-    for n in r.get("notes", []):
+    for n in r.notes or ():
         lines.append(f"  note: {n}")
-    for g in r.get("gpu_choice", []):
-        cost = f"${g['usd_per_hour']:.2f}/h  goodput {g['goodput_req_s']:.2f} req/s on {g['gpus']} GPUs" \
-            if g["status"] == "ok" else "infeasible"
-        lines.append(f"  gpu {g['gpu']} (${g['usd_per_gpu_hour']:g}/GPU-h): {cost}: {g['why']}")
-    if len(r.get("pareto", [])) > 1:
+    for g in r.gpu_choice or ():
+        cost = f"${g.usd_per_hour:.2f}/h  goodput {g.goodput_req_s:.2f} req/s on {g.gpus} GPUs" \
+            if g.status == "ok" else "infeasible"
+        lines.append(f"  gpu {g.gpu} (${g.usd_per_gpu_hour:g}/GPU-h): {cost}: {g.why}")
+    pareto = r.pareto or ()
+    if len(pareto) > 1:
         lines.append("  cost/goodput front (" + "; ".join(
-            f"{x['gpus']} GPUs ${x['usd_per_hour']:.0f}/h {x['goodput_req_s']:.1f} req/s {x['evidence']}"
-            for x in r["pareto"][:6]) + ")")
-    v = r.get("verification") or {}
-    if v.get("outcomes"):
-        o = v["outcomes"]
-        lines.append(f"  simulator race: {v['simulations']} simulations; {o.get('verified', 0)} configs verified, "
+            f"{x.gpus} GPUs ${x.usd_per_hour:.0f}/h {x.goodput_req_s:.1f} req/s {x.evidence}"
+            for x in pareto[:6]) + ")")
+    v = r.verification
+    if v.outcomes:
+        o = v.outcomes
+        lines.append(f"  simulator race: {v.simulations} simulations; {o.get('verified', 0)} configs verified, "
                      + ", ".join(f"{o[k]} {k.replace('_', ' ')}" for k in ("beaten", "pruned", "zero_load", "never_fits") if o.get(k)))
-    eng = r.get("engine") or "vllm"
-    launch = r["launch"].get(eng)
+    eng = r.engine or "vllm"
+    launch = (r.launch or {}).get(eng)
     if isinstance(launch, dict):  # TensorRT-LLM: a command and its config file
         launch = launch.get("command")
     lines.append(f"Launch ({_ENGINE_LABEL.get(eng, eng)}):")
@@ -216,16 +224,16 @@ def summary_text(r: dict, storage: str | None) -> str:
     else:
         lines.append(f"  no launch settings for {eng} in this build; the other engines' are in --json under 'launch'")
     if storage:
-        lines.append(f"  study '{r['study_name']}' in {storage}: browse with  optuna-dashboard {storage.replace('journal:', '')}")
-    if r.get("report"):
-        lines.append(f"  report: {r['report']}")
+        lines.append(f"  study '{r.study_name}' in {storage}: browse with  optuna-dashboard {storage.replace('journal:', '')}")
+    if r.report:
+        lines.append(f"  report: {r.report}")
     return "\n".join(lines)
 
 
 _ENGINE_LABEL = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp llama-server"}
 
 
-def _cfg(p: dict) -> str:
+def _cfg(p: dict[str, Any]) -> str:
     return f"{p.get('layout') or 'TP' + str(p['tp'])} batch {p['batch_cap']} KV {p['kv_dtype']} k {p['spec_k']} chunk {p['chunk_tokens']}"
 
 
