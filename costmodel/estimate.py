@@ -70,14 +70,14 @@ class Estimate:
 
 def estimate(model: ModelArch, gpu: GPU, tp: int, context: int, batches: list[int],
              weight_dtype: str = "bf16", kv_dtype: str = "bf16", efficiency: Efficiency | None = None,
-             gpu_mem_util: float = GPU_MEM_UTIL, spec: SpecConfig | None = None, mode: str = "ideal") -> Estimate:
+             gpu_mem_util: float = GPU_MEM_UTIL, speculation: SpecConfig | None = None, mode: str = "ideal") -> Estimate:
     if context < 1:
         raise InputError(f"context must be >= 1 token, got {context}")
     for b in batches:
         if b < 1:
             raise InputError(f"batch must be >= 1, got {b}")
-    sm = StepModel(model, gpu, tp, weight_dtype, kv_dtype, efficiency, spec, gpu_mem_util) if efficiency else \
-        StepModel(model, gpu, tp, weight_dtype, kv_dtype, spec=spec, gpu_mem_util=gpu_mem_util)
+    sm = StepModel(model, gpu, tp, weight_dtype, kv_dtype, efficiency, speculation, gpu_mem_util) if efficiency else \
+        StepModel(model, gpu, tp, weight_dtype, kv_dtype, speculation=speculation, gpu_mem_util=gpu_mem_util)
     mem = sm.memory
     bw_gpu = gpu.hbm_bytes_per_s * sm.eff.bw_efficiency
     rows = []
@@ -99,5 +99,5 @@ def estimate(model: ModelArch, gpu: GPU, tp: int, context: int, batches: list[in
         # one sequence's token reads what a batch-1 decode step reads: MoE models only the routed
         # (and shared) experts, the same term as the batch-1 row's weight read (StepModel)
         single_user_tok_s=bw_gpu / sm.weight_read_bytes(1.0),
-        spec_k=spec.k if spec else 0, spec_alpha=spec.acceptance if spec else 0.0,
+        spec_k=speculation.k if speculation else 0, spec_alpha=speculation.acceptance if speculation else 0.0,
         rows=rows, mode=mode, source=sm.eff.source)

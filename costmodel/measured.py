@@ -91,7 +91,7 @@ class MeasuredStepModel:
         self.base = base
         # step tables time the engine's iterations only: the front end's share of TTFT comes from base
         self.request_overhead_s = base.request_overhead_s
-        k = base.spec.k if base.spec else 0
+        k = base.speculation.k if base.speculation else 0
         m = base.model.name
         mine = [r for r in rows if r.kind == "step" and r.model == m and r.tp == base.tp
                 and r.weight_dtype == base.weight_dtype and r.kv_dtype == base.kv_dtype and (r.spec_k or 0) == k]
@@ -133,8 +133,8 @@ class MeasuredStepModel:
         return self.base.kv_dtype
 
     @property
-    def spec(self) -> SpecConfig | None:
-        return self.base.spec
+    def speculation(self) -> SpecConfig | None:
+        return self.base.speculation
 
     @property
     def memory(self) -> MemoryPlan:

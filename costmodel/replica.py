@@ -119,7 +119,7 @@ class Replica:
         # runs of identical prompt chunks beside a fixed decode set are summed in closed form too:
         # every term of those steps is linear in the step index (not for sliding-window attention,
         # whose KV reads are not, nor speculation, whose draft cost takes its own max)
-        self.chunk_runs = (not naive and scheduling.chunk_runs_ok and step.spec is None
+        self.chunk_runs = (not naive and scheduling.chunk_runs_ok and step.speculation is None
                            and not step.has_sliding_window)
         self.naive = naive
         self.step_time = step.step_time_s
@@ -145,7 +145,7 @@ class Replica:
         self.free_slots = list(range(cap))  # a heap: the lowest free slot first keeps active slots packed
         self.active = [False] * cap
         self.top = 0                        # 1 + highest slot in use: numpy work covers slots [:top]
-        self.unit_gain = step.spec is None
+        self.unit_gain = step.speculation is None
         # ---- per request ----
         self.slot_of = [-1] * n
         self.L0_of = [0.0] * n

@@ -60,7 +60,7 @@ class DecodeClock:
                 x = x0 + (b0.compute_s - b0.mem_s) / (dm - dc)
                 if lo < x < hi:
                     kinks.append(x)
-            if s.spec is not None:
+            if s.speculation is not None:
                 # draft: max(plain_mem, plain_comp) of a plain (non-speculative) step of n sequences
                 pc0, pc1 = s.plain_decode_compute_coeffs(n)
 

@@ -273,8 +273,8 @@ def simulate_replica(step: StepCost, requests: Requests, config: SimConfig, arri
                 raise InputError("closed loop: the clients' start times (first arrival_s) must be >= 0 and non-decreasing")
             arr[:k0] = starts.tolist()
             n_trace = k0
-    if step.spec is not None:
-        nsteps_a = verify_passes(out_a, step.spec, seed)
+    if step.speculation is not None:
+        nsteps_a = verify_passes(out_a, step.speculation, seed)
         gain_a = np.where(nsteps_a > 0, (out_a - 1) / np.maximum(nsteps_a, 1), 0.0)
     else:
         nsteps_a = np.maximum(out_a - 1, 0)

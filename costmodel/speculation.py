@@ -30,11 +30,11 @@ SPEC_DRAWS_PER_BLOCK = 1 << 20  # acceptance draws held at once (8 MiB of double
 SPEC_CLT_TOKENS = 4096
 
 
-def verify_passes(output_tokens: np.ndarray, spec: SpecConfig, seed: int, *,
+def verify_passes(output_tokens: np.ndarray, speculation: SpecConfig, seed: int, *,
                   draws_per_block: int = SPEC_DRAWS_PER_BLOCK, clt_tokens: int = SPEC_CLT_TOKENS) -> np.ndarray:
     """Verify passes (target forward passes, int64, one per request) each request needs for its
-    ``output_tokens - 1`` tokens after the first, with ``spec.k`` drafts accepted each with
-    probability ``spec.acceptance``; ``seed`` fixes the draws.
+    ``output_tokens - 1`` tokens after the first, with ``speculation.k`` drafts accepted each with
+    probability ``speculation.acceptance``; ``seed`` fixes the draws.
 
     Request i reads its passes' uniforms from its own segment of one random stream, segment i
     starting at sum(need[:i]) and ``need[i]`` draws long (at most one per token: a pass emits >= 1);
@@ -45,7 +45,7 @@ def verify_passes(output_tokens: np.ndarray, spec: SpecConfig, seed: int, *,
     renewal central limit theorem instead, from a generator of their own (the others' stream is
     unchanged)."""
     need = np.maximum(output_tokens.astype(np.int64) - 1, 0)
-    k, a = spec.k, spec.acceptance
+    k, a = speculation.k, speculation.acceptance
     total = int(need.sum())
     if total == 0:
         return need.copy()

@@ -112,7 +112,7 @@ class StepCost(Protocol):
     @property
     def kv_dtype(self) -> str: ...
     @property
-    def spec(self) -> SpecConfig | None: ...
+    def speculation(self) -> SpecConfig | None: ...
     @property
     def memory(self) -> MemoryPlan: ...
     @property
@@ -179,12 +179,12 @@ class StepModel:
     """The cost model for one replica (a TP group) of one model on one GPU type."""
 
     def __init__(self, model: ModelArch, gpu: GPU, tp: int = 1, weight_dtype: str = "bf16",
-                 kv_dtype: str = "bf16", efficiency: Efficiency = IDEAL, spec: SpecConfig | None = None,
+                 kv_dtype: str = "bf16", efficiency: Efficiency = IDEAL, speculation: SpecConfig | None = None,
                  gpu_mem_util: float = GPU_MEM_UTIL, parallel: Parallel | None = None):
         self.model, self.gpu, self.tp = model, gpu, tp
         self.weight_dtype, self.kv_dtype = weight_dtype, kv_dtype
         self.eff = efficiency
-        self.spec = spec if spec is not None and spec.k > 0 else None
+        self.speculation = speculation if speculation is not None and speculation.k > 0 else None
         par = parallel if parallel is not None else SINGLE
         if par.tp != tp:
             if parallel is not None:
@@ -236,9 +236,9 @@ class StepModel:
         # not a step cost: added once to every request's time to first token (costmodel.simulate)
         self.request_overhead_s = e.request_overhead_s
         self._sliding = model.n_sliding_layers > 0
-        self._q_per_seq = self.spec.k + 1 if self.spec else 1
-        self._draft_frac = self.spec.k * self.spec.draft_cost if self.spec else 0.0
-        self.tokens_per_step = self.spec.tokens_per_step if self.spec else 1.0
+        self._q_per_seq = self.speculation.k + 1 if self.speculation else 1
+        self._draft_frac = self.speculation.k * self.speculation.draft_cost if self.speculation else 0.0
+        self.tokens_per_step = self.speculation.tokens_per_step if self.speculation else 1.0
 
     # ---- StepCost: the protocol the simulator reads (costmodel.replica, costmodel.sim_clock) ---
     # step times are StepModel's piecewise-linear function of context: runs of steps may be summed

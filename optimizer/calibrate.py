@@ -87,13 +87,14 @@ def check_row_formats(path: Path, rows: Sequence[ProfileRow]) -> None:
                                  f"(known: {', '.join(KNOWN_DTYPES)}; spellings such as f16, fp8_e4m3, Q4_K_M too)")
 
 
-def resolve_base(spec: str, gpu: GPU, engine: str | None) -> Efficiency:
-    """Where the fit starts and what unfitted parameters keep: ideal, the shipped calibration, or a file."""
-    if spec == "ideal":
+def resolve_base(base: str, gpu: GPU, engine: str | None) -> Efficiency:
+    """Where the fit starts and what unfitted parameters keep: ``base`` is ideal, calibrated (the
+    shipped calibration) or a calibration file."""
+    if base == "ideal":
         return IDEAL.with_params(model_comm=True, name="ideal")
-    if spec == "calibrated":
+    if base == "calibrated":
         return efficiency_for("calibrated", gpu.name, None, engine)
-    return load_calibration(spec)
+    return load_calibration(base)
 
 
 def select_rows(rows: Sequence[ProfileRow], gpu: GPU, engine: str | None) -> tuple[list[ProfileRow], list[str]]:

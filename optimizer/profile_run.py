@@ -380,7 +380,7 @@ def _payload(model: str, prompt: str, osl: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 # A point: C threads, closed loop
 
-def _run_point(spec: RunSpec, c: int, isl: int, osl: int, prompts: list[str]) -> PointResult:
+def _run_point(run: RunSpec, c: int, isl: int, osl: int, prompts: list[str]) -> PointResult:
     work: queue.Queue[str] = queue.Queue()
     for p in prompts:
         work.put(p)
@@ -393,7 +393,7 @@ def _run_point(spec: RunSpec, c: int, isl: int, osl: int, prompts: list[str]) ->
                 p = work.get_nowait()
             except queue.Empty:
                 return
-            r = stream_completion(spec.url, _payload(spec.model, p, osl), spec.timeout_s)
+            r = stream_completion(run.url, _payload(run.model, p, osl), run.timeout_s)
             with lock:
                 results.append(r)
 
@@ -427,33 +427,33 @@ def summarize_point(pt: PointResult) -> dict:
     return out
 
 
-def run_profile(spec: RunSpec, meta: Metadata, on_point: Callable[[PointResult, ProfileRow], None] | None = None,
+def run_profile(run: RunSpec, meta: Metadata, on_point: Callable[[PointResult, ProfileRow], None] | None = None,
                 id_prefix: str = "run") -> tuple[list[ProfileRow], ServerInfo]:
     """Probe the server, then measure every (concurrency, isl, osl) point; one row per point.
 
     ``meta`` fills gpu, engine, version, dtypes, tp, source; the engine and version the server
     reports fill what ``meta`` leaves empty. ``on_point`` is called after each point (progress).
     """
-    info = probe_server(spec.url, min(spec.timeout_s, 10.0))
-    root = _root(spec.url) if info.can_tokenize else None
-    rng = np.random.default_rng(spec.seed)
-    m = meta.fill(Metadata(model=spec.model, engine=info.engine or None, engine_version=info.engine_version or None,
+    info = probe_server(run.url, min(run.timeout_s, 10.0))
+    root = _root(run.url) if info.can_tokenize else None
+    rng = np.random.default_rng(run.seed)
+    m = meta.fill(Metadata(model=run.model, engine=info.engine or None, engine_version=info.engine_version or None,
                            date=datetime.now(timezone.utc).replace(microsecond=0).isoformat()))
-    if spec.warmup_requests:
-        warm = [stream_completion(spec.url, _payload(spec.model, make_prompt(rng, 16), 4), spec.timeout_s)
-                for _ in range(spec.warmup_requests)]
+    if run.warmup_requests:
+        warm = [stream_completion(run.url, _payload(run.model, make_prompt(rng, 16), 4), run.timeout_s)
+                for _ in range(run.warmup_requests)]
         bad = [w for w in warm if not w.ok]
         if len(bad) == len(warm):
-            raise KvtuneError(f"server at {spec.url}: warm-up request failed: {bad[0].error}")
+            raise KvtuneError(f"server at {run.url}: warm-up request failed: {bad[0].error}")
     rows = []
-    for isl in spec.input_tokens:
-        for osl in spec.output_tokens:
-            for c in spec.concurrencies:
-                prompts = [_fit_prompt(rng, isl, root, spec.timeout_s) for _ in range(spec.requests_per_point)]
-                pt = _run_point(spec, c, isl, osl, prompts)
+    for isl in run.input_tokens:
+        for osl in run.output_tokens:
+            for c in run.concurrencies:
+                prompts = [_fit_prompt(rng, isl, root, run.timeout_s) for _ in range(run.requests_per_point)]
+                pt = _run_point(run, c, isl, osl, prompts)
                 row = ProfileRow(id=f"{id_prefix}:c{c}-i{isl}-o{osl}", kind="request", **m.row_fields(),
                                  kv_pool_tokens=info.kv_pool_tokens, batch_cap=info.batch_cap,
-                                 chunk_tokens=spec.chunk_tokens or info.chunk_tokens, **summarize_point(pt))
+                                 chunk_tokens=run.chunk_tokens or info.chunk_tokens, **summarize_point(pt))
                 rows.append(row)
                 if on_point:
                     on_point(pt, row)

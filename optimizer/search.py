@@ -120,7 +120,7 @@ class SolveContext:
 
     def speculation(self, k: int) -> SpecConfig | None:
         """Draft length k of the workload's speculative section as the step model's config (None: off).
-        In SolveContext ``spec`` is the workload file; speculation is spelled out."""
+        ``spec`` is the workload file throughout ``optimizer``; speculation is always spelled out."""
         s = self.spec.speculative
         if not k or s is None:
             return None
@@ -315,10 +315,10 @@ def seed_trials(ctx: SolveContext, n_trials: int) -> list[dict]:
     more than the budget. A sampler's random start can otherwise miss a whole TP (six draws from
     eight configs once gave TP 2 six times), and what it never screens it never verifies."""
     space = grid_space(ctx)
-    spec = space.get("spec_k", [0])
+    spec_ks = space.get("spec_k", [0])
     mid = {k: space[k][len(space[k]) // 2] for k in ("batch_cap", "chunk_tokens")}
     out = []
-    for ks in (spec, sorted({spec[0], spec[len(spec) // 2], spec[-1]}), [spec[len(spec) // 2]]):
+    for ks in (spec_ks, sorted({spec_ks[0], spec_ks[len(spec_ks) // 2], spec_ks[-1]}), [spec_ks[len(spec_ks) // 2]]):
         tp_key = "layout" if "layout" in space else "tp"
         out = [{tp_key: tp, "kv_dtype": kv, **mid, **({"spec_k": k} if "spec_k" in space else {})}
                for tp in space[tp_key] for kv in space["kv_dtype"] for k in ks]

@@ -121,12 +121,12 @@ class StepFactory:
                                      f"weights {weight_dtype}{self._where()} (at any TP or KV dtype)")
 
     def step(self, model: ModelArch, tp: int = 1, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-             spec: SpecConfig | None = None, gpu_mem_util: float = GPU_MEM_UTIL, require_profile: bool = True,
+             speculation: SpecConfig | None = None, gpu_mem_util: float = GPU_MEM_UTIL, require_profile: bool = True,
              parallel=None):
         """A ``StepModel`` (or ``MeasuredStepModel`` where the table has rows for this config).
         ``require_profile=False``: a config the table does not cover gets the calibrated model,
         and the record lists it under ``unmatched``."""
-        base = StepModel(model, self.gpu, tp, weight_dtype, kv_dtype, self.efficiency, spec, gpu_mem_util,
+        base = StepModel(model, self.gpu, tp, weight_dtype, kv_dtype, self.efficiency, speculation, gpu_mem_util,
                          parallel=parallel)
         if self.profile is None:
             return base
@@ -135,7 +135,7 @@ class StepFactory:
         except ProfileDataMissing as exc:
             if require_profile:
                 raise ProfileDataMissing(f"{exc}{self._where()}") from None
-            self._unmatched.append(_config_label(tp, weight_dtype, kv_dtype, base.spec.k if base.spec else 0))
+            self._unmatched.append(_config_label(tp, weight_dtype, kv_dtype, base.speculation.k if base.speculation else 0))
             return base
         self._measured.append(m)
         return m
@@ -194,9 +194,9 @@ class StepFactory:
 
 def step_model_for(model: ModelArch, gpu: GPU, tp: int = 1, weight_dtype: str = "bf16", kv_dtype: str = "bf16", *,
                    mode: str = "calibrated", calibration: str | None = None, engine: str | None = None,
-                   profile: str | Path | MeasuredProfile | None = None, spec: SpecConfig | None = None,
+                   profile: str | Path | MeasuredProfile | None = None, speculation: SpecConfig | None = None,
                    gpu_mem_util: float = GPU_MEM_UTIL):
     """The step model for one configuration and the ``StepFactory`` that made it (its
     ``record()`` is the ``source``/``calibration``/``profile`` part of a command's JSON)."""
     em = StepFactory.build(gpu, mode, calibration, engine, profile)
-    return em.step(model, tp, weight_dtype, kv_dtype, spec, gpu_mem_util), em
+    return em.step(model, tp, weight_dtype, kv_dtype, speculation, gpu_mem_util), em

@@ -552,7 +552,7 @@ def _search_defaults(hw: HardwareSpec, engine: str | None) -> SearchSpec:
     return SearchSpec(kv_dtype=kv, batch_cap=(lo, SearchSpec().batch_cap[1]))
 
 
-def _search(r: _Reader, v, hw: HardwareSpec, spec: SpeculativeSpec | None, engine: str | None = None) -> SearchSpec:
+def _search(r: _Reader, v, hw: HardwareSpec, speculative: SpeculativeSpec | None, engine: str | None = None) -> SearchSpec:
     s = r.mapping({} if v is None else v, "search",
                   ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "trials", "seed", "deployment"))
     d = _search_defaults(hw, engine)
@@ -574,7 +574,7 @@ def _search(r: _Reader, v, hw: HardwareSpec, spec: SpeculativeSpec | None, engin
     else:
         kv = d.kv_dtype
     spec_k = r.range_(s["spec_k"], "search.spec_k", 0, MAX_SPEC_K) if "spec_k" in s else d.spec_k
-    if "spec_k" in s and spec is None and spec_k[1] > 0:
+    if "spec_k" in s and speculative is None and spec_k[1] > 0:
         raise r.bad("search.spec_k", s["spec_k"], "speculative decoding needs a speculative: section "
                                                   "(method, acceptance)")
     return SearchSpec(

@@ -60,7 +60,7 @@ def _requests(n, seed, inp, out, rate=None, prefix=0, groups=0, ttft=1.0, tpot=0
 
 def _step(model="llama-3.1-8b", tp=1, kv="bf16", spec=None, util=0.9, measured=False):
     s = StepModel(get_model(model), H100, tp, kv_dtype=kv, efficiency=CAL,
-                  spec=SpecConfig(*spec) if spec else None, gpu_mem_util=util)
+                  speculation=SpecConfig(*spec) if spec else None, gpu_mem_util=util)
     if not measured:
         return s
     rows = [ProfileRow(id=f"d{b}-{c}", kind="step", model=model, phase="decode", batch=b, context_tokens=c,

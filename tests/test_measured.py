@@ -65,7 +65,7 @@ def test_mixed_step_adds_measured_corrections():
 
 def test_same_interface_as_step_model():
     m = MeasuredStepModel(BASE, rows())
-    assert m.memory is BASE.memory and m.tokens_per_step == 1.0 and m.spec is None and m.tp == 1
+    assert m.memory is BASE.memory and m.tokens_per_step == 1.0 and m.speculation is None and m.tp == 1
     b = m.breakdown(8, 8 * 256)
     assert b.time_s == pytest.approx(dec_ms(8, 256) * 1e-3) and b.bytes_per_gpu == BASE.breakdown(8, 8 * 256).bytes_per_gpu
 

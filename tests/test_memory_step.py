@@ -107,7 +107,7 @@ def test_spec_tokens_formula():
 def test_spec_pays_when_memory_bound_and_not_when_compute_bound():
     m = get_model("llama-3.1-8b")
     plain = StepModel(m, H100, 1)
-    spec = StepModel(m, H100, 1, spec=SpecConfig(5, 0.8, 0.05))
+    spec = StepModel(m, H100, 1, speculation=SpecConfig(5, 0.8, 0.05))
     def gain(b, ctx):
         p, s = plain.decode_step(b, ctx), spec.decode_step(b, ctx)
         return (s.tokens_per_seq / s.time_s) / (1 / p.time_s)

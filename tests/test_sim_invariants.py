@@ -31,7 +31,7 @@ def _step(model: str, tp: int, util: float, spec: tuple | None) -> StepModel:
     key = (model, tp, util, spec)
     if key not in _STEPS:
         sc = SpecConfig(*spec) if spec else None
-        _STEPS[key] = StepModel(get_model(model), H100, tp, efficiency=CAL, spec=sc, gpu_mem_util=util)
+        _STEPS[key] = StepModel(get_model(model), H100, tp, efficiency=CAL, speculation=sc, gpu_mem_util=util)
     return _STEPS[key]
 
 

@@ -21,7 +21,7 @@ CAL = efficiency_for("calibrated", "h100-sxm")
 
 
 def _step(model="llama-3.1-8b", tp=1, kv="bf16", spec=None, util=0.9) -> StepModel:
-    return StepModel(get_model(model), H100, tp, kv_dtype=kv, efficiency=CAL, spec=spec, gpu_mem_util=util)
+    return StepModel(get_model(model), H100, tp, kv_dtype=kv, efficiency=CAL, speculation=spec, gpu_mem_util=util)
 
 
 def _poisson(n, rate, inp=(512, 1024), out=(64, 128), seed=0, ttft=np.inf, tpot=np.inf) -> Requests:
@@ -174,7 +174,7 @@ def test_long_prompt_chunk_runs_match_naive_mode(model, tp, util, cap):
 @pytest.mark.parametrize("model,tp,spec", [("llama-2-70b", 4, None), ("gemma-2-9b", 1, None),
                                            ("mixtral-8x7b", 2, None), ("llama-3.1-8b", 1, SpecConfig(3, 0.8))])
 def test_decode_clock_pieces_equal_step_model(model, tp, spec):
-    s = StepModel(get_model(model), H100, tp, efficiency=CAL, spec=spec)
+    s = StepModel(get_model(model), H100, tp, efficiency=CAL, speculation=spec)
     clock = DecodeClock(s)
     rng = np.random.default_rng(0)
     for n in (1, 7, 64, 300):

@@ -8,21 +8,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
+from helpers import kvtune
 from kvtune.costmodel.simulate import SimConfig, simulate
-from kvtune.optimizer.cli import main
 from kvtune.optimizer.recommend import sim_requests, solve
 from kvtune.optimizer.search import SolveContext
 from kvtune.optimizer.workload import load_workload, load_workload_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
-
-
-def run(args):
-    r = CliRunner().invoke(main, args)
-    return r.exit_code, r.output
 
 
 def _resimulate(spec, result, seed=12345):
@@ -135,7 +129,7 @@ def test_impossible_slo_is_infeasible_exit_3_naming_the_binding_term(tmp_path):
     d["slo"] = {"ttft_ms": 500, "tpot_ms": 1, "attainment": 0.9}
     d["search"]["trials"] = 15
     out = tmp_path / "r.json"
-    code, text = run(["solve", str(_write(tmp_path, d)), "--json", str(out), "--quiet"])
+    code, text = kvtune("solve", str(_write(tmp_path, d)), "--json", str(out), "--quiet")
     assert code == 3
     r = json.loads(out.read_text())
     assert r["status"] == "infeasible" and r["reason"].startswith("TPOT")
@@ -147,7 +141,7 @@ def test_ttft_impossible_names_prefill(tmp_path):
     d["slo"]["ttft_ms"] = 500
     d["search"]["trials"] = 10
     out = tmp_path / "r.json"
-    code, _ = run(["solve", str(_write(tmp_path, d)), "--json", str(out), "--quiet"])
+    code, _ = kvtune("solve", str(_write(tmp_path, d)), "--json", str(out), "--quiet")
     r = json.loads(out.read_text())
     assert code == 3 and r["reason"].startswith("TTFT") and "prefill" in r["reason"]
 
@@ -156,7 +150,7 @@ def test_ttft_impossible_names_prefill(tmp_path):
                                   ["--storage", "nonsense"]])
 def test_bad_flags_one_line_exit_2_nothing_written(tmp_path, args):
     out = tmp_path / "r.json"
-    code, text = run(["solve", str(EX / "chat-llama3.1-8b.yaml"), "--json", str(out), "--quiet", *args])
+    code, text = kvtune("solve", str(EX / "chat-llama3.1-8b.yaml"), "--json", str(out), "--quiet", *args)
     assert code == 2
     assert len(text.strip().splitlines()) == 1 and text.startswith("Error:")
     assert not out.exists() and not list(tmp_path.iterdir())
@@ -166,7 +160,7 @@ def test_bad_yaml_one_line_exit_2_nothing_written(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: llama-3.1-8b\nslo: {ttft_ms: -5}\n")
     out = tmp_path / "r.json"
-    code, text = run(["solve", str(bad), "--json", str(out), "--quiet"])
+    code, text = kvtune("solve", str(bad), "--json", str(out), "--quiet")
     assert code == 2 and len(text.strip().splitlines()) == 1 and "bad.yaml" in text
     assert not out.exists()
 
@@ -174,7 +168,7 @@ def test_bad_yaml_one_line_exit_2_nothing_written(tmp_path):
 @pytest.mark.slow
 def test_json_has_the_contract_keys(tmp_path):
     out = tmp_path / "r.json"
-    code, text = run(["solve", str(EX / "chat-llama3.1-8b.yaml"), "--trials", "20", "--json", str(out), "--quiet"])
+    code, text = kvtune("solve", str(EX / "chat-llama3.1-8b.yaml"), "--trials", "20", "--json", str(out), "--quiet")
     assert code == 0, text
     r = json.loads(out.read_text())
     for k in ("status", "recommendation", "predicted", "cost", "bottleneck", "headroom", "pareto", "launch",

@@ -46,10 +46,10 @@ def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, c
     em = StepFactory.build(g, mode, calibration, engine, profile)
     eff = em.efficiency
     mode = "ideal" if eff.name == "ideal" else mode
-    spec = SpecConfig(spec_k, spec_alpha, spec_draft_cost) if spec_k else None
-    est = estimate(m, g, tp, context, batches, weight_dtype, kv_dtype, eff, gpu_mem_util, spec, mode)
+    speculation = SpecConfig(spec_k, spec_alpha, spec_draft_cost) if spec_k else None
+    est = estimate(m, g, tp, context, batches, weight_dtype, kv_dtype, eff, gpu_mem_util, speculation, mode)
     if profile:
-        est = _measured_rows(est, em.step(m, tp, weight_dtype, kv_dtype, spec, gpu_mem_util))
+        est = _measured_rows(est, em.step(m, tp, weight_dtype, kv_dtype, speculation, gpu_mem_util))
     rec = em.record()
     est = replace(est, source=rec["source"])
     if as_json:

@@ -109,7 +109,7 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
     """Measure TTFT, TPOT and throughput on a live server over a grid of loads and lengths."""
     from kvtune.optimizer.profile_run import PointResult, RunSpec, run_profile  # keeps `kvtune --help` light
 
-    spec = RunSpec(url=url, model=model, concurrencies=tuple(parse_int_list(concurrency, "concurrency")),
+    run = RunSpec(url=url, model=model, concurrencies=tuple(parse_int_list(concurrency, "concurrency")),
                    input_tokens=tuple(parse_int_list(isl, "isl")), output_tokens=tuple(parse_int_list(osl, "osl")),
                    requests_per_point=requests_per_point, seed=seed, timeout_s=timeout_s, warmup_requests=warmup,
                    chunk_tokens=chunk_tokens)
@@ -137,7 +137,7 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
                    f"{pt.duration_s:6.1f} s{fails}", err=True)
 
     prefix = "run" if not old else f"run{len(old)}"
-    rows, info = run_profile(spec, meta, progress, id_prefix=prefix)
+    rows, info = run_profile(run, meta, progress, id_prefix=prefix)
     write_atomic(output, rows_to_csv([*old, *rows]))
     click.echo(f"wrote {len(rows)} rows to {output}" + (f" (after {len(old)} kept)" if old else "")
                + f"  [engine {info.engine or '?'} {info.engine_version}"

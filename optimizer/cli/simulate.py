@@ -153,7 +153,7 @@ def _config_dict(spec, step, tp, batch_cap, kv_dtype, spec_k, chunk_tokens, bloc
     return {"model": step.model.name, "gpu": step.gpu.name, "tp": tp, "weights": spec.weights, "kv_dtype": kv_dtype,
             "batch_cap": batch_cap, "chunk_tokens": chunk_tokens, "block_tokens": block_tokens,
             "prefix_caching": prefix, "spec_k": spec_k,
-            "spec_acceptance": step.spec.acceptance if step.spec else None, "replicas": replicas,
+            "spec_acceptance": step.speculation.acceptance if step.speculation else None, "replicas": replicas,
             "gpus": tp * replicas, "kv_pool_tokens": step.memory.kv_pool_tokens,
             "mode": "ideal" if step.eff.name == "ideal" else mode}
 

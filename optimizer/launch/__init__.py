@@ -143,7 +143,7 @@ def launch_for_pick(p: LaunchPick, name: str = "kvtune-llm", engine: str | None 
     return out
 
 
-def launch_settings(model: str, cfg: dict, replicas: int, gpu_mem_util: float, spec: dict | None,
+def launch_settings(model: str, cfg: dict, replicas: int, gpu_mem_util: float, speculative: dict | None,
                     name: str = "kvtune-llm", *, arch=None, gpu=None, weights: str = "bf16",
                     activation_reserve_bytes: float = 0.0, gpus_per_node: int = 8, engine: str | None = None,
                     prefix_caching: bool = True, max_request_tokens: int | None = None) -> dict:
@@ -151,7 +151,7 @@ def launch_settings(model: str, cfg: dict, replicas: int, gpu_mem_util: float, s
     optionally pp, ep, dp_attention, nodes_per_replica, gpus_per_node). ``arch``/``gpu`` (the
     costmodel records) give the memory plan and the model's facts; ``engine`` picks the one the
     Kubernetes manifest runs (default vLLM)."""
-    p = build_pick(model, cfg, replicas, gpu_mem_util, spec, arch=arch, gpu=gpu, weights=weights,
+    p = build_pick(model, cfg, replicas, gpu_mem_util, speculative, arch=arch, gpu=gpu, weights=weights,
                    activation_reserve_bytes=activation_reserve_bytes, gpus_per_node=gpus_per_node,
                    prefix_caching=prefix_caching, max_request_tokens=max_request_tokens)
     return launch_for_pick(p, name, engine)

@@ -199,22 +199,22 @@ def _memory(arch, gpu, cfg: dict, weights: str, kv_dtype: str, gpu_mem_util: flo
                        int(plan.kv_pool_bytes_per_gpu // plan.kv_bytes_per_token_per_gpu))
 
 
-def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, spec: dict | None, *,
+def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, speculative: dict | None, *,
                arch=None, gpu=None, weights: str = "bf16", activation_reserve_bytes: float = 0.0,
                gpus_per_node: int = 8, prefix_caching: bool = True,
                max_request_tokens: int | None = None) -> LaunchPick:
     """``cfg``: {tp, batch_cap, kv_dtype, spec_k, chunk_tokens} and optionally pp, ep, dp_attention,
-    nodes_per_replica, gpus_per_node; ``spec``: {method, draft_model} or None; ``arch``/``gpu``: the
+    nodes_per_replica, gpus_per_node; ``speculative``: the workload's ``speculative:`` section ({method, draft_model}) or None; ``arch``/``gpu``: the
     costmodel records (for the memory plan and the model's facts)."""
     ref, note = model_reference(model, getattr(arch, "hf_id", "") if arch is not None else "")
     tp, pp = int(cfg["tp"]), int(cfg.get("pp", 1))
     gpn = int(cfg.get("gpus_per_node", gpus_per_node))
     spec_k = int(cfg.get("spec_k") or 0)
-    method = (spec or {}).get("method", "eagle3") if spec else None
+    method = speculative.get("method", "eagle3") if speculative else None
     return LaunchPick(
         model=ref, model_note=note, tp=tp, batch_cap=int(cfg["batch_cap"]), chunk_tokens=int(cfg["chunk_tokens"]),
         kv_dtype=str(cfg.get("kv_dtype", "bf16")), weights=weights, spec_k=spec_k if method else 0,
-        spec_method=method if spec_k else None, draft_model=(spec or {}).get("draft_model"),
+        spec_method=method if spec_k else None, draft_model=(speculative or {}).get("draft_model"),
         prefix_caching=prefix_caching, gpu_mem_util=float(gpu_mem_util), replicas=int(replicas), pp=pp,
         ep=int(cfg.get("ep", 1)), dp_attention=bool(cfg.get("dp_attention", False)),
         nodes_per_replica=int(cfg.get("nodes_per_replica", 1)), gpus_per_node=gpn,

@@ -80,7 +80,7 @@ def sglang_argv(p: LaunchPick, node_rank: str | None = None, dist_addr: str | No
         argv += ["--attn-dp-size", str(p.tp)]
     argv += ["--max-running-requests", str(p.batch_cap), "--chunked-prefill-size", str(p.chunk_tokens),
              "--max-prefill-tokens", str(p.chunk_tokens)]
-    spec = _spec(p)
+    spec_argv = _spec(p)
     if sglang_mixed_chunk(p.spec_method, p.spec_k):
         argv.append("--enable-mixed-chunk")
     else:
@@ -92,7 +92,7 @@ def sglang_argv(p: LaunchPick, node_rank: str | None = None, dist_addr: str | No
         argv += ["--kv-cache-dtype", "fp8_e4m3"]
     if not p.prefix_caching:
         argv.append("--disable-radix-cache")
-    argv += spec
+    argv += spec_argv
     if node_rank is not None:
         argv += ["--nnodes", nnodes or str(p.nodes), "--node-rank", node_rank,
                  "--dist-init-addr", dist_addr or f"<leader-address>:{DIST_PORT}"]
