@@ -36,7 +36,7 @@ from .memory import GPU_MEM_UTIL, MemoryPlan, attention_weight_bytes, plan_memor
 from .models import DTYPE_BYTES, ModelArch
 from .parallel import SINGLE, Parallel, all_to_all_s, allreduce_s, expert_load_imbalance, hop_s, micro_batches
 
-__all__ = ["SpecConfig", "StepBreakdown", "StepCost", "StepModel", "StepTerms", "chunked_prefill_time_s",
+__all__ = ["DRAFT_COST", "SPEC_METHOD", "SpecConfig", "StepBreakdown", "StepCost", "StepModel", "StepTerms", "chunked_prefill_time_s",
            "spec_tokens_per_step"]
 
 ACT_BYTES = 2  # activations travel as bf16 in the TP all-reduce
@@ -55,12 +55,20 @@ def spec_tokens_per_step(k: int, acceptance: float) -> float:
     return (1 - acceptance ** (k + 1)) / (1 - acceptance)
 
 
+# Speculative-decoding defaults, where the workload's speculative: section or a flag gives none.
+# One draft pass as a fraction of a target pass: an EAGLE-style head is one decoder layer (1/32 of a
+# Llama-3.1-8B's layers, 1/80 of a 70B's) plus the LM head, so about 0.03-0.05; 0.05 is the
+# conservative end (an assumption: set speculative.draft_cost for a separate draft model).
+DRAFT_COST = 0.05
+SPEC_METHOD = "eagle3"   # the method a speculative: section without one means (EAGLE-3, Li et al. 2025)
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     k: int
     acceptance: float
-    draft_cost: float = 0.05  # one draft forward pass as a fraction of a target forward pass
-    method: str = "eagle3"
+    draft_cost: float = DRAFT_COST  # one draft forward pass as a fraction of a target forward pass
+    method: str = SPEC_METHOD
 
     def __post_init__(self) -> None:
         spec_tokens_per_step(self.k, self.acceptance)

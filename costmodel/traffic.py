@@ -33,7 +33,7 @@ import numpy as np
 from .errors import InputError
 from .requests import Requests
 
-__all__ = ["LengthDist", "RequestClass", "SLO", "Trace", "Workload", "DISTS", "MAX_LENGTH_TOKENS"]
+__all__ = ["LengthDist", "RequestClass", "SLO", "Trace", "Workload", "DISTS", "MAX_LENGTH_TOKENS", "SLO_ATTAINMENT"]
 
 # The longest length any spec may name: far beyond every model's context (the longest in the
 # catalog, DeepSeek-V3, holds 163,840 tokens) and small enough that sums of lengths stay exact in
@@ -221,6 +221,11 @@ class LengthDist:
         return out
 
 
+# The share of requests that must meet both targets where a workload gives none: DistServe's
+# goodput is reported at 90% SLO attainment (Zhong et al., OSDI 2024).
+SLO_ATTAINMENT = 0.9
+
+
 @dataclass(frozen=True)
 class SLO:
     """Latency targets: time to first token, time per output token, and the share of requests
@@ -228,7 +233,7 @@ class SLO:
 
     ttft_ms: float = math.inf
     tpot_ms: float = math.inf
-    attainment: float = 0.9
+    attainment: float = SLO_ATTAINMENT
 
     def __post_init__(self) -> None:
         for f in ("ttft_ms", "tpot_ms"):

@@ -50,8 +50,8 @@ from kvtune.costmodel.hardware import load_gpu_file
 from kvtune.costmodel.memory import GPU_MEM_UTIL
 from kvtune.costmodel.models import ModelArch
 from kvtune.costmodel.requests import Requests
-from kvtune.costmodel.step import SpecConfig
-from kvtune.costmodel.traffic import DISTS, MAX_LENGTH_TOKENS, SLO, LengthDist, RequestClass, Workload
+from kvtune.costmodel.step import DRAFT_COST, SPEC_METHOD, SpecConfig
+from kvtune.costmodel.traffic import DISTS, MAX_LENGTH_TOKENS, SLO, SLO_ATTAINMENT, LengthDist, RequestClass, Workload
 
 from .traces import read_trace
 
@@ -106,7 +106,7 @@ class HardwareSpec:
 class SpeculativeSpec:
     method: str                   # eagle3, eagle, medusa, mtp, ngram, draft, ...
     acceptance: float             # per-token probability that a drafted token is accepted
-    draft_cost: float = 0.05      # one draft pass as a fraction of a target pass
+    draft_cost: float = DRAFT_COST   # one draft pass as a fraction of a target pass
     draft_model: str | None = None
 
     def __post_init__(self) -> None:
@@ -446,7 +446,7 @@ def _slo(r: _Reader, v) -> SLO:
         raise r.bad("slo", v, "give ttft_ms and/or tpot_ms")
     ttft = r.num(s["ttft_ms"], "slo.ttft_ms", 0, lo_open=True) if s.get("ttft_ms") is not None else math.inf
     tpot = r.num(s["tpot_ms"], "slo.tpot_ms", 0, lo_open=True) if s.get("tpot_ms") is not None else math.inf
-    att = r.num(s.get("attainment", 0.9), "slo.attainment", 0, 1, lo_open=True)
+    att = r.num(s.get("attainment", SLO_ATTAINMENT), "slo.attainment", 0, 1, lo_open=True)
     return SLO(ttft, tpot, att)
 
 
@@ -530,9 +530,9 @@ def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
 def _speculative(r: _Reader, v) -> SpeculativeSpec:
     s = r.mapping(v, "speculative", ("method", "acceptance", "draft_cost", "draft_model"), required=("acceptance",))
     return SpeculativeSpec(
-        method=r.str_(s.get("method", "eagle3"), "speculative.method"),
+        method=r.str_(s.get("method", SPEC_METHOD), "speculative.method"),
         acceptance=r.num(s["acceptance"], "speculative.acceptance", 0, 1, lo_open=True),
-        draft_cost=r.num(s.get("draft_cost", 0.05), "speculative.draft_cost", 0, 1),
+        draft_cost=r.num(s.get("draft_cost", DRAFT_COST), "speculative.draft_cost", 0, 1),
         draft_model=r.str_(s["draft_model"], "speculative.draft_model") if s.get("draft_model") is not None else None,
     )
 

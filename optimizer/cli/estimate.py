@@ -10,6 +10,7 @@ from kvtune.costmodel import SpecConfig, estimate, get_model
 from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.memory import GPU_MEM_UTIL
+from kvtune.costmodel.step import DRAFT_COST
 
 from ._common import dumps, echo_table, parse_int_list
 
@@ -31,7 +32,7 @@ from ._common import dumps, echo_table, parse_int_list
 @click.option("--gpu-mem-util", type=float, default=GPU_MEM_UTIL, show_default=True)
 @click.option("--spec-k", type=int, default=0, show_default=True, help="Speculative draft length (0 = off).")
 @click.option("--spec-alpha", type=float, default=0.8, show_default=True, help="Per-token draft acceptance.")
-@click.option("--spec-draft-cost", type=float, default=0.05, show_default=True,
+@click.option("--spec-draft-cost", type=float, default=DRAFT_COST, show_default=True,
               help="One draft pass as a fraction of a target pass.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, calibration, engine, profile,

@@ -16,7 +16,7 @@ from kvtune.costmodel.errors import Infeasible, InputError
 from kvtune.costmodel.goodput import goodput
 from kvtune.costmodel.memory import BLOCK_TOKENS
 from kvtune.costmodel.simulate import simulate_fleet
-from kvtune.costmodel.step import SpecConfig
+from kvtune.costmodel.step import DRAFT_COST, SPEC_METHOD, SpecConfig
 from kvtune.optimizer.workload import MAX_SPEC_K
 
 from ._common import dumps
@@ -144,7 +144,7 @@ def _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine
             raise InputError(f"--spec-k {spec_k}: {workload} has no speculative: section; give --spec-alpha")
         s = spec.speculative
         sc = SpecConfig(spec_k, spec_alpha if spec_alpha is not None else s.acceptance,
-                        s.draft_cost if s else 0.05, s.method if s else "eagle3")
+                        s.draft_cost if s else DRAFT_COST, s.method if s else SPEC_METHOD)
     step = em.step(model, tp, spec.weights, kv_dtype, sc, spec.gpu_mem_util)
     return spec, step, em
 

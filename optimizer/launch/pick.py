@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtune.costmodel.memory import GPU_MEM_UTIL
+from kvtune.costmodel.step import SPEC_METHOD
 
 __all__ = ["LaunchPick", "MemoryFacts", "Unsupported", "SPEC_METHODS", "NGRAM_MATCH_TOKENS",
            "model_reference", "fp8_checkpoint", "build_pick"]
@@ -210,7 +211,7 @@ def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, specul
     tp, pp = int(cfg["tp"]), int(cfg.get("pp", 1))
     gpn = int(cfg.get("gpus_per_node", gpus_per_node))
     spec_k = int(cfg.get("spec_k") or 0)
-    method = speculative.get("method", "eagle3") if speculative else None
+    method = speculative.get("method", SPEC_METHOD) if speculative else None
     return LaunchPick(
         model=ref, model_note=note, tp=tp, batch_cap=int(cfg["batch_cap"]), chunk_tokens=int(cfg["chunk_tokens"]),
         kv_dtype=str(cfg.get("kv_dtype", "bf16")), weights=weights, spec_k=spec_k if method else 0,
