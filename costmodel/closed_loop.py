@@ -25,6 +25,10 @@ What the engine makes of that burst differs, and that is what ``clients`` select
   (``kvtune calibrate ... --clients burst|staggered``, measured on this repository's CPU table).
   Simulated by sending every client's first request at t = 0.
 
+Each client's next request reaches the engine after the step that starts when its last one
+finishes (``costmodel.replica``: the engine schedules that step before the output reaches the
+client), so a client whose predecessor finishes beside another's prompt waits for it.
+
 ``default_clients(engine)`` is the engine's rule; the calibration (``costmodel.fit.RowPredictor``)
 and ``kvtune simulate --concurrency`` both call ``run_closed_loop``, so they give the same number
 for the same run. The first C requests (the warm-up, while the clients' phases settle) and the

@@ -20,7 +20,8 @@ order:
    that completes emits its first token and starts decoding), or pure decode steps up to the next
    event summed by ``DecodeClock`` (``_first_short_step`` stops a run before the pool runs out);
 5. completions: sequences whose last step has run finish; a closed-loop client sends its next
-   request (``_on_done``).
+   request (``_on_done``), which reaches the scheduler after the step that starts now: it joins
+   the waiting queue at the next step boundary, never the step already scheduled.
 
 Phases 1, 4 and 5 run once per event and are written out in ``run`` over local variables; the
 rest are methods. State, in the units the loop counts: ``t`` (seconds), ``gstep`` (engine steps so
@@ -176,6 +177,7 @@ class Replica:
         elif x.clients and self.n_trace == 0:
             self.waiting.extend(range(x.clients))
             self.nxt = x.clients
+            self.n_trace = x.clients  # the burst has arrived; the clients' next requests follow (_on_done)
         self.nxt_c = x.clients if x.clients else n  # the next request a closed-loop client sends
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -204,6 +206,7 @@ class Replica:
         kv_given = self.kv_ready is not None
         while n_left > 0:
             events += 1
+            n_trace = self.n_trace  # grows in a closed loop: a client's next request is a timed arrival (_on_done)
             # ---- 1. arrivals up to now join the waiting queue ----------------------------------
             while nxt < n_trace and arr[nxt] <= t:
                 waiting.append(nxt)
@@ -424,11 +427,19 @@ class Replica:
             self._on_done(i)
 
     def _on_done(self, i: int) -> None:
-        """Closed loop: the client that sent ``i`` sends the next request now."""
+        """Closed loop: the client that sent ``i`` sends the next request now. It arrives just
+        after now (``nextafter``), as a timed arrival: the step that starts at this boundary is
+        already scheduled without it, and it joins at the next boundary (an idle engine waits for
+        it). A serving engine schedules its next step as soon as one ends, before the finished
+        request's output has reached the client, let alone the client's next request come back
+        (vLLM V1: ``EngineCoreProc.run_busy_loop`` reads its input queue, then runs the step; the
+        outputs leave through the output queue to the API server process, the next request comes
+        back through it into the input queue: vllm/v1/engine/core.py). Joining the step in flight
+        let a client never wait for another client's prompt, and TTFT came out low."""
         if self.nxt_c < self.n:
-            self.arr[self.nxt_c] = self.t
-            self.waiting.append(self.nxt_c)
+            self.arr[self.nxt_c] = math.nextafter(self.t, math.inf)
             self.nxt_c += 1
+            self.n_trace = self.nxt_c  # the requests sent so far arrive at their arr[i]
 
     # ---- blocks ------------------------------------------------------------------------------
     def dec_blocks(self, j: int) -> int:

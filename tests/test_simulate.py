@@ -496,3 +496,44 @@ def test_cli_simulate_human_and_bad_flags(tmp_path):
         res, _ = _cli(["simulate", "WL", *bad], tmp_path)
         assert res.exit_code == 2, (bad, res.output)
         assert "Error:" in res.output and "Traceback" not in res.output
+
+
+class _FixedSteps:
+    """A step cost a test can follow by hand: every step that carries prompt tokens takes
+    ``prompt_s``, every decode-only step ``decode_s``, whatever the batch or context."""
+
+    speculation = None
+    has_sliding_window = False
+    closed_form_ok = False      # no closed form: the simulator times every step
+    request_overhead_s = 0.0
+    tokens_per_step = 1.0
+    verify_tokens_per_seq = 1
+
+    def __init__(self, prompt_s: float, decode_s: float):
+        self.prompt_s, self.decode_s = prompt_s, decode_s
+        self.memory = type("Pool", (), {"kv_pool_tokens": 1_000_000})()
+
+    def step_time_s(self, n_dec, ctx_sum, ptoks=0, ppairs=0.0, pkv=0.0) -> float:
+        return self.prompt_s if ptoks else self.decode_s
+
+
+def test_closed_loop_next_request_misses_the_step_already_scheduled():
+    """A closed-loop client's next request cannot ride in the step that starts the moment its last
+    one finishes: that step is scheduled before the last token has even reached the client (vLLM
+    V1's EngineCoreProc.run_busy_loop reads its input queue, then runs the step; the finished
+    request's output goes out through the output queue, the next request comes back through the
+    API server into the input queue). Two clients, prompt steps P = 100 ms, decode steps
+    D = 10 ms, 10 decode steps a request, budget for every prompt at once:
+
+    A sends at 0: its prompt step [0, P]; B sends at 5 ms, inside it: its prompt rides in the next
+    step with A's first decode, [P, 2P]. A's 10th decode ends at 2P + 9D = 290 ms, B's at 300 ms.
+    A's next request (2) misses the step [290, 300] (B's last decode alone) and is prefilled in
+    [300, 400]: TTFT = D + P = 110 ms. B's next (3), sent at 300 ms, misses that step too and
+    waits through A's prompt step: [400, 500], TTFT = 2P = 200 ms. (Joining the step in flight,
+    as the simulator did before, gave 100 ms to both: no client ever waited for another's prompt.)"""
+    P, D = 0.100, 0.010
+    req = Requests.uniform(4, 100, 11, arrival_s=np.array([0.0, 0.005, 0.0, 0.0]))
+    res = simulate(_FixedSteps(P, D), req, SimConfig(8, chunk_tokens=8192), arrival="closed", concurrency=2,
+                   warmup_frac=0.0)
+    np.testing.assert_allclose(res.arrival_s, [0.0, 0.005, 2 * P + 9 * D, 2 * P + 10 * D], atol=1e-12)
+    np.testing.assert_allclose(res.ttft_s, [P, 2 * P - 0.005, D + P, 2 * P], atol=1e-12)
