@@ -50,6 +50,25 @@ def _write_table(path: Path, rows: list[ProfileRow], meta_text: str) -> None:
 # tests/test_calibrated_accuracy.py). Recorded as batch_cap = C - 1, which the fits simulate.
 QUEUED_ONE = {"trtllm"}
 
+# The vLLM BF16 sweep (1024/4096 x 128/512/1024 tokens, concurrency 8-128) records no server
+# settings. aiconfigurator's benchmark mode, which generates the server lines its silicon runs are
+# launched with, sets an aggregated vLLM server's --max-num-batched-tokens to max_batch_size + isl +
+# 1500 (ai-dynamo/aiconfigurator src/aiconfigurator/generator/rule_plugin/benchmark/vllm.rule,
+# "agg max_num_tokens = (max_batch_size or 0) + (SlaConfig.isl or 0) + 1500", since 71bb3d00e,
+# 2026-01-30; max_num_tokens -> max-num-batched-tokens in generator/config/
+# backend_config_mapping.yaml), and the silicon_sample rows give batch_size = concurrency. Inferred,
+# not recorded: the rows' TTFT is flat in the output length and a few prefills long even at
+# concurrency 8 (bench/bench_ttft_closed_loop.py, bench/RESULTS-ttft.md), which vLLM's own default
+# of 8192 on an H100 does not reproduce. The three FP8 4000x1000 runs (measured 2026-01-23/25 with
+# Dynamo 0.8.0, before that rule) keep the engine default.
+BENCH_BUDGET_EXTRA_TOKENS = 1500
+
+
+def _vllm_bench_budget(engine: str, weight_dtype: str, concurrency: int, isl: int) -> int | None:
+    if engine == "vllm" and weight_dtype == "bf16":
+        return concurrency + isl + BENCH_BUDGET_EXTRA_TOKENS
+    return None
+
 
 def convert_silicon(src: Path) -> list[ProfileRow]:
     rows = []
@@ -63,6 +82,7 @@ def convert_silicon(src: Path) -> list[ProfileRow]:
                 kv_dtype=wd,  # not recorded; the README says to assume it follows the weights
                 tp=int(r["tp"]), source=f"{src.name}:{r['id']}",
                 concurrency=c, batch_cap=c - 1 if ENGINE[r["engine"]] in QUEUED_ONE and c > 1 else None,
+                chunk_tokens=_vllm_bench_budget(ENGINE[r["engine"]], wd, c, int(r["isl"])),
                 input_tokens=int(r["isl"]),
                 output_tokens=int(r["osl"]), ttft_mean_ms=float(r["ttft_ms"]),
                 tpot_mean_ms=float(r["tpot_ms"])))
@@ -76,6 +96,9 @@ SILICON_META = """\
 # lengths, mean TTFT and mean TPOT. kv_dtype is not recorded there: taken equal to the weights.
 # batch_cap (TensorRT-LLM rows only) = concurrency - 1, inferred, not recorded: their TTFT grows
 # with osl x TPOT at slope 1/(C-1), one request always waiting for a slot (see the converter).
+# chunk_tokens (vLLM BF16 rows only) = concurrency + input_tokens + 1500, inferred, not recorded:
+# aiconfigurator's benchmark mode sets --max-num-batched-tokens = max_batch_size + isl + 1500
+# (generator/rule_plugin/benchmark/vllm.rule; see the converter).
 # source = original file and id. Converted by bench/fit_shipped_calibrations.py.
 gpu: h100-sxm
 date: ""
