@@ -76,6 +76,7 @@ KNOWN_MISSES: dict[str, str] = {
     _T + "1024x256_c32_tp8_epnone_152:tpot_ms": _WHY_TRT_C32,
     _T + "1024x512_c32_tp8_epnone_153:tpot_ms": _WHY_TRT_C32,
     _T + "2048x128_c32_tp8_epnone_154:tpot_ms": _WHY_TRT_C32,
+    "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_vllm_agg_4096x128_c8_tp8_epnone_48:tpot_ms": _WHY_VLLM,  # +16.6%
     "qwen3_32b_qwen3_32b_h100_sxm_vllm_agg_4000x1000_c_tp1_0_epnone_4:tpot_ms": _WHY_VLLM,
     _S + "1024x512_c16_tp4_epnone_20:ttft_ms": _WHY_SGLANG_512,  # +17%
     _S + "1024x512_c16_tp8_epnone_21:ttft_ms": _WHY_SGLANG_512,  # +37%
