@@ -18,6 +18,10 @@ pool token costs target + draft KV bytes). Per method (vLLM 0.33 structure; SGLa
     eagle    one decoder layer of the target's shape without its input norm and the fc fusing
              embedding and hidden state (2h -> h) (vllm/model_executor/models/llama_eagle.py);
              embedding and LM head are the target's (eagle.py ``load_model``). KV: one layer. bf16.
+    medusa   ``medusa_num_heads`` heads (5, the default of FasterDecoding/Medusa medusa_model.py
+             MedusaConfig and vLLM's MedusaConfig), each one ResBlock (a hidden x hidden linear with
+             the reference's bias; replicated, nn.Linear in vllm/model_executor/models/medusa.py) and
+             an LM head over the vocabulary (vocabulary-parallel). No attention, no KV. bf16.
     mtp      the model's own ``num_nextn_predict_layers`` heads, each one decoder layer of the
              model's last (MoE) kind plus enorm, hnorm, eh_proj (2h -> h) and a final norm
              (vllm/model_executor/models/deepseek_mtp.py); embedding and LM head are shared with
@@ -44,7 +48,8 @@ from .errors import InputError
 from .memory import weight_bytes
 from .models import DTYPE_BYTES, ModelArch, get_model
 
-__all__ = ["DraftFootprint", "draft_footprint", "EAGLE3_DRAFT_VOCAB", "NO_MEMORY_METHODS", "DRAFT_WEIGHT_DTYPE"]
+__all__ = ["DraftFootprint", "draft_footprint", "EAGLE3_DRAFT_VOCAB", "MEDUSA_HEADS", "NO_MEMORY_METHODS",
+           "DRAFT_WEIGHT_DTYPE"]
 
 # EAGLE-3 heads predict over a reduced vocabulary: the published heads' config.json say
 # draft_vocab_size 32000 (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: num_hidden_layers 1,
@@ -53,6 +58,7 @@ EAGLE3_DRAFT_VOCAB = 32000
 ID_MAP_BYTES = 8   # draft_id_to_target_id: one torch.long per draft-vocabulary entry (llama_eagle3.py)
 # drafts without weights of their own: n-gram prompt lookup (vLLM ngram, SGLang NGRAM), llama.cpp lookahead
 NO_MEMORY_METHODS = ("ngram", "lookahead", "suffix")
+MEDUSA_HEADS = 5   # medusa_num_heads default: FasterDecoding/Medusa medusa_model.py MedusaConfig; vLLM MedusaConfig num_heads
 DRAFT_WEIGHT_DTYPE = "bf16"   # vllm/config/speculative.py: a draft's quantization None = unquantized weights
 
 
@@ -120,6 +126,12 @@ def _eagle_head(target: ModelArch, eagle3: bool) -> DraftFootprint:
     return DraftFootprint(name, float(sharded), float(replicated), 1, target.n_kv_heads, _gqa_kv_elements(target))
 
 
+def _medusa_heads(target: ModelArch) -> DraftFootprint:
+    h, n, b = target.hidden, MEDUSA_HEADS, DTYPE_BYTES[DRAFT_WEIGHT_DTYPE]
+    return DraftFootprint(f"{n} Medusa heads of {target.name}", float(n * target.vocab * h * b),
+                          float(n * (h * h + h) * b), 0, 0, 0)
+
+
 def _mtp_heads(target: ModelArch, weight_dtype: str) -> DraftFootprint | None:
     n = target.n_mtp_layers
     if n == 0:
@@ -158,5 +170,7 @@ def draft_footprint(method: str, target: ModelArch, weight_dtype: str,
         return _eagle_head(target, method == "eagle3")
     if method == "mtp":
         return _mtp_heads(target, weight_dtype)
+    if method == "medusa":
+        return _medusa_heads(target)
     raise InputError(f"speculative.method {method!r}: kvtune cannot size its drafter's memory "
-                     f"(it knows eagle3, eagle, mtp, draft and {', '.join(NO_MEMORY_METHODS)})")
+                     f"(it knows eagle3, eagle, medusa, mtp, draft and {', '.join(NO_MEMORY_METHODS)})")

@@ -70,13 +70,15 @@ class MemoryFacts:
     draft_kv_bytes_per_token_per_gpu: float = 0.0
 
     def to_json(self) -> dict:
-        return {"draft": self.draft, "draft_weight_bytes_per_gpu": self.draft_weight_bytes_per_gpu,
-                "draft_kv_bytes_per_token_per_gpu": self.draft_kv_bytes_per_token_per_gpu,"gpu_memory_bytes": self.gpu_memory_bytes, "weight_bytes_total": self.weight_bytes_total,
+        # the draft's keys only where there is one (speculation on): a plan without one reads as before
+        draft = {"draft": self.draft, "draft_weight_bytes_per_gpu": self.draft_weight_bytes_per_gpu,
+                 "draft_kv_bytes_per_token_per_gpu": self.draft_kv_bytes_per_token_per_gpu} if self.draft else {}
+        return {"gpu_memory_bytes": self.gpu_memory_bytes, "weight_bytes_total": self.weight_bytes_total,
                 "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
                 "activation_reserve_bytes": self.activation_reserve_bytes,
                 "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
                 "kv_pool_bytes_per_gpu": self.kv_pool_bytes_per_gpu, "kv_pool_tokens": self.kv_pool_tokens,
-                "kv_pool_tokens_per_gpu": self.kv_pool_tokens_per_gpu}
+                "kv_pool_tokens_per_gpu": self.kv_pool_tokens_per_gpu, **draft}
 
 
 @dataclass(frozen=True, kw_only=True)
