@@ -15,6 +15,8 @@ Decode tokens use the decode FLOP efficiency (small-M GEMMs); prefill tokens use
 Speculative decoding (draft length k, per-token acceptance a) turns every decode sequence into
 k+1 verify tokens: the same bytes, k+1 times the arithmetic, plus k draft passes costing
 ``draft_cost`` of a target pass each, and emits (1 - a^(k+1)) / (1 - a) tokens on average.
+The drafter's memory (``SpecConfig.draft``, ``costmodel.draft``) comes out of the KV pool in the
+memory plan (``costmodel.memory.plan_memory``).
 
 Beyond one node's TP group (``parallel=costmodel.parallel.Parallel(...)``): per-GPU bytes and FLOPs
 divide by tp x pp; a pipeline step is a round (pp stage-times of a 1/M micro-batch, M = min(pp,
