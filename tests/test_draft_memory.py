@@ -3,6 +3,7 @@ config.json numbers (Llama-3.1-8B: hidden 4096, 32 layers, 32 heads, 8 KV heads 
 vocab 128256; Llama-3.1-70B: 80 layers, 8 KV heads of 128) and the vLLM structures cited there."""
 
 import math
+from pathlib import Path
 
 import pytest
 from helpers import kvtune
@@ -16,6 +17,7 @@ from kvtune.optimizer.workload import load_workload_dict
 H100 = get_gpu("h100-sxm")
 L8, L70 = get_model("llama-3.1-8b"), get_model("llama-3.1-70b")
 DSV3 = get_model("deepseek-v3")
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "speculative-llama3.1-8b.yaml"
 
 # Llama-3.1-8B parameters, by hand: embedding and LM head 2 x 128256 x 4096 = 1,050,673,152; per layer
 # q,o 2 x 4096^2 + k,v 2 x 4096 x 1024 = 41,943,040, MLP 3 x 4096 x 14336 = 176,160,768, 2 norms 8192
@@ -173,3 +175,20 @@ def test_medusa_heads_hold_weights_and_no_kv():
     assert f.kv_bytes_per_token_per_gpu("bf16", 1) == 0
     with pytest.raises(InputError, match="speculative.method 'lookup-magic'"):
         draft_footprint("lookup-magic", L8, "bf16")
+
+
+def test_simulate_and_estimate_clis_plan_the_eagle3_head():
+    """The workload path (simulate) and the flags path (estimate, default method eagle3) both plan
+    Llama-3.1-8B's EAGLE-3 head: 0.85 GB out of the pool and 4,096 more bytes per pool token."""
+    from helpers import kvtune_json
+    head = draft_footprint("eagle3", L8, "bf16")
+    est = kvtune_json("estimate", "--model", "llama-3.1-8b", "--spec-k", "3")
+    assert est["draft"] == "EAGLE-3 head of llama-3.1-8b" and est["draft_weight_bytes_per_gpu"] == 849_635_328
+    sim = kvtune_json("simulate", EXAMPLE, "--tp", "1", "--batch-cap", "32",
+                      "--kv-dtype", "bf16", "--spec-k", "2", "--rate", "8", "--requests", "200")
+    plain = kvtune_json("simulate", EXAMPLE, "--tp", "1", "--batch-cap", "32",
+                        "--kv-dtype", "bf16", "--spec-k", "0", "--rate", "8", "--requests", "200")
+    assert sim["config"]["kv_pool_tokens"] == est["kv_pool_tokens"] < plain["config"]["kv_pool_tokens"]
+    pool_bytes = plain["config"]["kv_pool_tokens"] * 131_072   # the calibrated plan's pool, to a token
+    assert pool_bytes - sim["config"]["kv_pool_tokens"] * (131_072 + 4_096) == pytest.approx(
+        head.weight_bytes, abs=135_168 + 131_072)
