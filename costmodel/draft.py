@@ -118,7 +118,7 @@ def _eagle_head(target: ModelArch, eagle3: bool) -> DraftFootprint:
         sharded = (attn + mlp + vocab * h) * b               # + LM head over the draft vocabulary
         norms = 4 * h                                        # input, post-attention, hidden_norm, final
         replicated = (3 * h * h + norms) * b + vocab * ID_MAP_BYTES   # fc over 3 hidden states
-        name = f"EAGLE-3 head of {target.name}"
+        name = f"EAGLE-3 head of {target.name}, draft vocabulary {vocab}"   # the assumed vocabulary, on record
     else:
         sharded = (attn + mlp) * b
         replicated = (2 * h * h + h) * b                     # fc over [embedding, hidden]; post-attention norm

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 from helpers import kvtune
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtune.costmodel import IDEAL, DoesNotFit, InputError, SpecConfig, StepModel, get_gpu, get_model, plan_memory
 from kvtune.costmodel.draft import draft_footprint
@@ -183,7 +185,7 @@ def test_simulate_and_estimate_clis_plan_the_eagle3_head():
     from helpers import kvtune_json
     head = draft_footprint("eagle3", L8, "bf16")
     est = kvtune_json("estimate", "--model", "llama-3.1-8b", "--spec-k", "3")
-    assert est["draft"] == "EAGLE-3 head of llama-3.1-8b" and est["draft_weight_bytes_per_gpu"] == 849_635_328
+    assert est["draft"] == "EAGLE-3 head of llama-3.1-8b, draft vocabulary 32000" and est["draft_weight_bytes_per_gpu"] == 849_635_328
     sim = kvtune_json("simulate", EXAMPLE, "--tp", "1", "--batch-cap", "32",
                       "--kv-dtype", "bf16", "--spec-k", "2", "--rate", "8", "--requests", "200")
     plain = kvtune_json("simulate", EXAMPLE, "--tp", "1", "--batch-cap", "32",
@@ -192,3 +194,23 @@ def test_simulate_and_estimate_clis_plan_the_eagle3_head():
     pool_bytes = plain["config"]["kv_pool_tokens"] * 131_072   # the calibrated plan's pool, to a token
     assert pool_bytes - sim["config"]["kv_pool_tokens"] * (131_072 + 4_096) == pytest.approx(
         head.weight_bytes, abs=135_168 + 131_072)
+
+
+@settings(max_examples=40)
+@given(st.sampled_from(["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b", "mixtral-8x7b", "mistral-7b"]),
+       st.sampled_from([1, 2, 4, 8]), st.sampled_from(["eagle3", "eagle", "medusa", "draft", "ngram"]),
+       st.sampled_from(["bf16", "fp8"]))
+def test_a_draft_never_grows_the_pool_and_takes_exactly_its_bytes(name, tp, method, kv_dtype):
+    m = get_model(name)
+    if m.tp_error(tp):
+        return
+    draft = draft_footprint(method, m, "bf16", "smollm2-135m")
+    try:
+        plain = plan_memory(m, H100, tp, "bf16", kv_dtype, 0.9)
+        with_draft = plan_memory(m, H100, tp, "bf16", kv_dtype, 0.9, draft=draft)
+    except (DoesNotFit, InputError):
+        return
+    assert with_draft.kv_pool_tokens <= plain.kv_pool_tokens
+    assert plain.kv_pool_bytes_per_gpu - with_draft.kv_pool_bytes_per_gpu == pytest.approx(
+        with_draft.draft_weight_bytes_per_gpu, rel=1e-12)
+    assert (with_draft.draft_weight_bytes_per_gpu == 0) == (draft is None)
