@@ -60,7 +60,11 @@ class Estimate:
     spec_k: int
     spec_alpha: float
     rows: list[EstimateRow] = field(default_factory=list)
-    memory_accounting: str = "decimal GB (1 GB = 1e9 bytes); datasheet capacity x gpu_mem_util - weights/TP - activation reserve"
+    memory_accounting: str = ("decimal GB (1 GB = 1e9 bytes); datasheet capacity x gpu_mem_util - weights/TP - "
+                              "draft weights/TP - activation reserve")
+    draft: str = ""                              # the speculative drafter resident beside the model, if any
+    draft_weight_bytes_per_gpu: float = 0.0
+    draft_kv_bytes_per_token_per_gpu: float = 0.0
     mode: str = "ideal"
     source: str = ""
 
@@ -100,4 +104,6 @@ def estimate(model: ModelArch, gpu: GPU, tp: int, context: int, batches: list[in
         # (and shared) experts, the same term as the batch-1 row's weight read (StepModel)
         single_user_tok_s=bw_gpu / sm.weight_read_bytes(1.0),
         spec_k=speculation.k if speculation else 0, spec_alpha=speculation.acceptance if speculation else 0.0,
-        rows=rows, mode=mode, source=sm.eff.source)
+        rows=rows, mode=mode, source=sm.eff.source, draft=mem.draft_name,
+        draft_weight_bytes_per_gpu=mem.draft_weight_bytes_per_gpu,
+        draft_kv_bytes_per_token_per_gpu=mem.draft_kv_bytes_per_token_per_gpu)

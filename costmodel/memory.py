@@ -3,8 +3,12 @@
 Accounting is decimal (1 GB = 1e9 bytes, as on datasheets). Per GPU:
 
     usable      = memory_bytes x gpu_mem_util
-    kv_pool     = usable - weights/TP - activation_reserve
-    pool_tokens = kv_pool / (KV bytes per token held by one GPU)
+    kv_pool     = usable - weights/TP - draft weights/TP - activation_reserve
+    pool_tokens = kv_pool / (KV bytes per token held by one GPU + the draft's)
+
+With speculative decoding the drafter (``costmodel.draft``: a separate model, an EAGLE head, MTP
+layers; nothing for n-gram) is resident too: its weights per GPU come out of the pool and its own
+KV per token is paid by every pool token (vLLM keeps the draft's layers in the same block pool).
 
 KV heads shard across TP ranks until TP exceeds their number; then each rank holds one head
 (replicated), so adding GPUs past that point adds pool bytes but not pool tokens per byte.
@@ -22,11 +26,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import DoesNotFit, InputError
 from .hardware import GPU
 from .models import DTYPE_BYTES, ModelArch
 from .parallel import SINGLE, Parallel
+
+if TYPE_CHECKING:   # costmodel.draft sizes its draft models with weight_bytes below
+    from .draft import DraftFootprint
 
 __all__ = ["MemoryPlan", "weight_bytes", "weight_bytes_per_gpu", "attention_weight_bytes", "plan_memory",
            "check_dtype", "gpus_to_hold", "GPU_MEM_UTIL", "BLOCK_TOKENS"]
@@ -64,6 +72,15 @@ class MemoryPlan:
     kv_pool_tokens: int                 # per replica (one TP group)
     pp: int = 1                         # pipeline stages (GPUs per replica = tp x pp)
     dp_attention: bool = False          # attention data-parallel: each GPU holds its own sequences' KV
+    # the speculative drafter's share (costmodel.draft); 0 without one
+    draft_name: str = ""
+    draft_weight_bytes_per_gpu: float = 0.0
+    draft_kv_bytes_per_token_per_gpu: float = 0.0
+
+    @property
+    def pool_bytes_per_token_per_gpu(self) -> float:
+        """What one pool token costs a GPU: the target's KV and the draft's."""
+        return self.kv_bytes_per_token_per_gpu + self.draft_kv_bytes_per_token_per_gpu
 
     def max_batch(self, context_tokens: int) -> int:
         """Sequences of ``context_tokens`` each that the pool holds at once."""
@@ -94,7 +111,8 @@ def gpus_to_hold(model: ModelArch, weight_dtype: str, usable_bytes: float, reser
 
 def plan_memory(model: ModelArch, gpu: GPU, tp: int, weight_dtype: str, kv_dtype: str,
                 gpu_mem_util: float = GPU_MEM_UTIL, activation_reserve_bytes: float = 0.0,
-                parallel: Parallel | None = None) -> MemoryPlan:
+                parallel: Parallel | None = None, draft: DraftFootprint | None = None) -> MemoryPlan:
+    """``draft``: the speculative drafter resident beside the model (None: none)."""
     check_dtype(kv_dtype, "kv dtype")
     if not 0 < gpu_mem_util <= 1:
         raise InputError(f"gpu memory utilisation must be in (0, 1], got {gpu_mem_util}")
@@ -114,6 +132,20 @@ def plan_memory(model: ModelArch, gpu: GPU, tp: int, weight_dtype: str, kv_dtype
     # per token of a sequence this GPU holds: its stage's layers; DP attention: the whole (MLA) KV
     kv_gpu = (float(model.kv_bytes_per_token(kv_dtype)) if par.dp_attention
               else model.kv_bytes_per_token_per_gpu(kv_dtype, tp)) / par.pp
+    draft_w_gpu = draft_kv_gpu = 0.0
+    if draft is not None:
+        err = draft.tp_error(tp)
+        if err:
+            raise InputError(f"speculative draft: {err} (vLLM runs the draft at the target's TP)")
+        draft_w_gpu = draft.weight_bytes_per_gpu(tp)
+        draft_kv_gpu = draft.kv_bytes_per_token_per_gpu(kv_dtype, 1 if par.dp_attention else tp)
+        if pool > kv_gpu * BLOCK_TOKENS and pool - draft_w_gpu <= (kv_gpu + draft_kv_gpu) * BLOCK_TOKENS:
+            raise DoesNotFit(
+                f"the speculative {draft.name} ({draft_w_gpu / 1e9:.1f} GB per GPU at TP={tp}) does not fit "
+                f"beside {model.name}'s weights ({w_gpu / 1e9:.1f} GB per GPU) on {gpu.name} at "
+                f"{gpu_mem_util:.2f} utilisation: {max(pool, 0) / 1e9:.1f} GB left, no room for the KV cache",
+                shortfall_bytes=max(draft_w_gpu - pool, 0.0))
+        pool -= draft_w_gpu
     if pool <= kv_gpu * BLOCK_TOKENS:  # not even one block of KV fits
         short_gb = (w_gpu + activation_reserve_bytes - usable) / 1e9
         need = gpus_to_hold(model, weight_dtype, usable, activation_reserve_bytes)
@@ -130,5 +162,7 @@ def plan_memory(model: ModelArch, gpu: GPU, tp: int, weight_dtype: str, kv_dtype
         tp=tp, weight_bytes=w, weight_bytes_per_gpu=w_gpu, usable_bytes_per_gpu=usable,
         activation_reserve_bytes=activation_reserve_bytes, kv_pool_bytes_per_gpu=pool,
         kv_bytes_per_token=float(model.kv_bytes_per_token(kv_dtype)), kv_bytes_per_token_per_gpu=kv_gpu,
-        kv_pool_tokens=int(math.floor(pool / kv_gpu)) * ranks, pp=par.pp, dp_attention=par.dp_attention,
+        kv_pool_tokens=int(math.floor(pool / (kv_gpu + draft_kv_gpu))) * ranks, pp=par.pp,
+        dp_attention=par.dp_attention, draft_name=draft.name if draft is not None else "",
+        draft_weight_bytes_per_gpu=draft_w_gpu, draft_kv_bytes_per_token_per_gpu=draft_kv_gpu,
     )

@@ -143,6 +143,15 @@ class ModelArch:
             total += self.n_moe_layers * per_layer
         return total
 
+    def decoder_layer_params(self, moe: bool) -> int:
+        """Parameters of one decoder layer: attention, its MLP (an MoE layer's experts, shared
+        experts and router when ``moe``) and its two norms."""
+        if moe and self.is_moe:
+            mlp = (self.n_experts + self.n_shared_experts) * self._expert_params() + self.hidden * self.n_experts
+        else:
+            mlp = 3 * self.hidden * self.intermediate
+        return self._attn_params_per_layer() + mlp + 2 * self.hidden
+
     @property
     def embedding_params(self) -> int:
         return self.vocab * self.hidden

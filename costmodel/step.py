@@ -15,6 +15,8 @@ Decode tokens use the decode FLOP efficiency (small-M GEMMs); prefill tokens use
 Speculative decoding (draft length k, per-token acceptance a) turns every decode sequence into
 k+1 verify tokens: the same bytes, k+1 times the arithmetic, plus k draft passes costing
 ``draft_cost`` of a target pass each, and emits (1 - a^(k+1)) / (1 - a) tokens on average.
+The drafter's memory (``SpecConfig.draft``, ``costmodel.draft``) comes out of the KV pool in the
+memory plan (``costmodel.memory.plan_memory``).
 
 Beyond one node's TP group (``parallel=costmodel.parallel.Parallel(...)``): per-GPU bytes and FLOPs
 divide by tp x pp; a pipeline step is a round (pp stage-times of a 1/M micro-batch, M = min(pp,
@@ -29,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
+from .draft import DraftFootprint
 from .efficiency import IDEAL, Efficiency
 from .errors import InputError
 from .hardware import GPU
@@ -69,6 +72,9 @@ class SpecConfig:
     acceptance: float
     draft_cost: float = DRAFT_COST  # one draft forward pass as a fraction of a target forward pass
     method: str = SPEC_METHOD
+    # the drafter resident in GPU memory (costmodel.draft.draft_footprint). None means no draft
+    # memory: only for direct library callers; the workload path always derives it from the method
+    draft: DraftFootprint | None = None
 
     def __post_init__(self) -> None:
         spec_tokens_per_step(self.k, self.acceptance)
@@ -202,7 +208,8 @@ class StepModel:
             raise InputError(f"ep {par.ep}: {model.name} has no experts (expert parallelism needs an MoE model)")
         self.parallel = par
         self.memory: MemoryPlan = plan_memory(model, gpu, tp, weight_dtype, kv_dtype, gpu_mem_util,
-                                              efficiency.activation_reserve_bytes, par)
+                                              efficiency.activation_reserve_bytes, par,
+                                              self.speculation.draft if self.speculation else None)
         e = efficiency
         expert_bytes = model.expert_params_total * DTYPE_BYTES[weight_dtype]
         attn_bytes = attention_weight_bytes(model, weight_dtype) if par.dp_attention else 0.0

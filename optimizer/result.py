@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Mapping, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Mapping, Protocol, TypeVar, get_args, get_origin, get_type_hints, runtime_checkable
 
 from .disagg import DisaggCandidate, PoolChoice
 
@@ -60,14 +60,21 @@ class _Flat:
     @classmethod
     def from_json(cls: type[_F], d: Mapping[str, Any]) -> _F:
         kw = {}
-        for f in fields(cls):   # f.type is the annotation's text (postponed annotations)
+        hints = get_type_hints(cls)   # the annotations resolved (they are postponed strings)
+        for f in fields(cls):
             v = d.get(f.name) if f.name in cls._OMIT_NONE else d[f.name]
-            if "float" in str(f.type):
+            if _holds(hints[f.name], float):
                 v = _nums(v) if isinstance(v, Mapping) else _num(v)
-            elif str(f.type).startswith("tuple") and isinstance(v, list):
+            elif _holds(hints[f.name], tuple) and isinstance(v, list):
                 v = tuple(v)
             kw[f.name] = v
         return cls(**kw)
+
+
+def _holds(tp: Any, kind: type) -> bool:
+    """Whether annotation ``tp`` is ``kind`` or holds it: ``float | None``, ``Mapping[str, float]``,
+    ``tuple[str, ...]`` (for ``tuple``, the origin)."""
+    return tp is kind or get_origin(tp) is kind or any(_holds(a, kind) for a in get_args(tp) if a is not Ellipsis)
 
 
 # ---- the study and the simulator race ------------------------------------------------------------

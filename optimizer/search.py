@@ -40,6 +40,7 @@ import optuna
 from optuna.trial import TrialState
 
 from kvtune.costmodel import SpecConfig, get_model
+from kvtune.costmodel.draft import DraftFootprint
 from kvtune.costmodel.efficiency import Efficiency
 from kvtune.costmodel.errors import DoesNotFit, InputError
 from kvtune.costmodel.hardware import GPU, resolve_gpu
@@ -89,6 +90,7 @@ class SolveContext:
     layouts: dict[str, dict] = field(default_factory=dict)  # multi-node layouts searched instead of TP (optimizer.layouts)
     memo: dict = field(default_factory=dict)  # results derived from this context alone (simsearch's never-fit check)
     steps: dict[tuple, StepCost | Exception] = field(default_factory=dict)  # step models built, by config
+    draft: DraftFootprint | None = None  # the speculative drafter resident beside the model (costmodel.draft)
 
     @classmethod
     def build(cls, spec: WorkloadSpec, seed: int | None = None, calibration: str | None = None,
@@ -107,12 +109,18 @@ class SolveContext:
                 raise InputError(f"{spec.path}: workload.rate_req_s: objective min_cost needs a finite target rate")
             rate = math.nan  # max_goodput without a target: no headroom to report
         req = spec.requests(N_SCREEN_REQUESTS, spec.search.seed)
+        draft = None
+        if spec.speculative is not None:
+            try:
+                draft = spec.speculative.footprint(model, weight_dtype)
+            except InputError as exc:
+                raise InputError(f"{spec.path}: {exc}") from None
         h = spec.hardware
         layouts = search_layouts(model, gpu, weight_dtype, spec.search.tp, h.gpus_per_node,
                                  h.max_nodes, spec.gpu_mem_util, em.efficiency.activation_reserve_bytes)
         return cls(spec=spec, seed=spec.search.seed if seed is None else seed, workload_seed=spec.search.seed,
                    model=model, gpu=gpu, eff=em.efficiency, stats=WorkloadStats.from_requests(req, spec.slo.attainment),
-                   rate_req_s=float(rate), engine=em, layouts=layouts)
+                   rate_req_s=float(rate), engine=em, layouts=layouts, draft=draft)
 
     @property
     def weight_dtype(self) -> str:
@@ -124,7 +132,7 @@ class SolveContext:
         s = self.spec.speculative
         if not k or s is None:
             return None
-        return SpecConfig(k, s.acceptance, s.draft_cost, s.method)
+        return s.config(k, self.draft)
 
     def step(self, tp: int, kv_dtype: str, spec_k: int, layout: str | None = None) -> StepCost | Exception:
         """The step model of a config (measured step times where the profile table covers it), or

@@ -44,6 +44,7 @@ from pathlib import Path
 from kvtune.costmodel import get_gpu, get_model
 from kvtune.costmodel.files import FLOAT_MAX, parse_yaml, path_kind, printable, profiles_path, read_text, reading
 from kvtune.costmodel.calibration import ENGINES, efficiency_for
+from kvtune.costmodel.draft import DraftFootprint, draft_footprint
 from kvtune.costmodel.dtypes import KNOWN as _DTYPE_NAMES
 from kvtune.costmodel.errors import InputError, KvtuneError
 from kvtune.costmodel.hardware import load_gpu_file
@@ -117,9 +118,14 @@ class SpeculativeSpec:
         if not _is_num(self.draft_cost) or not 0 <= self.draft_cost <= 1:
             raise InputError(f"speculative draft_cost must be in [0, 1], got {self.draft_cost!r}")
 
-    def config(self, k: int) -> SpecConfig:
-        """The step model's view at draft length ``k``."""
-        return SpecConfig(k=k, acceptance=self.acceptance, draft_cost=self.draft_cost, method=self.method)
+    def footprint(self, target: ModelArch, weight_dtype: str) -> DraftFootprint | None:
+        """The drafter this section keeps resident beside ``target`` (costmodel.draft; None: none)."""
+        return draft_footprint(self.method, target, weight_dtype, self.draft_model)
+
+    def config(self, k: int, draft: DraftFootprint | None = None) -> SpecConfig:
+        """The step model's view at draft length ``k``; ``draft``: ``footprint``'s answer."""
+        return SpecConfig(k=k, acceptance=self.acceptance, draft_cost=self.draft_cost, method=self.method,
+                          draft=draft)
 
 
 DEPLOYMENTS = ("aggregated", "disaggregated")   # search.deployment: replicas that do both phases; prefill/decode pools

@@ -10,7 +10,8 @@ from kvtune.costmodel import SpecConfig, estimate, get_model
 from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.memory import GPU_MEM_UTIL
-from kvtune.costmodel.step import DRAFT_COST
+from kvtune.costmodel.draft import draft_footprint
+from kvtune.costmodel.step import DRAFT_COST, SPEC_METHOD
 
 from ._common import dumps, echo_table, parse_int_list
 
@@ -34,9 +35,13 @@ from ._common import dumps, echo_table, parse_int_list
 @click.option("--spec-alpha", type=float, default=0.8, show_default=True, help="Per-token draft acceptance.")
 @click.option("--spec-draft-cost", type=float, default=DRAFT_COST, show_default=True,
               help="One draft pass as a fraction of a target pass.")
+@click.option("--spec-method", default=SPEC_METHOD, show_default=True,
+              help="Speculative method (eagle3, eagle, mtp, draft, ngram): sizes the drafter's memory.")
+@click.option("--spec-draft-model", default=None,
+              help="The draft model of --spec-method draft (catalog name, Hugging Face id or config.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, calibration, engine, profile,
-                 gpu_mem_util, spec_k, spec_alpha, spec_draft_cost, as_json):
+                 gpu_mem_util, spec_k, spec_alpha, spec_draft_cost, spec_method, spec_draft_model, as_json):
     """What a decode step costs, how many sequences fit and the tokens per second."""
     from kvtune.costmodel.hardware import resolve_gpu
     from kvtune.optimizer.step_factory import StepFactory
@@ -47,7 +52,13 @@ def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, c
     em = StepFactory.build(g, mode, calibration, engine, profile)
     eff = em.efficiency
     mode = "ideal" if eff.name == "ideal" else mode
-    speculation = SpecConfig(spec_k, spec_alpha, spec_draft_cost) if spec_k else None
+    speculation = None
+    if spec_k:
+        try:
+            draft = draft_footprint(spec_method, m, weight_dtype, spec_draft_model)
+        except InputError as exc:
+            raise InputError(f"--spec-method {spec_method}: {exc}") from None
+        speculation = SpecConfig(spec_k, spec_alpha, spec_draft_cost, spec_method, draft)
     est = estimate(m, g, tp, context, batches, weight_dtype, kv_dtype, eff, gpu_mem_util, speculation, mode)
     if profile:
         est = _measured_rows(est, em.step(m, tp, weight_dtype, kv_dtype, speculation, gpu_mem_util))
@@ -60,6 +71,9 @@ def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, c
     click.echo(f"  weights {est.weight_bytes / 1e9:.1f} GB ({est.weight_bytes_per_gpu / 1e9:.1f} GB/GPU)   "
                f"KV {est.kv_bytes_per_token:,.0f} bytes/token   pool {est.kv_pool_tokens:,} tokens   "
                f"max batch at {context}: {est.max_batch}")
+    if est.draft:
+        click.echo(f"  draft {est.draft}: {est.draft_weight_bytes_per_gpu / 1e9:.2f} GB/GPU, "
+                   f"KV {est.draft_kv_bytes_per_token_per_gpu:,.0f} bytes/token/GPU (counted in the pool)")
     click.echo(f"  throughput ceiling {est.ceiling_tok_s:,.0f} tok/s (bandwidth / (context x KV bytes))   "
                f"single-user {est.single_user_tok_s:,.1f} tok/s (bandwidth / weights read per token)")
     rows = [[r.batch, f"{r.decode_step_ms:.2f}", f"{r.tokens_per_step:.2f}", f"{r.tok_s_per_user:,.1f}",

@@ -10,6 +10,7 @@ import click
 
 from kvtune.costmodel import get_model
 from kvtune.costmodel.closed_loop import CLIENT_STARTS, default_clients, run_closed_loop
+from kvtune.costmodel.draft import draft_footprint
 from kvtune.costmodel.dtypes import KNOWN as DTYPE_NAMES  # bf16, fp8, fp16, GGUF q8_0/q4_0/...
 from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import Infeasible, InputError
@@ -143,8 +144,13 @@ def _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine
         if spec_alpha is None and spec.speculative is None:
             raise InputError(f"--spec-k {spec_k}: {workload} has no speculative: section; give --spec-alpha")
         s = spec.speculative
+        method = s.method if s else SPEC_METHOD
+        try:   # the drafter resident beside the model (costmodel.draft)
+            draft = draft_footprint(method, model, spec.weights or "bf16", s.draft_model if s else None)
+        except InputError as exc:
+            raise InputError(f"{workload}: {exc}") from None
         sc = SpecConfig(spec_k, spec_alpha if spec_alpha is not None else s.acceptance,
-                        s.draft_cost if s else DRAFT_COST, s.method if s else SPEC_METHOD)
+                        s.draft_cost if s else DRAFT_COST, method, draft)
     step = em.step(model, tp, spec.weights, kv_dtype, sc, spec.gpu_mem_util)
     return spec, step, em
 

@@ -52,7 +52,10 @@ def _memory_lines(p: LaunchPick) -> list[str]:
         return []
     w = ("FP8 (1-byte GEMM weights, bf16 embeddings and LM head)" if p.weights == "fp8" else "bf16")
     return [f"kvtune planned per GPU: weights {w} {_gb(m.weight_bytes_per_gpu)} "
-            f"(of {_gb(m.weight_bytes_total)} at TP {p.tp} x PP {p.pp}), activation reserve "
+            f"(of {_gb(m.weight_bytes_total)} at TP {p.tp} x PP {p.pp}), "
+            + (f"draft ({m.draft}) {_gb(m.draft_weight_bytes_per_gpu)} + "
+               f"{m.draft_kv_bytes_per_token_per_gpu:,.0f} KV bytes per pool token, " if m.draft else "")
+            + "activation reserve "
             f"{_gb(m.activation_reserve_bytes)}, KV pool {_gb(m.kv_pool_bytes_per_gpu)} = "
             f"{m.kv_pool_tokens:,} tokens per replica ({p.kv_dtype} KV), at {p.gpu_mem_util:g} of "
             f"{_gb(m.gpu_memory_bytes)}"]

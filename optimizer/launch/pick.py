@@ -64,14 +64,21 @@ class MemoryFacts:
     kv_pool_bytes_per_gpu: float
     kv_pool_tokens: int                 # per replica (under DP attention: every GPU's own pool, summed)
     kv_pool_tokens_per_gpu: int         # tokens one GPU's pool holds (= per replica without DP attention)
+    # the speculative drafter resident beside the model (costmodel.draft); "" and 0 without one
+    draft: str = ""
+    draft_weight_bytes_per_gpu: float = 0.0
+    draft_kv_bytes_per_token_per_gpu: float = 0.0
 
     def to_json(self) -> dict:
+        # the draft's keys only where there is one (speculation on): a plan without one reads as before
+        draft = {"draft": self.draft, "draft_weight_bytes_per_gpu": self.draft_weight_bytes_per_gpu,
+                 "draft_kv_bytes_per_token_per_gpu": self.draft_kv_bytes_per_token_per_gpu} if self.draft else {}
         return {"gpu_memory_bytes": self.gpu_memory_bytes, "weight_bytes_total": self.weight_bytes_total,
                 "weight_bytes_per_gpu": self.weight_bytes_per_gpu,
                 "activation_reserve_bytes": self.activation_reserve_bytes,
                 "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
                 "kv_pool_bytes_per_gpu": self.kv_pool_bytes_per_gpu, "kv_pool_tokens": self.kv_pool_tokens,
-                "kv_pool_tokens_per_gpu": self.kv_pool_tokens_per_gpu}
+                "kv_pool_tokens_per_gpu": self.kv_pool_tokens_per_gpu, **draft}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,9 +188,12 @@ def gated(model: str) -> bool:
 
 
 def _memory(arch, gpu, cfg: dict, weights: str, kv_dtype: str, gpu_mem_util: float,
-            reserve_bytes: float) -> MemoryFacts | None:
+            reserve_bytes: float, speculative: dict | None) -> MemoryFacts | None:
+    """The plan the simulator used: with speculation (``speculative``: {method, draft_model}) its
+    drafter's weights and KV too (costmodel.draft)."""
     if arch is None or gpu is None:
         return None
+    from kvtune.costmodel.draft import draft_footprint
     from kvtune.costmodel.errors import KvtuneError
     from kvtune.costmodel.memory import plan_memory
     from kvtune.costmodel.parallel import Parallel
@@ -192,12 +202,16 @@ def _memory(arch, gpu, cfg: dict, weights: str, kv_dtype: str, gpu_mem_util: flo
         par = Parallel(tp=tp, pp=int(cfg.get("pp", 1)), ep=int(cfg.get("ep", 1)),
                        dp_attention=bool(cfg.get("dp_attention", False)),
                        gpus_per_node=int(cfg.get("gpus_per_node", 8)))
-        plan = plan_memory(arch, gpu, tp, weights, kv_dtype, gpu_mem_util, reserve_bytes, par)
+        draft = (draft_footprint(speculative.get("method") or SPEC_METHOD, arch, weights,
+                                 speculative.get("draft_model"))
+                 if speculative and int(cfg.get("spec_k") or 0) else None)
+        plan = plan_memory(arch, gpu, tp, weights, kv_dtype, gpu_mem_util, reserve_bytes, par, draft)
     except KvtuneError:
         return None
     return MemoryFacts(gpu.memory_bytes, plan.weight_bytes, plan.weight_bytes_per_gpu, reserve_bytes,
                        plan.kv_bytes_per_token_per_gpu, plan.kv_pool_bytes_per_gpu, plan.kv_pool_tokens,
-                       int(plan.kv_pool_bytes_per_gpu // plan.kv_bytes_per_token_per_gpu))
+                       int(plan.kv_pool_bytes_per_gpu // plan.pool_bytes_per_token_per_gpu),
+                       plan.draft_name, plan.draft_weight_bytes_per_gpu, plan.draft_kv_bytes_per_token_per_gpu)
 
 
 def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, speculative: dict | None, *,
@@ -222,5 +236,5 @@ def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, specul
         mtp_layers=int(getattr(arch, "n_mtp_layers", 0) or 0) if arch is not None else 0,
         is_moe=bool(getattr(arch, "is_moe", False)), gated=gated(ref),
         memory=_memory(arch, gpu, dict(cfg, gpus_per_node=gpn), weights, str(cfg.get("kv_dtype", "bf16")),
-                       float(gpu_mem_util), activation_reserve_bytes),
+                       float(gpu_mem_util), activation_reserve_bytes, speculative),
         max_request_tokens=max_request_tokens)

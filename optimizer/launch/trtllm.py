@@ -24,7 +24,8 @@ def free_fraction(p: LaunchPick) -> float | None:
     m = p.memory
     if m is None:
         return None
-    free = m.gpu_memory_bytes - m.weight_bytes_per_gpu - m.activation_reserve_bytes
+    # free after the model and the speculative draft have loaded
+    free = m.gpu_memory_bytes - m.weight_bytes_per_gpu - m.draft_weight_bytes_per_gpu - m.activation_reserve_bytes
     if free <= 0:
         return None
     return min(max(m.kv_pool_bytes_per_gpu / free, 0.0), 1.0)
