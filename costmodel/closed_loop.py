@@ -27,7 +27,7 @@ What the engine makes of that burst differs, and that is what ``clients`` select
   server on a CPU stays in lock-step too: every waiting prompt joins the next batch (up to ``-b``
   tokens) and its steps take seconds, so no client falls out of phase; on the committed CPU table
   (profiles/tables/smollm2-135m-cpu-llamacpp.csv) a calibration with burst clients fits TTFT /
-  TPOT / tok/s at MAPE 19.8 / 22.9 / 13.0% against 40.3 / 68.7 / 19.2% with staggered ones
+  TPOT / tok/s at MAPE 17.0 / 18.8 / 13.0% against 25.1 / 30.4 / 16.5% with staggered ones
   (``kvtune calibrate ... --clients burst|staggered``, measured on this repository's CPU table).
   Simulated by sending every client's first request at t = 0.
 
