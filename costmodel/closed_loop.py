@@ -11,18 +11,19 @@ sends its next one when its last completes; both clients average over every requ
 
 What the engine makes of that burst differs, and that is what ``clients`` selects:
 
-- ``staggered``: TensorRT-LLM mixes prefill chunks into millisecond decode steps and starts
-  stepping as soon as one request arrives, so the burst splits into groups that finish, and
+- ``staggered``: vLLM V1 and TensorRT-LLM mix prefill chunks into millisecond decode steps and
+  start stepping as soon as one request arrives, so the burst splits into groups that finish, and
   resubmit, at different times: a long run is phase-spread, each prompt prefilled beside the
   others' decodes. Simulated by spreading the clients' first sends evenly over one request's
-  estimated lifetime. (The shipped H100 fit uses it for TensorRT-LLM: profiles/README.md; with
-  burst clients its TTFT MAPE is 49% against 30%.)
-- ``burst``: vLLM V1 mixes prompt chunks into decode steps too, but its silicon runs do not drift
-  apart: their TTFT is a few prefills even at 8 clients and flat in the output length
-  (bench/RESULTS-ttft.md). Simulated as sent, a burst, the next request of each client missing the
-  step already scheduled (below), with the token budget the runs were launched with, it follows
-  them: TTFT MAPE 30% (bias -8%) over the 93 runs against 56% (-56%) staggered.
-  SGLang's default scheduler prefills waiting prompts in a batch of their own while the
+  estimated lifetime. (The shipped H100 fits use it for these engines: profiles/README.md.)
+  For vLLM this is the default with a caveat: aiconfigurator's BF16 vLLM silicon runs, launched
+  with a small token budget, do not drift apart (their TTFT is a few prefills even at 8 clients
+  and flat in the output length); ``--clients burst`` with their budget follows them (TTFT MAPE
+  30% over the 93 runs, after a refit, against 56% staggered), while an FP8 run at vLLM's default
+  budget of 8,192 tokens (Llama-3.1-70B FP8, TP4, 1024/1024, 16 clients, measured 121 ms) is
+  +320% under burst and -40% staggered (bench/RESULTS-ttft.md). Which one a run is depends on
+  its launch; choose with ``--clients``.
+- ``burst``: SGLang's default scheduler prefills waiting prompts in a batch of their own while the
   decodes wait, which keeps clients that start together in lock-step for the whole run. llama.cpp's
   server on a CPU stays in lock-step too: every waiting prompt joins the next batch (up to ``-b``
   tokens) and its steps take seconds, so no client falls out of phase; on the committed CPU table
@@ -74,7 +75,7 @@ def canonical_engine(engine: str | None) -> str | None:
 def default_clients(engine: str | None) -> str:
     """How the clients of an engine's closed-loop benchmark are simulated: ``staggered`` for the
     engines that let a burst drift apart (``STAGGERED_ENGINES``), ``burst`` for the others (SGLang,
-    llama.cpp, vLLM); no engine named: ``staggered`` (mixed steps, the simulator's default)."""
+    llama.cpp); no engine named: ``staggered`` (vLLM-style scheduling, the simulator's default)."""
     e = canonical_engine(engine)
     return "burst" if e and e not in STAGGERED_ENGINES else "staggered"
 

@@ -20,12 +20,9 @@ Which points are held to 15% (a rule, not a pick):
   and requests wait whole lifetimes; the pool's size there is the calibration's second stage
   (``activation_reserve_bytes``, fitted to those runs' TTFT: ``optimizer.calibrate.POOL_STAGE_ENGINES``).
 
-Not held: vLLM TTFT. It is printed (concurrency <= 16, output 128): ~3 prefills even at
-concurrency 8 and flat in the output length. With each client's next request missing the step
-already scheduled, clients starting together, and the token budget aiconfigurator's benchmark mode
-launches vLLM with (the rows' chunk_tokens, inferred: bench/fit_shipped_calibrations.py), kvtune
-follows that shape (TTFT MAPE 30%, bias -8%, over the 93 runs; bench/RESULTS-ttft.md), not to 15%:
-the source records neither the scheduler's settings nor the client's.
+Not held: vLLM TTFT. It is printed (concurrency <= 16, output 128) and kvtune is far low on it:
+it is ~3 prefills even at concurrency 8 and flat in the output length, neither a waiting request
+nor a constant, and the source records neither the scheduler's settings nor the client's.
 TensorRT-LLM TTFT above concurrency 16 is printed too (``-s``): at 32 it starts to outgrow one
 waiting request; at 64-128 it jumps by up to a second while TPOT stays put.
 
@@ -76,7 +73,7 @@ KNOWN_MISSES: dict[str, str] = {
     _T + "1024x256_c32_tp8_epnone_152:tpot_ms": _WHY_TRT_C32,
     _T + "1024x512_c32_tp8_epnone_153:tpot_ms": _WHY_TRT_C32,
     _T + "2048x128_c32_tp8_epnone_154:tpot_ms": _WHY_TRT_C32,
-    "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_vllm_agg_4096x128_c8_tp8_epnone_48:tpot_ms": _WHY_VLLM,  # +16.6%
+    "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_vllm_agg_4096x128_c8_tp8_epnone_48:tpot_ms": _WHY_VLLM,
     "qwen3_32b_qwen3_32b_h100_sxm_vllm_agg_4000x1000_c_tp1_0_epnone_4:tpot_ms": _WHY_VLLM,
     _S + "1024x512_c16_tp4_epnone_20:ttft_ms": _WHY_SGLANG_512,  # +17%
     _S + "1024x512_c16_tp8_epnone_21:ttft_ms": _WHY_SGLANG_512,  # +37%

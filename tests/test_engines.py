@@ -46,7 +46,7 @@ def test_fit_calibrate_engine_model_and_cli_read_the_registry():
     assert calibration.ENGINES == ENGINE_NAMES
     assert fit.PREFILL_FIRST_ENGINES == {n for n, e in REGISTRY.items() if e.prefill_first} == {"sglang"}
     assert fit.OUTPUT_RESERVE_ENGINES == {n for n, e in REGISTRY.items() if e.output_reserve} == {"sglang"}
-    assert calibrate.STAGGERED_ENGINES == ("trtllm",)
+    assert calibrate.STAGGERED_ENGINES == ("trtllm", "vllm")
     assert calibrate.TTFT_STAGE_ENGINES == ("trtllm",) and calibrate.TTFT_JOINT_ENGINES == ("sglang",)
     gpu = get_gpu("h100-sxm")
     for name in ENGINE_NAMES:
@@ -56,7 +56,7 @@ def test_fit_calibrate_engine_model_and_cli_read_the_registry():
         assert em.sim_config(64, 2048).output_reserve == REGISTRY[name].output_reserve
     assert StepFactory.build(gpu).default_calibration is None
     from kvtune.costmodel.closed_loop import STAGGERED_ENGINES
-    assert STAGGERED_ENGINES == {"trtllm"}
+    assert STAGGERED_ENGINES == {"vllm", "trtllm"}
     for cmd in ("simulate", "goodput", "estimate", "calibrate", "validate"):
         opt = next(p for p in main.commands[cmd].params if p.name == "engine")
         assert tuple(opt.type.choices) == ENGINE_NAMES
