@@ -205,8 +205,7 @@ POOL_STAGE_ENGINES = tuple(sorted(e.name for e in REGISTRY.values() if e.fit_poo
 POOL_PRESSURE = 0.7
 POOL_RESERVE_GRID_GB = tuple(x * 0.25 for x in range(41))   # 0 to 10 GB per GPU
 POOL_RESERVE_STEP_GB = 0.02
-# TensorRT-LLM's mixed steps let a long run's clients drift apart (costmodel.closed_loop; vLLM's
-# silicon runs stay bunched: bench/RESULTS-ttft.md)
+# vLLM's and TensorRT-LLM's mixed steps let a long run's clients drift apart (costmodel.closed_loop)
 STAGGERED_ENGINES = tuple(sorted(_STAGGERED))
 _SHIPPED = (
     # name, engine, tables, cross-validation key

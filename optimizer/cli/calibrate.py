@@ -32,8 +32,8 @@ from ._common import check_output_path, dumps, echo_table, write_atomic
               help="Engine prefill token budget used when simulating request rows.")
 @click.option("--clients", type=click.Choice(["auto", "burst", "staggered"]), default="auto", show_default=True,
               help="How closed-loop rows' clients are simulated: auto = each row's engine's rule (staggered for "
-                   "TensorRT-LLM, whose mixed steps let a burst drift apart; burst for vLLM, SGLang and llama.cpp, "
-                   "whose runs stay bunched; see costmodel/closed_loop.py), or one rule for every row.")
+                   "vLLM and TensorRT-LLM, whose mixed steps let a burst drift apart; burst for SGLang and llama.cpp, "
+                   "whose runs stay in lock-step; see costmodel/closed_loop.py), or one rule for every row.")
 @click.option("--max-nfev", type=int, default=60, show_default=True, help="Most model evaluations of the solver.")
 @click.option("-o", "--output", required=True, help="Calibration YAML to write (e.g. profiles/calibrations/NAME.yaml).")
 @click.option("--name", default=None, help="Calibration name (default: the output file's stem).")

@@ -178,7 +178,7 @@ def _tails(s: dict) -> str:
 @click.option("--clients", type=_Choice(CLIENT_STARTS), default=None,
               help="Closed loop: how the clients' first requests start: burst (all at t=0, kept in lock-step) or "
                    "staggered (spread over one request's lifetime). Default: the engine's rule, as the calibration "
-                   "simulates its benchmarks (staggered for TensorRT-LLM, burst for vLLM/SGLang/llama.cpp).")
+                   "simulates its benchmarks (staggered for vLLM/TensorRT-LLM, burst for SGLang/llama.cpp).")
 @click.option("--requests", "n_requests", type=_Int(1, MAX_REQUESTS), default=2000, show_default=True)
 def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tokens, block_tokens, no_prefix_caching,
                  replicas, seed, mode, calibration, engine, profile, as_json, rate, concurrency, clients, n_requests):
