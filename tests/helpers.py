@@ -33,3 +33,14 @@ def write_table(path: Path, rows: Iterable[ProfileRow]) -> Path:
     """Write ``rows`` as a measured table (optimizer.importers.rows_to_csv) and return ``path``."""
     path.write_text(rows_to_csv(rows))
     return path
+
+
+def nested_keys(d: dict, prefix: str = "") -> list[str]:
+    """Every key of a nested mapping as a dotted path (``a``, ``a.b``, ...): the keys a generated
+    YAML config sets, to check against an engine's table of the keys it defines."""
+    out = []
+    for k, v in d.items():
+        out.append(prefix + k)
+        if isinstance(v, dict):
+            out += nested_keys(v, prefix + k + ".")
+    return out

@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from helpers import nested_keys
 from kvtune.costmodel import get_gpu, get_model
 from kvtune.costmodel.files import profiles_path
 from kvtune.costmodel.memory import weight_bytes
@@ -33,15 +34,6 @@ def _flags_of(argv: list[str]) -> list[str]:
     return [a for a in argv if a.startswith("-") and not a.lstrip("-").isdigit()]
 
 
-def _yaml_keys(d: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k, v in d.items():
-        out.append(prefix + k)
-        if isinstance(v, dict):
-            out += _yaml_keys(v, prefix + k + ".")
-    return out
-
-
 # ---- every flag or key is one the targeted version defines ------------------------------------
 
 PICKS = [dict(CFG, tp=tp, kv_dtype=kv, spec_k=k) for tp, kv, k in itertools.product((1, 2), ("bf16", "fp8"), (0, 3))]
@@ -63,7 +55,7 @@ def test_every_emitted_flag_and_key_is_in_the_version_table(weights, prefix_cach
             seen[e] |= set(flags)
         if "trtllm" not in r["unsupported"]:
             assert set(_flags_of(argv_of(r["trtllm"]["command"]))) <= set(FLAGS["trtllm"])
-            keys = _yaml_keys(yaml.safe_load(r["trtllm"]["config_yaml"]))
+            keys = nested_keys(yaml.safe_load(r["trtllm"]["config_yaml"]))
             assert set(keys) <= set(TRTLLM_KEYS), set(keys) - set(TRTLLM_KEYS)
     assert seen["vllm"] and seen["sglang"] and (seen["llamacpp"] or weights == "fp8")   # commands were made
 

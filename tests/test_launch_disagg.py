@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from helpers import nested_keys
 from kvtune.costmodel import get_gpu, get_model
 from kvtune.optimizer.launch import (ENGINE_VERSIONS, FLAGS, ROUTER_VERSIONS, TRTLLM_DISAGG_KEYS, TRTLLM_KEYS, argv_of,
                               build_pick, disaggregated_launch)
@@ -38,15 +39,6 @@ def _flag_all(argv, name):
     return [argv[i + 1] for i, a in enumerate(argv) if a == name]
 
 
-def _keys(d, prefix=""):
-    out = []
-    for k, v in d.items():
-        out.append(prefix + k)
-        if isinstance(v, dict):
-            out += _keys(v, prefix + k + ".")
-    return out
-
-
 PRE, DEC = _pick(L70, 4, 8, 2048, 2), _pick(L70, 2, 256, 8192, 3, kv="fp8")
 
 
@@ -65,8 +57,8 @@ def test_every_flag_and_key_is_in_the_version_tables(pools):
     for argv in _blocks(r["trtllm"]["command"]):
         assert set(_flags(argv)) <= set(FLAGS["trtllm"])
     for key in ("ctx_config_yaml", "gen_config_yaml"):
-        assert set(_keys(yaml.safe_load(r["trtllm"][key]))) <= set(TRTLLM_KEYS)
-    assert set(_keys(yaml.safe_load(r["trtllm"]["disagg_config_yaml"]))) <= set(TRTLLM_DISAGG_KEYS)
+        assert set(nested_keys(yaml.safe_load(r["trtllm"][key]))) <= set(TRTLLM_KEYS)
+    assert set(nested_keys(yaml.safe_load(r["trtllm"]["disagg_config_yaml"]))) <= set(TRTLLM_DISAGG_KEYS)
     for name in ("vllm-router", "sglang-router"):
         assert r["versions"][name]["version"] == ROUTER_VERSIONS[name].version
 
