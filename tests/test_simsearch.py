@@ -56,16 +56,24 @@ def test_bars_hand_cases():
     p = {"tp": 1, "batch_cap": 16, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 1024}
     # nothing yet: the rate on the most replicas one node holds
     assert bar_req_s(ctx, p, None)[:2] == (30 / 8, 8)
-    best = Verification(dict(p, tp=2, kv_dtype="fp8"), 0.0, 0, True, gpus=4, usd_per_hour=8.0)
+    best = Verification(dict(p, tp=2, kv_dtype="fp8"), 16.0, 0, True, replicas=2, gpus=4, usd_per_hour=8.0,
+                        goodput_req_s=32.0)
     # TP1 bf16 against 4 GPUs of fp8: on 4 GPUs (bf16 wins a tie), 7.5 req/s each
     assert bar_req_s(ctx, p, best)[:2] == (30 / 4, 4)
-    # TP1 fp8 must be cheaper: 3 replicas
-    assert bar_req_s(ctx, dict(p, kv_dtype="fp8"), best)[:2] == (10.0, 3)
-    # TP2 on fewer than 4 GPUs: one replica
-    assert bar_req_s(ctx, dict(p, tp=2, kv_dtype="fp8"), best)[:2] == (30.0, 1)
-    assert bar_req_s(ctx, dict(p, tp=4), Verification(p, 0.0, 0, True, gpus=4, usd_per_hour=8.0))[0] is None
+    # TP1 fp8 (the same KV class): on 4 GPUs with more goodput (32 req/s by the bisection tolerance), or
+    # cheaper on 3 (10 req/s each): the lower bar
+    assert bar_req_s(ctx, dict(p, kv_dtype="fp8"), best)[:2] == (pytest.approx(32 * (1 + REL_TOL) / 4), 4)
+    # TP2 fp8: one replica cheaper (30 req/s) or two with more goodput (16.08 each)
+    assert bar_req_s(ctx, dict(p, tp=2, kv_dtype="fp8"), best)[:2] == (pytest.approx(32 * (1 + REL_TOL) / 2), 2)
+    # TP4: no fewer GPUs; as many (one replica) with more goodput
+    assert bar_req_s(ctx, dict(p, tp=4, kv_dtype="fp8"), best)[:2] == (pytest.approx(32 * (1 + REL_TOL)), 1)
+    # fp8 against a bf16 best on as many GPUs never wins (bf16 first at equal cost): only cheaper
+    bf = Verification(p, 8.0, 0, True, replicas=4, gpus=4, usd_per_hour=8.0, goodput_req_s=32.0)
+    assert bar_req_s(ctx, dict(p, kv_dtype="fp8"), bf)[:2] == (10.0, 3)
+    assert bar_req_s(ctx, dict(p, tp=4, kv_dtype="fp8"), bf)[0] is None
+    assert bar_req_s(ctx, dict(p, tp=8), bf)[0] is None
     gctx = SolveContext.build(tiny_spec("max_goodput"))
-    v = Verification(dict(p, tp=2), 10.0, 0, True)
+    v = Verification(dict(p, tp=2), 10.0, 0, True, replicas=4)
     assert bar_req_s(gctx, p, v)[0] == pytest.approx(5.0 * (1 + REL_TOL))
 
 

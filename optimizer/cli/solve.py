@@ -96,10 +96,8 @@ def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str,
     spec = load_workload(workload)
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     solve_one: Callable[..., SolveResult] = solve_aggregated
-    if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
-        from kvtune.optimizer.gpu_choice import solve_gpu_choice
-        solve_one = solve_gpu_choice
-    # aggregated and/or disaggregated deployments (search.deployment; optimizer.deployment_choice)
+    # every GPU type hardware.gpu lists x aggregated and/or disaggregated deployments (search.deployment):
+    # one space, the best under the objective wins (optimizer.deployment_choice, optimizer.gpu_choice)
     from kvtune.optimizer.deployment_choice import solve_deployments
     with _workers(n_workers, storage, workload, sys.argv) as shared:
         result = solve_deployments(spec, solve_one, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
@@ -191,6 +189,8 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
     lines.append(f"  TTFT p50/p90/p99 {p.ttft_ms['p50']:.0f}/{p.ttft_ms['p90']:.0f}/{p.ttft_ms['p99']:.0f} ms   "
                  f"TPOT p50/p90/p99 {p.tpot_ms['p50']:.1f}/{p.tpot_ms['p90']:.1f}/{p.tpot_ms['p99']:.1f} ms   "
                  f"{p.tok_s_per_user:.0f} tok/s per user  {p.output_tok_s:,.0f} output tok/s")
+    from kvtune.optimizer.check import check_lines
+    lines += check_lines(r)
     if b.step is not None:
         st = b.step
         lines.append(f"  bottleneck: {b.term} (batch limited by {b.batch_limit} at {b.operating_batch}; "
