@@ -7,7 +7,8 @@ the screen only prunes):
 1. screen: every (TP_p, TP_d, x, y, prefill chunk budget, prefill batch cap, decode batch cap)
    within ``max_gpus`` gets its capacity bound (``costmodel.deployment.disaggregated_bound_req_s``:
    the prefill pool's full-chunk rate and the decode pool's KV/batch bound) and the score it would
-   get with that goodput (goodput per GPU; for ``kvtune solve``, $/h at the target rate). The bound
+   get with that goodput (goodput per GPU; for ``kvtune solve``, $/h at the target rate); the
+   prefill pool computes only the prompt tokens the prefix cache does not hold. The bound
    is an upper bound on goodput, so a candidate whose best possible score is worse than a score
    already simulated cannot win and is pruned; the rest go best possible score first;
 2. short simulations: goodput bisection with few requests and a loose tolerance for the
@@ -35,7 +36,8 @@ from kvtune.costmodel.goodput import goodput
 from kvtune.costmodel.simulate import SimConfig
 from kvtune.costmodel.step import StepCost
 
-__all__ = ["PoolChoice", "DisaggCandidate", "DisaggSearch", "search_disaggregated", "margin", "DEFAULT_ENGINE"]
+__all__ = ["PoolChoice", "DisaggCandidate", "DisaggSearch", "search_disaggregated", "margin", "DEFAULT_ENGINE",
+           "uncached_prompt_tokens"]
 
 DEFAULT_ENGINE = "vllm"     # the engine whose disaggregation rules apply when the workload names none
 PREFILL_CHUNKS = (2048, 8192)
@@ -148,6 +150,7 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
             steps[tp] = s
     probe = make_requests(1.0, 200, seed)
     mean_in, mean_out = float(probe.input_tokens.mean()), float(probe.output_tokens.mean())
+    mean_todo = uncached_prompt_tokens(probe)
 
     # ---- 1. screen: the capacity bound of every candidate ---------------------------------------
     cands = []
@@ -164,7 +167,7 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
                             for dcap in decode_caps:
                                 pp = Pool(sp, sim_config(pcap, chunk), x)
                                 dp = Pool(sd, sim_config(dcap, DECODE_CHUNK), y)
-                                ub = disaggregated_bound_req_s(pp, dp, mean_in, mean_out)
+                                ub = disaggregated_bound_req_s(pp, dp, mean_in, mean_out, mean_todo)
                                 pc, dc = PoolChoice(tpp, x, pcap, chunk), PoolChoice(tpd, y, dcap, DECODE_CHUNK)
                                 # the best score this candidate could reach: its bound as its goodput
                                 lb = score(DisaggCandidate(pc, dc, link, ub, ub))
@@ -223,6 +226,15 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
     ranked = tuple(finals + rest)
     best = finals[0] if finals and finals[0].goodput_req_s > 0 and math.isfinite(score(finals[0])[0]) else None
     return DisaggSearch(best, ranked, screened, pruned, sims, time.perf_counter() - wall0, eng)
+
+
+def uncached_prompt_tokens(req) -> float:
+    """Mean prompt tokens a prefill pool computes once the prefix cache is warm: a request of a
+    prefix group reads its shared prefix from the cache (steady state: the first request of each
+    group per replica is left out, so the bound stays an upper bound)."""
+    import numpy as np
+    shared = np.where(req.prefix_group >= 0, req.prefix_tokens, 0)
+    return float(np.maximum(req.input_tokens - shared, 0).mean())
 
 
 def margin(a_per_gpu: float, b_per_gpu: float) -> float:

@@ -1,11 +1,13 @@
 """The GPU type as a choice: ``hardware.gpu`` lists several types, each with its price.
 
-An outer loop over the types: each is solved on its own (``optimizer.recommend.solve``, same
-trials, seeds and request sample, its own shipped calibration unless the workload names one), and
-the answer is the best type's result with every type's best config beside it:
+Each type is solved on its own, every deployment kind on it (``optimizer.deployment_choice``
+passes ``solve_deployments`` for one type as ``solve_one``; same trials, seeds and request
+sample, its own shipped calibration unless the workload names one), so a list is never dearer
+than any of its members alone; the answer is the best type's result under the objective's order
+(``optimizer.deployment_choice.result_rank``), with every type's best beside it:
 
-    min_cost      the lowest $/h that meets the SLOs at the target rate (ties: more goodput)
-    max_goodput   the most goodput per $ within hardware.max_nodes
+    min_cost      the lowest $/h that meets the SLOs at the target rate (ties: bf16 KV, then more goodput)
+    max_goodput   the most goodput per $ within hardware.max_nodes (ties: the lowest $/h)
 
 ``gpu_choice`` lists each type: its $/GPU-hour, status, $/h, goodput, GPUs and config, and why it
 lost (how much dearer, or why no config met the SLOs).
@@ -25,9 +27,8 @@ _CONFIG_KEYS = ("tp", "pp", "ep", "dp_attention", "batch_cap", "kv_dtype", "spec
 
 
 def _score(spec: WorkloadSpec, r: SolveResult) -> tuple:
-    if r.status != "ok" or r.cost is None or r.predicted is None:
-        return (1, 0.0)
-    return (0, *spec.objective_key(r.cost.usd_per_hour, r.predicted.goodput_req_s))
+    from .deployment_choice import result_rank
+    return result_rank(spec, r)
 
 
 def _row(gpu: str, usd: float, r: SolveResult, why: str) -> GpuChoiceRow:
