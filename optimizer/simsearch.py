@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import numpy as np
@@ -50,7 +50,8 @@ from kvtune.costmodel.goodput import capacity_bound_req_s
 from .layouts import gpus_per_replica
 from .objective import objective_rank, prefers_bf16
 from .search import Evaluation, SolveContext, config_key, evaluate, grid_space
-from .verify import REL_TOL, Verification, config_requests, robust_config, sim_config, sim_requests, verify_config
+from .verify import (REL_TOL, Verification, config_requests, draw_attainment, robust, robust_config, sim_config,
+                     sim_requests, verify_config)
 
 __all__ = ["Probe", "Outcome", "Race", "race", "candidates", "bar_req_s", "rank", "LocalRunner",
            "upper_attainment", "binomial_interval", "ZERO_LOAD_SHARE", "SEEDS", "BATCH", "CAPACITY_SLACK",
@@ -154,13 +155,15 @@ class Race:
 class Work:
     """One simulation job: ``probe`` (one simulation at ``rate_req_s`` with ``n_requests``),
     ``verify`` (``optimizer.verify.verify_config``: a config verifies the same whichever stage asks)
-    or ``robust`` (``optimizer.verify.robust_config`` from the nominal goodput ``rate_req_s`` on
-    ``n_requests`` requests per simulation)."""
+    ``robust`` (``optimizer.verify.robust_config`` from the nominal goodput ``rate_req_s`` on
+    ``n_requests`` requests per simulation) or ``draw`` (one fresh draw, ``seed``, of ``n_requests``
+    at ``rate_req_s``: its attainment, ``optimizer.verify.draw_attainment``)."""
 
     kind: str
     params: tuple
     rate_req_s: float = 0.0
     n_requests: int = 0
+    seed: int = 0        # ``draw``: the fresh draw's seed
 
     @property
     def key(self) -> str:
@@ -169,6 +172,8 @@ class Work:
             return "verify:" + config_key(p)
         if self.kind == "robust":
             return f"robust:{config_key(p)}@{self.rate_req_s!r}x{self.n_requests}"
+        if self.kind == "draw":
+            return f"draw:{config_key(p)}@{self.rate_req_s!r}x{self.n_requests}s{self.seed}"
         return f"probe:{config_key(p)}@{self.rate_req_s:.9g}x{self.n_requests}"
 
     def to_json(self) -> dict:
@@ -186,6 +191,8 @@ def execute(ctx: SolveContext, w: Work) -> dict:
         return verify_config(ctx, p).to_json()
     if w.kind == "robust":
         return robust_config(ctx, p, w.rate_req_s, w.n_requests).to_json()
+    if w.kind == "draw":
+        return {"attainment": draw_attainment(ctx, p, w.rate_req_s, w.n_requests, w.seed)}
     from kvtune.costmodel.simulate import simulate
     sm = _step(ctx, p)
     seed = ctx.workload_seed
@@ -523,10 +530,13 @@ class _State:
         return res
 
     def robust(self, v: Verification) -> Verification:
-        """``v`` (nominal) made robust to the request draw; its simulations add to the nominal ones."""
-        w = Work("robust", _freeze(v.params), v.per_replica_goodput_req_s, int(v.sim_requests or 0))
-        r = Verification.from_json(self._run([w])[0])
-        r = replace(r, simulations=r.simulations + v.simulations)
+        """``v`` (nominal) made robust to the request draw (``optimizer.verify.robust``), its draws run
+        as work items (several at a time); its simulations add to the nominal ones."""
+        p, n = _freeze(v.params), int(v.sim_requests or 0)
+
+        def many(pairs: list[tuple[int, float]]) -> list[float]:
+            return [d["attainment"] for d in self._run([Work("draw", p, rate, n, s) for s, rate in pairs])]
+        r = robust(self.ctx, v, many)
         self._record(v.params, r, r.simulations - v.simulations)
         return r
 

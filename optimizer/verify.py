@@ -33,7 +33,7 @@ from .layouts import gpus_per_replica
 from .search import SolveContext
 
 __all__ = ["Verification", "Draws", "verify", "verify_config", "robust", "sim_requests", "config_requests",
-           "sim_config", "simulate_at", "draw_seeds", "robust_config", "DrawSet", "MAX_SIM_REQUESTS", "REL_TOL", "DRAWS"]
+           "sim_config", "simulate_at", "draw_seeds", "robust_config", "DrawSet", "draw_attainment", "MAX_SIM_REQUESTS", "REL_TOL", "DRAWS"]
 
 MAX_SIM_REQUESTS = 6000  # cap on requests per simulated rate (simulation time)
 REL_TOL = 0.005        # goodput bisection tolerance: two configs compared at 1% need a finer step
@@ -216,7 +216,8 @@ def _sized(ctx: SolveContext, params: dict, per_replica: float, simulations: int
         fleet = per_replica * r if not math.isfinite(ctx.rate_req_s) else min(ctx.rate_req_s, per_replica * r)
     feasible = nodes <= h.max_nodes
     reason = "" if feasible else (f"{_label(params)} serves {per_replica:.3g} req/s per replica (simulated): "
-                                  f"{nodes} nodes, max_nodes is {h.max_nodes}")
+                                  f"{r} x {gpus_per_replica(params)} GPUs = {gpus} GPUs on {nodes} nodes, "
+                                  f"max_nodes is {h.max_nodes}")
     return Verification(
         params=dict(params), per_replica_goodput_req_s=per_replica, simulations=simulations, feasible=feasible,
         reason=reason, replicas=r, gpus=gpus, nodes=nodes, usd_per_hour=gpus * h.usd_per_gpu_hour,
@@ -249,12 +250,23 @@ def simulate_at(ctx: SolveContext, params: dict, fleet_rate_req_s: float, replic
 
 class DrawSet:
     """SLO attainment of one deployment on fresh draws, per (seed, per-replica rate), each simulated
-    once: ``attain(seed, rate)`` runs one draw (``n`` requests of that seed at that rate)."""
+    once: ``attain(seed, rate)`` runs one draw (``n`` requests of that seed at that rate);
+    ``attain_many(pairs)``, when given, runs a batch of them (on several processes: the race's
+    runner) and ``prefetch`` uses it where the next steps need several draws at once."""
 
-    def __init__(self, attain: Callable[[int, float], float], target: float):
-        self._attain, self.a = attain, target
+    def __init__(self, attain: Callable[[int, float], float], target: float,
+                 attain_many: Callable[[list[tuple[int, float]]], list[float]] | None = None):
+        self._attain, self.a, self._many = attain, target, attain_many
         self.seen: dict[tuple[int, float], float] = {}
         self.sims = 0
+
+    def prefetch(self, pairs: list[tuple[int, float]]) -> None:
+        todo = list(dict.fromkeys(k for k in pairs if k not in self.seen))
+        if self._many is None or len(todo) < 2:
+            return
+        for k, a in zip(todo, self._many(todo)):
+            self.seen[k] = float(a)
+        self.sims += len(todo)
 
     def attainment(self, seed: int, rate: float) -> float:
         key = (seed, rate)
@@ -289,10 +301,13 @@ class DrawSet:
         and the others are tried again at it, until all meet. Attainment falls with the rate on each
         draw, so a draw that met at a higher rate meets at a lower one and is not simulated again."""
         r = start_req_s
+        self.prefetch([(s, r) for s in seeds])
         fails = [s for s in seeds if not self.meets(s, r)]
         while fails and r > 0:
             worst = min(fails, key=lambda s: (self.attainment(s, r), s))
             r = self.goodput_below(worst, r)
+            if r > 0:
+                self.prefetch([(s, r) for s in fails if s != worst])
             fails = [s for s in fails if s != worst and r > 0 and not self.meets(s, r)]
         return r
 
@@ -302,6 +317,7 @@ class DrawSet:
         per-replica load (``load_for``) every draw meets the target; None: none within the budget."""
         r = replicas
         while r <= max_replicas:
+            self.prefetch([(s, load_for(r)) for s in seeds])
             if all(self.meets(s, load_for(r)) for s in seeds):
                 return r
             r += 1
@@ -316,12 +332,22 @@ class DrawSet:
         g = self.least_goodput(seeds, start_req_s)
         load = load_for(g) if g > 0 else 0.0
         for _ in range(len(seeds) + 1):
+            if g > 0:
+                self.prefetch([(s, load) for s in seeds])
             late = [s for s in seeds if g > 0 and not self.meets(s, load)]
             if not late:
                 break
             g = min(g, min(self.goodput_below(s, load) for s in late))
             load = load_for(g) if g > 0 else 0.0
         return g, load
+
+
+def draw_attainment(ctx: SolveContext, params: dict, rate_req_s: float, n: int, seed: int) -> float:
+    """SLO attainment of one replica of ``params`` on draw ``seed`` (``n`` requests at ``rate_req_s``)."""
+    from kvtune.costmodel.simulate import simulate
+    res = simulate(ctx.fitting_step(params), ctx.spec.requests(n, seed, rate_req_s=rate_req_s),
+                   sim_config(ctx, params), "trace", seed=seed)
+    return float(res.slo_attainment)
 
 
 def robust_config(ctx: SolveContext, params: dict, nominal_req_s: float, n: int) -> Verification:
@@ -331,20 +357,20 @@ def robust_config(ctx: SolveContext, params: dict, nominal_req_s: float, n: int)
     return robust(ctx, _sized(ctx, params, nominal_req_s, 0, n, nominal=nominal_req_s))
 
 
-def robust(ctx: SolveContext, v: Verification) -> Verification:
+def robust(ctx: SolveContext, v: Verification,
+           attain_many: Callable[[list[tuple[int, float]]], list[float]] | None = None) -> Verification:
     """A nominal verification made robust to the request draw (module docstring): every fresh draw
     meets the target at the deployment's per-replica load (min_cost: replicas added until they do;
     max_goodput: the goodput the least over the draws). Its latency percentiles and attainment are
-    the first fresh draw's at that load, which ``simulate_at`` (and so ``kvtune simulate``) reproduces."""
+    the first fresh draw's at that load, which ``simulate_at`` (and so ``kvtune simulate``) reproduces.
+    ``attain_many(pairs)``: the attainment of each (seed, per-replica rate) draw of this config, run
+    as a batch (the race's runner; ``draw_attainment`` is one of them); the result does not depend on it."""
     if v.replicas is None or v.robust or not v.per_replica_goodput_req_s > 0:
         return v
-    from kvtune.costmodel.simulate import simulate
     p, n = v.params, int(v.sim_requests or config_requests(ctx, v.params))
     nominal = v.nominal_per_replica_goodput_req_s or v.per_replica_goodput_req_s
-    sm, cfg, make = ctx.fitting_step(p), sim_config(ctx, p), _maker(ctx)
     seeds = draw_seeds(ctx)
-    d = DrawSet(lambda s, rate: simulate(sm, make(rate, n, s), cfg, "trace", seed=s).slo_attainment,
-                ctx.spec.slo.attainment)
+    d = DrawSet(lambda s, rate: draw_attainment(ctx, p, rate, n, s), ctx.spec.slo.attainment, attain_many)
     least: float | None = None
     if ctx.spec.objective == "min_cost":
         most = max(v.replicas, ctx.max_gpus // gpus_per_replica(p))
