@@ -153,3 +153,10 @@ def test_requests_that_never_fit_the_pool_rule_a_config_out_with_the_reason():
     if ok:
         pick = min(ok, key=lambda v: rank(ctx, v))
         assert config_key(pick.params) not in {config_key(o.config) for o in never}
+
+
+def at_capacity_spec(objective="max_goodput"):
+    """tiny_spec asked for far more than one node serves: max_goodput's load is then its goodput."""
+    return tiny_spec(objective, workload={"rate_req_s": 1000, "classes": [
+        {"name": "c", "share": 1.0, "input_tokens": 3000,
+         "output_tokens": {"dist": "lognormal", "mean": 200, "sigma": 0.5, "max": 800}}]})
