@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtune.costmodel import get_gpu, get_model
-from kvtune.costmodel.files import FLOAT_MAX, parse_yaml, path_kind, printable, profiles_path, read_text, reading
+from kvtune.costmodel.files import FLOAT_MAX, MAX_YAML_BYTES, parse_yaml, path_kind, printable, profiles_path, read_text, reading
 from kvtune.costmodel.calibration import ENGINES, efficiency_for
 from kvtune.costmodel.draft import DraftFootprint, draft_footprint
 from kvtune.costmodel.dtypes import KNOWN as _DTYPE_NAMES
@@ -719,7 +719,7 @@ def load_workload(path: str | Path) -> WorkloadSpec:
 
 
 def _load_workload(path: str | Path) -> WorkloadSpec:
-    data = parse_yaml(read_text(path, "workload file"), str(path))
+    data = parse_yaml(read_text(path, "workload file", MAX_YAML_BYTES), str(path))
     if data is None:
         raise InputError(f"{path}: empty workload file")
     return load_workload_dict(data, str(path))
