@@ -324,6 +324,10 @@ class _Reader:
         return p if p.is_absolute() else self.base / p
 
     def wrap(self, key: str, value, exc: KvtuneError) -> KvtuneError:
+        """``exc`` (from a reader of another file or a catalog) prefixed with this file, key and value,
+        unless it already names this file (raised by this reader: wrapping it again would repeat it)."""
+        if str(exc).startswith(f"{self.path}:"):
+            return exc
         return type(exc)(f"{self.path}: {key} = {_show(value)}: {exc}")
 
 
@@ -476,11 +480,16 @@ def _gpu_choices(r: _Reader, h: dict, weights: str) -> tuple[tuple[str, float], 
     if not isinstance(usd, dict):
         price = r.num(usd, "hardware.usd_per_gpu_hour", 0, MAX_USD_PER_GPU_HOUR, lo_open=True)
         return tuple((n, price) for n in names)
-    prices = {}
+    prices: dict[str, float] = {}
+    keys: dict[str, str] = {}  # GPU -> the key that priced it (an alias names the same GPU)
     for k, v in usd.items():
         try:
-            prices[get_gpu(str(k)).name] = r.num(v, f"hardware.usd_per_gpu_hour.{k}", 0, MAX_USD_PER_GPU_HOUR,
-                                                 lo_open=True)
+            gname = get_gpu(str(k)).name
+            if gname in keys:
+                raise r.bad_key(f"hardware.usd_per_gpu_hour.{k}", f"names {gname}, already priced by "
+                                f"hardware.usd_per_gpu_hour.{keys[gname]}; give one price per GPU")
+            keys[gname] = str(k)
+            prices[gname] = r.num(v, f"hardware.usd_per_gpu_hour.{k}", 0, MAX_USD_PER_GPU_HOUR, lo_open=True)
         except InputError as exc:
             if str(exc).startswith(f"{r.path}:"):
                 raise
@@ -535,6 +544,9 @@ def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
 
 def _speculative(r: _Reader, v) -> SpeculativeSpec:
     s = r.mapping(v, "speculative", ("method", "acceptance", "draft_cost", "draft_model"), required=("acceptance",))
+    if s.get("method") == "ngram" and s.get("draft_model") is not None:  # prompt lookup: no drafter to load
+        raise r.bad("speculative.draft_model", s["draft_model"], "ngram drafts from the prompt's own n-grams and "
+                                                                 "takes no draft model; remove draft_model")
     return SpeculativeSpec(
         method=r.str_(s.get("method", SPEC_METHOD), "speculative.method"),
         acceptance=r.num(s["acceptance"], "speculative.acceptance", 0, 1, lo_open=True),

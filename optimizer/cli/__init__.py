@@ -1,49 +1,78 @@
 """The ``kvtune`` command line. One group, one context; subcommands live in sibling modules.
 
 Expected failures (``KvtuneError``) print one ``Error:`` line and exit with their code (2 for bad
-input, 3 for an infeasible request); ``--debug`` shows the traceback instead.
+input, 3 for an infeasible request); ``--debug`` shows the traceback instead. Every such line goes
+through ``costmodel.errors.one_line`` (escaped, long values clipped). Output that cannot be written
+(stdout to a full device, a closed pipe) is one line too, not a traceback: a full device says so
+and exits 1; a reader that went away (``kvtune ... | head``) ends the command quietly.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import sys
 
 import click
 
 from kvtune import __version__
-from kvtune.costmodel.errors import KvtuneError
+from kvtune.costmodel.errors import KvtuneError, one_line
+
+# the machine cannot take the output: a full or failing device, a quota, a file too large
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo("Error: " + one_line(message), err=True)
+    sys.exit(code)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # no real stdout (a test runner's buffer): nothing will be flushed at exit
 
 
 class KvtuneGroup(click.Group):
     def main(self, *args, **kwargs):
         debug = "--debug" in sys.argv
         try:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+            sys.stdout.flush()  # a full device shows here, while the error can still be one line
+            return rv
         except KvtuneError as exc:
             if debug:
                 raise
-            # one line, whatever a message quotes from the input (a key or value with a line break)
-            click.echo("Error: " + str(exc).replace("\r", "\\r").replace("\n", "\\n"), err=True)
-            sys.exit(exc.exit_code)
+            _fail(str(exc), exc.exit_code)
         except OSError as exc:
-            # A path no file system can hold (a name over 255 bytes) is the user's input, not a bug;
-            # any other OSError is a fault of the machine or of kvtune and keeps its traceback.
-            if exc.errno != errno.ENAMETOOLONG or debug:
+            if debug:
                 raise
-            click.echo(f"Error: {exc.filename}: {exc.strerror}", err=True)
-            sys.exit(2)
+            if exc.errno == errno.EPIPE:  # the reader of stdout went away: nothing more to say
+                _silence_stdout()
+                sys.exit(1)
+            # A path no file system can hold (a name over 255 bytes) is the user's input; a device
+            # that cannot take the output is the machine's state. Any other OSError is a fault of
+            # kvtune and keeps its traceback.
+            if exc.errno == errno.ENAMETOOLONG:
+                _fail(f"{exc.filename}: {exc.strerror}", 2)
+            if exc.errno in _OUTPUT_ERRNOS:
+                where = exc.filename if exc.filename is not None else "stdout"
+                if exc.filename is None:
+                    _silence_stdout()
+                _fail(f"{where}: cannot write the output ({exc.strerror})", 1)
+            raise
         except click.exceptions.Abort:
             click.echo("Aborted.", err=True)
             sys.exit(130)
         except click.UsageError as exc:
             # one line, like every other input error; --help shows the usage
             where = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
-            click.echo(f"Error: {where}{exc.format_message()}", err=True)
-            sys.exit(2)
+            _fail(f"{where}{exc.format_message()}", 2)
         except click.ClickException as exc:
-            click.echo(f"Error: {exc.format_message()}", err=True)
-            sys.exit(exc.exit_code)
+            _fail(exc.format_message(), exc.exit_code)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
 

@@ -8,7 +8,7 @@ import math
 import click
 
 from kvtune.costmodel.errors import InputError
-from kvtune.optimizer.output import check_output_path, write_atomic  # noqa: F401 (the commands import them from here)
+from kvtune.optimizer.output import check_output_folder, check_output_path, output_folder, write_atomic  # noqa: F401 (the commands import them from here)
 from kvtune.optimizer.workload import MAX_SEED  # noqa: F401 (the seed bound of --seed flags)
 
 
