@@ -28,11 +28,13 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from .files import MAX_TABLE_BYTES, load_yaml, path_kind, read_text, reading
 from .errors import InputError
 
-__all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS", "check_value", "contradictions"]
+__all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS", "check_value", "contradictions", "row_content",
+           "first_repeat"]
 
 METADATA_COLUMNS = ("gpu", "engine", "engine_version", "model", "weight_dtype", "kv_dtype", "tp", "date", "source")
 STEP_COLUMNS = ("phase", "batch", "context_tokens", "chunk_tokens", "spec_k", "step_ms")
@@ -223,28 +225,43 @@ def _read_rows(p: Path, text: str, meta: dict) -> list[ProfileRow]:
         for key in need:
             if key not in vals:
                 raise InputError(f"{p}: line {i}: missing value for column {key}")
-        _check_unique(p, i, vals, ids, contents)
         pool = vals.get("kv_pool_tokens")
         if kind == "request" and pool is not None and pool < vals["input_tokens"] + vals["output_tokens"]:
             raise InputError(f"{p}: line {i}: column kv_pool_tokens = {pool:,} cannot hold one request of this row "
                              f"({vals['input_tokens']:,} input + {vals['output_tokens']:,} output tokens); the engine "
                              f"could not have served it (the pool is the engine's KV cache in tokens)")
-        rows.append(ProfileRow(**vals))
+        row = ProfileRow(**vals)
+        _check_unique(p, i, row, ids, contents)
+        rows.append(row)
     if not rows:
         raise InputError(f"{p}: no rows")
     return rows
 
 
-def _check_unique(p: Path, line: int, vals: dict, ids: dict[str, int], contents: dict[tuple, int]) -> None:
+def row_content(row: ProfileRow) -> tuple:
+    """Every field of a row but its id: two rows with equal content are one measurement twice."""
+    return tuple(getattr(row, c) for c in COLUMNS if c != "id")
+
+
+def first_repeat(rows: Sequence[ProfileRow]) -> tuple[ProfileRow, ProfileRow] | None:
+    """The first row whose content repeats an earlier row's, with that earlier row (None: none)."""
+    seen: dict[tuple, ProfileRow] = {}
+    for r in rows:
+        earlier = seen.setdefault(row_content(r), r)
+        if earlier is not r:
+            return r, earlier
+    return None
+
+
+def _check_unique(p: Path, line: int, row: ProfileRow, ids: dict[str, int], contents: dict[tuple, int]) -> None:
     """A row's id names one row (validate and calibrate report by id), and a row is not a copy of
     another (every cell but the id equal): a fit would count the copy's measurement twice."""
-    rid = str(vals["id"])
-    if rid in ids:
-        raise InputError(f"{p}: line {line}: id {rid!r} already names the row on line {ids[rid]}")
-    ids[rid] = line
-    key = tuple(sorted((k, v) for k, v in vals.items() if k != "id"))
+    if row.id in ids:
+        raise InputError(f"{p}: line {line}: id {row.id!r} already names the row on line {ids[row.id]}")
+    ids[row.id] = line
+    key = row_content(row)
     if key in contents:
-        raise InputError(f"{p}: line {line}: row {rid!r} repeats line {contents[key]} in every column but id "
+        raise InputError(f"{p}: line {line}: row {row.id!r} repeats line {contents[key]} in every column but id "
                          f"(a fit would count the same measurement twice); remove one")
     contents[key] = line
 

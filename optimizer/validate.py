@@ -19,7 +19,7 @@ import numpy as np
 from kvtune.costmodel.calibration import ENGINES, efficiency_for
 from kvtune.costmodel.closed_loop import STAGGERED_ENGINES, canonical_engine
 from kvtune.costmodel.efficiency import IDEAL, Efficiency
-from kvtune.costmodel.errors import InputError, ProfileDataMissing
+from kvtune.costmodel.errors import DoesNotFit, InputError, ProfileDataMissing
 from kvtune.costmodel.fit import METRICS, PointFit, RowPredictor, evaluate, measured_metrics
 from kvtune.costmodel.hardware import GPU, get_gpu
 from kvtune.costmodel.models import get_model
@@ -96,7 +96,10 @@ def predictable(row: ProfileRow) -> str | None:
 def _refuse_unpredictable(row: ProfileRow, pred: RowPredictor) -> None:
     """A row no prediction can be held against is refused before anything is simulated: a request
     longer than the model's context, more requests than a row may simulate."""
-    pred.simulated_requests(row)
+    try:
+        pred.simulated_requests(row)
+    except InputError as exc:
+        raise InputError(f"validate: {exc}") from None
     arch = get_model(row.model)
     limit = arch.max_context_tokens
     if not limit:
@@ -163,8 +166,16 @@ def validate_rows(rows: Sequence[ProfileRow], gpu_override: GPU | None = None, c
                                  f"hardware file with --gpu FILE (see profiles/hardware-cpu-example.yaml)") from None
         eff = _efficiency(gpu, e or (engine or ""), calibration, mode)
         pred = RowPredictor(gpu, stagger=STAGGERED_ENGINES)
+        models: set[tuple] = set()
         for r in grows:
             _refuse_unpredictable(r, pred)
+            key = (r.model, r.tp, r.weight_dtype, r.kv_dtype)
+            if key not in models:  # weights that do not fit: the error names the row
+                models.add(key)
+                try:
+                    pred.step_model(r, eff)
+                except DoesNotFit as exc:
+                    raise DoesNotFit(f"validate: row {r.id}: {exc}") from None
         pts = tuple(evaluate(grows, eff, pred))
         _refuse_non_finite(pts)
         out.append(ValidationGroup(gpu.name, e or "any", eff.source, pts))

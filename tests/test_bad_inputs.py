@@ -765,16 +765,18 @@ def _flag_cases() -> None:
          {"w.yaml": wl_text()}, ("--json", "nofolder"))
     case("unknown-command", k, ["tune"], {}, ("tune",))
     # names no file system holds (over 255 bytes; found by bench/fuzz_readers.py as a workload's model)
+    # (a message clips a value this long to its start and end, with its length between)
     long = "1" * 400
-    case("estimate-model-name-too-long", k, ["estimate", "--model", long], {}, (long,))
-    case("estimate-profile-name-too-long", k, ["estimate", "--model", "llama-3.1-8b", "--profile", long], {}, (long,))
+    clipped = (long[:16], " characters)", long[-16:])
+    case("estimate-model-name-too-long", k, ["estimate", "--model", long], {}, clipped)
+    case("estimate-profile-name-too-long", k, ["estimate", "--model", "llama-3.1-8b", "--profile", long], {}, clipped)
     case("calibrate-gpu-name-too-long", k, ["calibrate", "{d}/t.csv", "--gpu", long, "-o", "{d}/out/c.yaml"],
-         {"t.csv": STEP_TABLE}, (long,), outputs=("out/c.yaml",))
+         {"t.csv": STEP_TABLE}, clipped, outputs=("out/c.yaml",))
     case("solve-json-name-too-long", k, ["solve", "{d}/w.yaml", "--json", "{d}/out/" + long + ".json"],
          {"w.yaml": wl_text()}, ("--json", "255 bytes"))
     case("solve-storage-name-too-long", k, ["solve", "{d}/w.yaml", "--storage", "journal:{d}/" + long],
          {"w.yaml": wl_text()}, ("--storage", "255 bytes"))
-    case("import-name-too-long", k, ["profile", "import", "{d}/" + long, "-o", "{d}/out/t.csv"], {}, (long,),
+    case("import-name-too-long", k, ["profile", "import", "{d}/" + long, "-o", "{d}/out/t.csv"], {}, clipped,
          outputs=("out/t.csv",))
     for i, cmd in enumerate(COMMANDS):
         key = ("model", "calibration", "profile")[i]
