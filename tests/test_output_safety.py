@@ -257,7 +257,7 @@ def test_stdout_on_a_full_device_is_one_line(tmp_path):
     with open("/dev/full", "w") as full:
         p = subprocess.run(KVTUNE + ["estimate", "--model", "llama-3.1-8b", "--batch", "1,8"], stdout=full,
                            stderr=subprocess.PIPE, text=True, timeout=120)
-    assert p.returncode == 1
+    assert p.returncode == 2
     assert "stdout" in _one_error(p.stderr) and "No space left" in p.stderr
     assert p.stderr.count("\n") == 1  # nothing more at exit (the interpreter's last flush)
 
@@ -298,3 +298,46 @@ def test_a_journal_on_a_full_disk_is_one_line_and_keeps_whole_records(tmp_path, 
     assert "rc=2" in p.stdout, p.stderr
     assert "No space left" in _one_error(p.stderr)
     assert p.stdout.rstrip().endswith("\\n"), "the journal ends mid-record"
+
+
+@needs_mount
+@pytest.mark.slow
+@pytest.mark.parametrize("storage, sizes", [("sqlite:///mnt/s.db", range(96, 208, 16)),
+                                           ("journal:mnt/j.log", range(16, 80, 16))])
+def test_a_study_filling_the_disk_at_any_point_ends_in_one_line(tmp_path, workload, storage, sizes):
+    """The disk fills at creation, at a trial's start or at its end, depending on its size (KiB):
+    every run ends in exit 0 or one Error line (optuna's own 'Should not reach' assertion no more),
+    and a journal keeps whole records."""
+    script = "; ".join(f"umount mnt 2>/dev/null; mount -t tmpfs -o size={k}k tmpfs mnt && "
+                       f"KV solve w.yaml --quiet --trials 20 --storage {storage} >/dev/null 2>err{k}; echo rc{k}=$?"
+                       for k in sizes)
+    p = _in_mount(tmp_path, "size=8k", script, timeout=900)
+    for k in sizes:
+        err = (tmp_path / f"err{k}").read_text()
+        rc = p.stdout.split(f"rc{k}=")[1].split()[0]
+        assert rc in ("0", "2") and "Traceback" not in err, (k, rc, err[-2000:])
+        if rc == "2":
+            assert "No space left" in _one_error(err) or "disk is full" in _one_error(err)
+    assert any(f"rc{k}=2" in p.stdout for k in sizes), "no size filled the disk: the test checked nothing"
+
+
+def test_a_storage_fault_lost_under_optuna_s_own_assertion_is_found():
+    """optuna raises ``AssertionError('Should not reach.')`` from a ``finally`` when a trial's state
+    cannot be written; the CLI finds the full database underneath and says that."""
+    from kvtune.optimizer.cli import _machine_fault
+
+    class OperationalError(Exception):
+        pass
+
+    try:
+        try:
+            try:
+                raise OperationalError("(sqlite3.OperationalError) database or disk is full")
+            except OperationalError as e:
+                raise RuntimeError("An exception is raised during the commit.") from e
+        finally:
+            raise AssertionError("Should not reach.")
+    except AssertionError as exc:
+        fault = _machine_fault(exc)
+    assert type(fault).__name__ == "OperationalError"
+    assert _machine_fault(AssertionError("a bug")) is None  # a bug keeps its traceback

@@ -3,8 +3,9 @@
 Expected failures (``KvtuneError``) print one ``Error:`` line and exit with their code (2 for bad
 input, 3 for an infeasible request); ``--debug`` shows the traceback instead. Every such line goes
 through ``costmodel.errors.one_line`` (escaped, long values clipped). Output that cannot be written
-(stdout to a full device, a closed pipe) is one line too, not a traceback: a full device says so
-and exits 1; a reader that went away (``kvtune ... | head``) ends the command quietly.
+(stdout to a full device, a study on a full disk) is one line too, not a traceback, exit 2 (the
+user can free space or choose another place); a reader that went away (``kvtune ... | head``) ends
+the command quietly with exit 1.
 """
 
 from __future__ import annotations
@@ -25,6 +26,40 @@ _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROF
 def _fail(message: str, code: int) -> None:
     click.echo("Error: " + one_line(message), err=True)
     sys.exit(code)
+
+
+# what SQLite says when the machine, not kvtune, stops a write (sqlite.org/rescode.html: SQLITE_FULL,
+# SQLITE_READONLY, SQLITE_IOERR); optuna reports them wrapped (StorageInternalError), or loses them
+# under an AssertionError of its own when the trial's final state cannot be written
+_STORAGE_FAULTS = ("database or disk is full", "attempt to write a readonly database", "disk i/o error")
+
+
+def _machine_fault(exc: BaseException) -> BaseException | None:
+    """The user-fixable fault under ``exc`` (a ``KvtuneError``, a full or read-only device, a full
+    database) when another exception was raised on top of it, else None (a bug: its traceback)."""
+    stack: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, KvtuneError) or (isinstance(e, OSError) and e.errno in _OUTPUT_ERRNOS):
+            return e
+        if type(e).__name__ == "OperationalError" and any(f in str(e).lower() for f in _STORAGE_FAULTS):
+            return e
+        stack += [x for x in (e.__cause__, e.__context__) if x is not None]
+    return None
+
+
+def _flag_value(flag: str) -> str | None:
+    argv = sys.argv
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a[len(flag) + 1:]
+    return None
 
 
 def _silence_stdout() -> None:
@@ -62,7 +97,7 @@ class KvtuneGroup(click.Group):
                 where = exc.filename if exc.filename is not None else "stdout"
                 if exc.filename is None:
                     _silence_stdout()
-                _fail(f"{where}: cannot write the output ({exc.strerror})", 1)
+                _fail(f"{where}: cannot write the output ({exc.strerror})", 2)
             raise
         except click.exceptions.Abort:
             click.echo("Aborted.", err=True)
@@ -75,6 +110,18 @@ class KvtuneGroup(click.Group):
             _fail(exc.format_message(), exc.exit_code)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
+        except Exception as exc:
+            fault = None if debug else _machine_fault(exc)
+            if fault is None:
+                raise
+            if isinstance(fault, KvtuneError):
+                _fail(str(fault), fault.exit_code)
+            if isinstance(fault, OSError):
+                _fail(f"{fault.filename or 'output'}: cannot write ({fault.strerror})", 2)
+            storage = _flag_value("--storage")
+            first = (str(fault).splitlines() or [""])[0]
+            _fail(f"--storage {storage!r}: cannot write the study ({first}); the run stopped, the trials already "
+                  f"written are kept", 2)
 
 
 @click.group(cls=KvtuneGroup)
