@@ -48,13 +48,13 @@ FLOAT_MAX = 1.7976931348623157e308  # largest finite IEEE 754 double (sys.float_
 # read in seconds (bench/RESULTS-limits.md has the measurements):
 # - YAML: the largest shipped file is 6.4 KB (profiles/hardware.yaml) and the most values any holds
 #   is 304 (profiles/calibrations/h100-sxm-trtllm.yaml);
-# - CSV profile tables: the largest shipped is 113 KB (354 rows, profiles/tables/h100-silicon.csv),
-#   read at about 2-7 MB/s;
+# - CSV profile tables: the largest shipped is 113 KB (354 rows, profiles/tables/h100-silicon.csv);
+#   tables are read at 1.5-10 MB/s (the first figure on 2 cores at load 14);
 # - anything else (benchmark JSON, config.json): a vLLM --save-detailed result keeps every token's
 #   latency and reaches hundreds of MB, so only a bound on memory.
 MAX_YAML_BYTES = 1 << 20          # 1 MiB
 MAX_YAML_VALUES = 20_000          # scalars, lists and mappings, aliases expanded
-MAX_TABLE_BYTES = 16 << 20        # 16 MiB, about 150,000 rows
+MAX_TABLE_BYTES = 8 << 20         # 8 MiB, about 25,000 rows
 MAX_TEXT_BYTES = 1 << 30          # 1 GiB
 
 

@@ -157,7 +157,7 @@ def test_a_yaml_file_at_the_limit_reads(tmp_path):
 
 def test_a_table_over_its_limit_is_refused(tmp_path):
     t = _sparse(tmp_path / "t.csv", MAX_TABLE_BYTES + 1)
-    with pytest.raises(InputError, match=r"t\.csv: the profile table is 16 MiB; kvtune reads at most 16 MiB"):
+    with pytest.raises(InputError, match=r"t\.csv: the profile table is 8 MiB; kvtune reads at most 8 MiB"):
         read_table(t)
 
 
