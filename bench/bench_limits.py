@@ -74,8 +74,8 @@ def main() -> None:
               ("a 1 MiB comment (at the byte limit)", comment)]
     print(f"{'case':<58} {'libyaml_s':>9} {'python_s':>9}  outcome")
     for name, text in cases:
-        c, out = timed(lambda: parse_yaml(text, "x.yaml"))
-        p, _ = timed(lambda: py_parse(text))
+        c, out = timed(lambda text=text: parse_yaml(text, "x.yaml"))
+        p, _ = timed(lambda text=text: py_parse(text))
         print(f"{name:<58} {c:9.3f} {p:9.3f}  {out}")
     with tempfile.TemporaryDirectory() as tmp:
         big = Path(tmp) / "w.yaml"

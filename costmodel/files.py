@@ -181,7 +181,8 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     return loader.construct_mapping(node, deep)
 
 
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# (the stubs type constructors for PyYAML's own Loader classes; this loader is assembled from their parts)
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)  # type: ignore[type-var]
 # YAML 1.2 core schema floats that YAML 1.1 reads as strings: an exponent without a dot
 _EXP_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("-+0123456789"))
@@ -248,8 +249,9 @@ def parse_yaml(text: str, shown: str) -> object:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         context = getattr(exc, "context", None)
+        cmark = getattr(exc, "context_mark", None)
         if context and context.startswith("found"):  # "found duplicate anchor 'a'; first occurrence" + "second ..."
-            problem = f"{context} (line {exc.context_mark.line + 1}), {problem}" if exc.context_mark else context
+            problem = f"{context} (line {cmark.line + 1}), {problem}" if cmark is not None else context
         raise InputError(f"{shown}:{where} invalid YAML: {printable(problem)}") from None
     except RecursionError:
         raise InputError(f"{shown}: invalid YAML: nested too deeply") from None
