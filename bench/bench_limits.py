@@ -14,13 +14,10 @@ import time
 from pathlib import Path
 
 import yaml
-from yaml.parser import Parser
-from yaml.reader import Reader
-from yaml.scanner import Scanner
 
 import kvtune.costmodel.files as files
 from kvtune.costmodel.errors import InputError
-from kvtune.costmodel.files import MAX_TABLE_BYTES, MAX_YAML_BYTES, MAX_YAML_VALUES, parse_yaml
+from kvtune.costmodel.files import MAX_TABLE_BYTES, MAX_YAML_BYTES, MAX_YAML_VALUES, parse_yaml, yaml_loader
 from kvtune.costmodel.profile_table import read_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,19 +27,6 @@ def bomb(levels: int) -> str:
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
     return "\n".join(lines) + "\n"
-
-
-class PyLoader(files._CountingComposer, Reader, Scanner, Parser, yaml.constructor.SafeConstructor,
-               yaml.resolver.Resolver):
-    """The same counted composer over PyYAML's pure-Python scanner."""
-
-    def __init__(self, stream):
-        Reader.__init__(self, stream)
-        Scanner.__init__(self)
-        Parser.__init__(self)
-        files._CountingComposer.__init__(self)
-        yaml.constructor.SafeConstructor.__init__(self)
-        yaml.resolver.Resolver.__init__(self)
 
 
 def timed(fn) -> tuple[float, str]:
@@ -56,7 +40,7 @@ def timed(fn) -> tuple[float, str]:
 
 
 def py_parse(text: str):
-    loader = PyLoader(text)
+    loader = yaml_loader(pure_python=True)(text)
     try:
         return loader.construct_document(loader.get_single_node())
     finally:

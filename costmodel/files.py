@@ -34,12 +34,16 @@ import yaml
 from yaml.composer import Composer, ComposerError
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.events import AliasEvent
+from yaml.parser import Parser
+from yaml.reader import Reader
 from yaml.resolver import Resolver
+from yaml.scanner import Scanner
 
 from .errors import InputError, KvtuneError, escape
 
 __all__ = ["PROFILES_DIR", "printable", "profiles_path", "load_yaml", "parse_yaml", "read_text", "reading", "path_kind",
-           "FLOAT_MAX", "UNFORESEEN", "MAX_YAML_BYTES", "MAX_YAML_VALUES", "MAX_TABLE_BYTES", "MAX_TEXT_BYTES"]
+           "FLOAT_MAX", "UNFORESEEN", "MAX_YAML_BYTES", "MAX_YAML_VALUES", "MAX_TABLE_BYTES", "MAX_TEXT_BYTES",
+           "yaml_loader"]
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 FLOAT_MAX = 1.7976931348623157e308  # largest finite IEEE 754 double (sys.float_info.max)
@@ -102,18 +106,19 @@ def read_text(path: str | Path, what: str = "file", max_bytes: int = MAX_TEXT_BY
 
 # ---- the YAML loader -------------------------------------------------------------------------------
 
+class _PyParser(Reader, Scanner, Parser):
+    """PyYAML's own scanner and parser (pure Python)."""
+
+    def __init__(self, stream):
+        Reader.__init__(self, stream)
+        Scanner.__init__(self)
+        Parser.__init__(self)
+
+
 try:  # libyaml's scanner and parser: a megabyte comment in milliseconds, where PyYAML's own takes seconds
     from yaml._yaml import CParser as _Parser
 except ImportError:  # PyYAML built without libyaml
-    from yaml.parser import Parser
-    from yaml.reader import Reader
-    from yaml.scanner import Scanner
-
-    class _Parser(Reader, Scanner, Parser):  # type: ignore[no-redef]
-        def __init__(self, stream):
-            Reader.__init__(self, stream)
-            Scanner.__init__(self)
-            Parser.__init__(self)
+    _Parser = _PyParser  # type: ignore[misc,assignment]
 
 
 class _CountingComposer(Composer):
@@ -150,21 +155,39 @@ class _CountingComposer(Composer):
         return node
 
 
-class _StrictLoader(_CountingComposer, _Parser, SafeConstructor, Resolver):
+class _StrictBase(_CountingComposer, SafeConstructor, Resolver):
     """The safe loader with counted composition, refused duplicate keys and YAML 1.2 exponent
-    floats. The composer comes first so that its methods, not libyaml's, build the nodes."""
+    floats, less its parser (below). The composer comes first so that its methods, not libyaml's,
+    build the nodes."""
 
-    def __init__(self, stream) -> None:
-        _Parser.__init__(self, stream)
+    def _init_parts(self) -> None:
         _CountingComposer.__init__(self)
         SafeConstructor.__init__(self)
         Resolver.__init__(self)
 
 
+class _StrictLoader(_StrictBase, _Parser):
+    def __init__(self, stream) -> None:
+        _Parser.__init__(self, stream)
+        self._init_parts()
+
+
+class _PyStrictLoader(_StrictBase, _PyParser):
+    def __init__(self, stream) -> None:
+        _PyParser.__init__(self, stream)
+        self._init_parts()
+
+
+def yaml_loader(pure_python: bool = False) -> type:
+    """The loader ``parse_yaml`` uses (libyaml's parser when PyYAML has it), or the same over
+    PyYAML's pure-Python parser (what a PyYAML without libyaml runs): for tests and benchmarks."""
+    return _PyStrictLoader if pure_python else _StrictLoader
+
+
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+def _construct_mapping(loader: _StrictBase, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen = set()
     for key_node, _ in node.value:
         if key_node.tag == _MERGE_TAG:  # ``<<: *base``: merged by SafeConstructor below, own keys winning
@@ -182,10 +205,10 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 
 # (the stubs type constructors for PyYAML's own Loader classes; this loader is assembled from their parts)
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)  # type: ignore[type-var]
+_StrictBase.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)  # type: ignore[type-var]
 # YAML 1.2 core schema floats that YAML 1.1 reads as strings: an exponent without a dot
 _EXP_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
-_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("-+0123456789"))
+_StrictBase.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("-+0123456789"))
 _FLOAT_TAG, _INT_TAG = "tag:yaml.org,2002:float", "tag:yaml.org,2002:int"
 
 

@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import kvtune.costmodel.files as files
 from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.files import (MAX_TABLE_BYTES, MAX_YAML_BYTES, MAX_YAML_VALUES, load_yaml, parse_yaml,
-                                    read_text)
+                                    read_text, yaml_loader)
 from kvtune.costmodel.profile_table import read_table
 from kvtune.optimizer.workload import load_workload
 
@@ -32,7 +31,7 @@ def bomb(levels: int, width: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
-class Counted(files._StrictLoader):
+class Counted(yaml_loader()):  # type: ignore[misc,valid-type]
     """The loader, recording how many values it composed before it stopped."""
 
     peak = 0
@@ -83,25 +82,13 @@ def test_a_recursive_alias_is_refused():
         parse_yaml("a: &a [1, *a]\n", "x.yaml")
 
 
-def test_the_pure_python_parser_counts_too(monkeypatch):
+def test_the_pure_python_parser_counts_too():
     """PyYAML without libyaml: the same composer, over PyYAML's own scanner."""
-    from yaml.parser import Parser
-    from yaml.reader import Reader
-    from yaml.scanner import Scanner
-
-    class PyLoader(files._CountingComposer, Reader, Scanner, Parser, yaml.constructor.SafeConstructor,
-                   yaml.resolver.Resolver):
-        def __init__(self, stream):
-            Reader.__init__(self, stream)
-            Scanner.__init__(self)
-            Parser.__init__(self)
-            files._CountingComposer.__init__(self)
-            yaml.constructor.SafeConstructor.__init__(self)
-            yaml.resolver.Resolver.__init__(self)
-
-    loader = PyLoader(bomb(9))
+    loader = yaml_loader(pure_python=True)(bomb(9))
     with pytest.raises(yaml.YAMLError, match="more than"):
         loader.get_single_node()
+    loader = yaml_loader(pure_python=True)("a: &a {x: 1}\nb: {<<: *a, y: 1e5}\n")
+    assert loader.construct_document(loader.get_single_node()) == {"a": {"x": 1}, "b": {"x": 1, "y": 100000.0}}
 
 
 def test_merge_keys_work_and_own_keys_win():
