@@ -250,9 +250,9 @@ def _no_disaggregated(agg: SolveResult, block: DeploymentChoice, miss: Disaggreg
         n = shown.gpus
         reason += (f" (the best aggregated deployment: {n} GPU{'s' if n != 1 else ''} at ${shown.usd_per_hour:.2f}/h, "
                    f"TP{shown.config['tp']}; list aggregated in search.deployment to allow it)")
-    empty = {f: None for f in ("closest", "recommendation", "predicted", "screened", "cost", "bottleneck", "headroom",
-                               "pareto", "launch", "launch_aggregated", "notes")}
-    return dataclasses.replace(agg, status="infeasible", reason=reason, **empty,
+    return dataclasses.replace(agg, status="infeasible", reason=reason, closest=None, recommendation=None,
+                               predicted=None, screened=None, cost=None, bottleneck=None, headroom=None, pareto=None,
+                               launch=None, launch_aggregated=None, notes=None,
                                deployment=dataclasses.replace(block, kind=None))
 
 
