@@ -92,7 +92,7 @@ def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str,
     if report_dir:
         check_output_folder(report_dir, "--report")
     check_shared_storage(storage, n_workers)
-    spec = load_workload(workload)
+    spec = load_workload(workload, engine)   # its search space cut to what the engine can launch
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     solve_one: Callable[..., SolveResult] = solve_aggregated
     if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
@@ -104,6 +104,8 @@ def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str,
         result = solve_deployments(spec, solve_one, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
                                    study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
                                    profile=profile, jobs=n_jobs, **extra)
+    if spec.notes:   # what reading the workload dropped or filled in for the engine (optimizer.engine_space)
+        result = dataclasses.replace(result, notes=tuple(spec.notes) + tuple(result.notes or ()))
     result, failed = _write_outputs(result, spec, report_dir, json_path, storage)
     click.echo(summary_text(result, storage))
     if failed:  # the answer is printed above whatever became of the files
@@ -190,6 +192,7 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
         if r.closest is not None and r.closest.config:
             lines.append(f"  closest: {_cfg(r.closest.config)}: {r.closest.miss}")
         lines += deployment_lines(r)
+        lines += [f"  note: {n}" for n in r.notes or ()]
         return "\n".join(lines)
     if isinstance(rec, DisaggregatedRecommendation):  # prefill and decode pools (optimizer.deployment_choice)
         q, d = rec.prefill, rec.decode
