@@ -276,7 +276,10 @@ def disaggregated_launch(prefill: LaunchPick, decode: LaunchPick, name: str = "k
     safe = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:40].strip("-") or "kvtune-llm"
     out: dict = {"versions": {**{e: ENGINE_VERSIONS[e].to_json() for e in ("vllm", "sglang", "trtllm")},
                               **{r: v.to_json() for r, v in ROUTER_VERSIONS.items()}},
-                 "unsupported": {}, "notes": {}}
+                 "unsupported": {}, "notes": {},
+                 # each pool's memory plan (the pool its --max-model-len is checked against)
+                 "memory": {role: None if p.memory is None else p.memory.to_json()
+                            for role, p in (("prefill", prefill), ("decode", decode))}}
     try:
         _check(prefill, decode)
     except Unsupported as exc:
