@@ -211,9 +211,9 @@ def _k8s(prefill: LaunchPick, decode: LaunchPick, name: str, engine: str) -> str
     pre, dec = _pod_dns(name, "prefill", prefill.replicas), _pod_dns(name, "decode", decode.replicas)
     config = engine == "trtllm"
     head_extra: list[str] = []
+    servers: list[tuple[str, LaunchPick, list[str], list[dict]]] = []
     if config:
         files = {}
-        servers = []
         for role, trole, p in (("prefill", "ctx", prefill), ("decode", "gen", decode)):
             argv, api, _ = _trtllm_config(p, trole, kubernetes.CONFIG_DIR)
             files[f"{trole}_config.yaml"] = kubernetes.dump_yaml([api])
@@ -223,7 +223,6 @@ def _k8s(prefill: LaunchPick, decode: LaunchPick, name: str, engine: str) -> str
         head_extra.append(f"config files (ctx_config.yaml, gen_config.yaml, disagg_config.yaml): the ConfigMap "
                           f"{name}-config, mounted at {kubernetes.CONFIG_DIR}")
     else:
-        servers = []
         for role, p in (("prefill", prefill), ("decode", decode)):
             if engine == "vllm":
                 argv = vllm_argv(p, role=role)[0] + ["--kv-transfer-config",

@@ -39,6 +39,14 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
+def _str(dumper: yaml.SafeDumper, data: str):
+    # a file's text (a ConfigMap entry) as a literal block, readable and diffable as the file itself
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
+
+
+_PlainDumper.add_representer(str, _str)
+
+
 def dump_yaml(docs: list[dict]) -> str:
     return yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False)
 
@@ -56,7 +64,7 @@ def _probes() -> dict:
 def container(name: str, image: str, argv: list[str], gpus: int, p: LaunchPick, serve: bool,
               config: bool = False) -> dict:
     """An engine container; ``config``: mount the ConfigMap of config files at ``CONFIG_DIR``."""
-    c = {"name": name, "image": image, "command": list(argv),
+    c: dict = {"name": name, "image": image, "command": list(argv),
          "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {**HF_SECRET, "optional": not p.gated}}},
                  {"name": "HF_HOME", "value": HF_CACHE}],
          "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}},
