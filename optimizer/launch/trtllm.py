@@ -68,6 +68,7 @@ def _checkpoint(p: LaunchPick) -> tuple[str, str]:
 
 
 def trtllm_api(p: LaunchPick, role: str = "serve") -> tuple[dict, list[str]]:
+    p.require_launchable("trtllm")   # weights, KV dtype, speculation: costmodel.engines.capabilities
     if p.multi_node:
         raise Unsupported(f"a replica over {p.nodes} nodes: TensorRT-LLM starts it under MPI "
                           f"(trtllm-llmapi-launch), which kvtune does not generate")
@@ -105,6 +106,7 @@ def trtllm_api(p: LaunchPick, role: str = "serve") -> tuple[dict, list[str]]:
 
 def trtllm_argv(p: LaunchPick, role: str = "serve", config: str = "config.yaml") -> tuple[list[str], dict, list[str]]:
     """(argv, the --extra_llm_api_options YAML as a dict, notes); ``config``: where the YAML is."""
+    p.require_launchable("trtllm")
     ckpt, qnote = _checkpoint(p)
     api, notes = trtllm_api(p, role)
     argv = ["trtllm-serve", ckpt, "--tp_size", str(p.tp)]
