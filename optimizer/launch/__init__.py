@@ -11,7 +11,10 @@ command (``unsupported``).
 
 Per engine: ``vllm.py``, ``sglang.py``, ``trtllm.py``, ``llamacpp.py``; ``kubernetes.py`` wraps the
 chosen engine in a Deployment or, for a replica spanning nodes, a LeaderWorkerSet; ``disagg.py``
-gives a disaggregated pick's prefill and decode pools, router and manifest for every engine.
+gives a disaggregated pick's prefill and decode pools, router and manifest for every engine;
+``context.py`` sizes each engine's context (vLLM ``--max-model-len``, SGLang ``--context-length``,
+TensorRT-LLM ``max_seq_len``) to the workload's longest request and what the KV pool holds.
+tests/contracts/ holds the engines' own argument definitions the tests check every line against.
 """
 
 from __future__ import annotations
