@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 
 from kvtune.costmodel.errors import Infeasible, InputError
+from kvtune.optimizer.storage import check_shared_storage
 
-from ._common import MAX_SEED, check_output_path, dumps, parse_int, write_atomic
+from ._common import MAX_SEED, check_output_folder, check_output_path, dumps, output_folder, parse_int, write_atomic
 
 if TYPE_CHECKING:
     from kvtune.optimizer.result import SolveResult
@@ -87,13 +88,11 @@ def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str,
         n_jobs = min(2, os.cpu_count() or 1) if n_workers == 1 else 1
     extra: dict[str, Any] = {} if top is None else {"verify_top": top}
     if json_path:
-        parent = Path(json_path).parent
-        if not parent.exists():
-            raise InputError(f"--json {json_path}: folder {parent} does not exist")
         check_output_path(json_path, "--json")
-    if report_dir and Path(report_dir).exists() and not Path(report_dir).is_dir():
-        raise InputError(f"--report {report_dir}: exists and is not a folder")
-    spec = load_workload(workload)
+    if report_dir:
+        check_output_folder(report_dir, "--report")
+    check_shared_storage(storage, n_workers)
+    spec = load_workload(workload, engine)   # its search space cut to what the engine can launch
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     solve_one: Callable[..., SolveResult] = solve_aggregated
     # every GPU type hardware.gpu lists x aggregated and/or disaggregated deployments (search.deployment):
@@ -103,15 +102,40 @@ def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str,
         result = solve_deployments(spec, solve_one, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
                                    study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
                                    profile=profile, jobs=n_jobs, **extra)
-    if report_dir:
-        from kvtune.optimizer.report import write_report
-        result = dataclasses.replace(result, report=write_report(result, spec, report_dir))
-    text = dumps(result.to_json())
-    if json_path:
-        write_atomic(json_path, text + "\n")
+    if spec.notes:   # what reading the workload dropped or filled in for the engine (optimizer.engine_space)
+        result = dataclasses.replace(result, notes=tuple(spec.notes) + tuple(result.notes or ()))
+    result, failed = _write_outputs(result, spec, report_dir, json_path, storage)
     click.echo(summary_text(result, storage))
+    if failed:  # the answer is printed above whatever became of the files
+        raise failed
     if result.status != "ok":
         raise Infeasible(f"no configuration meets the SLOs: {result.reason}")
+
+
+def _write_outputs(result: SolveResult, spec, report_dir: str | None, json_path: str | None,
+                   storage: str | None) -> tuple[SolveResult, InputError | None]:
+    """Write --report and --json after the solve. A file that cannot be written (a full disk, a
+    read-only mount) is returned, not raised, so the answer is still printed; any other failure
+    prints the answer and then propagates."""
+    failed: InputError | None = None
+    try:
+        if report_dir:
+            from kvtune.optimizer.report import write_report
+            try:
+                with output_folder(report_dir, "--report") as tmp:
+                    written = Path(write_report(result, spec, str(tmp)))
+                result = dataclasses.replace(result, report=str(Path(report_dir) / written.relative_to(tmp)))
+            except InputError as exc:
+                failed = exc
+        if json_path:
+            try:
+                write_atomic(json_path, dumps(result.to_json()) + "\n")
+            except InputError as exc:
+                failed = failed or exc
+    except BaseException:
+        click.echo(summary_text(result, storage))
+        raise
+    return result, failed
 
 
 class _workers:
@@ -166,6 +190,7 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
         if r.closest is not None and r.closest.config:
             lines.append(f"  closest: {_cfg(r.closest.config)}: {r.closest.miss}")
         lines += deployment_lines(r)
+        lines += [f"  note: {n}" for n in r.notes or ()]
         return "\n".join(lines)
     if isinstance(rec, DisaggregatedRecommendation):  # prefill and decode pools (optimizer.deployment_choice)
         q, d = rec.prefill, rec.decode
