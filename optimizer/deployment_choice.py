@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping
 from kvtune.costmodel.step import StepCost
 
 from .check import disaggregated_command
-from .disagg import DEFAULT_ENGINE, DisaggCandidate, PoolChoice, search_disaggregated
+from .disagg import DEFAULT_ENGINE, DisaggCandidate, PoolChoice, fork_map, search_disaggregated
 from .disagg_verify import UnitVerification, robust_unit, unit_rank, verify_unit
 from .objective import objective_rank
 from .result import (AggregatedSummary, Bottleneck, Cost, DeploymentChoice, DisaggregatedMiss,
@@ -99,7 +99,7 @@ def _score(spec: WorkloadSpec, max_total: int, rate: float, usd: float) -> Calla
 
 
 def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibration: str | None = None,
-                         engine: str | None = None, profile: str | None = None
+                         engine: str | None = None, profile: str | None = None, jobs: int = 1
                          ) -> tuple[DisaggregatedAnswer, SolveContext | None]:
     """The best disaggregated deployment for ``spec`` (or why none), and the solve context it was
     searched in (None where skipped). The search's ``DISAGG_VERIFY`` best candidates are verified
@@ -127,12 +127,13 @@ def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibratio
         d = search_disaggregated(step_for(kv), ctx.engine.sim_config, make,
                                  spec.slo.attainment, tps=spec.search.tp, gpu=ctx.gpu,
                                  gpus_per_node=h.gpus_per_node, max_gpus=min(MAX_UNIT_GPUS, max_total),
-                                 engine=eng, seed=ctx.workload_seed, score=score)
+                                 engine=eng, seed=ctx.workload_seed, score=score, jobs=jobs)
         searches.append({"kv_dtype": kv, **d.to_json()})
         finals += [(score(c), i, kv, c) for c in d.simulated if c.round == "final" and c.goodput_req_s > 0
                    and math.isfinite(score(c)[0])]
     finals.sort(key=lambda f: (f[0], f[1]))
-    best = _best_unit(ctx, [verify_unit(ctx, c, kv, eng) for _, _, kv, c in finals[:DISAGG_VERIFY]])
+    top = [(kv, c) for _, _, kv, c in finals[:DISAGG_VERIFY]]
+    best = _best_unit(ctx, fork_map(lambda kc: verify_unit(ctx, kc[1], kc[0], eng), top, jobs))
     if best is None:
         return DisaggregatedAnswer(DisaggregatedMiss(
             status="infeasible", reason="no disaggregated deployment of single-node replicas met the SLOs"
@@ -235,7 +236,8 @@ def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] 
     if "disaggregated" not in kinds:
         return dataclasses.replace(agg, deployment=DeploymentChoice(searched=kinds, kind="aggregated"))
     over = {k: kwargs.get(k) for k in ("calibration", "engine", "profile")}
-    dis, ctx = disaggregated_answer(spec, kwargs.get("seed"), over["calibration"], over["engine"], over["profile"])
+    dis, ctx = disaggregated_answer(spec, kwargs.get("seed"), over["calibration"], over["engine"], over["profile"],
+                                    int(kwargs.get("jobs") or 1))
     shown = _agg_summary(agg)
     a = shown if "aggregated" in kinds else None
     x = dis.pick

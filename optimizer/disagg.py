@@ -37,7 +37,7 @@ from kvtune.costmodel.simulate import SimConfig
 from kvtune.costmodel.step import StepCost
 
 __all__ = ["PoolChoice", "DisaggCandidate", "DisaggSearch", "search_disaggregated", "margin", "DEFAULT_ENGINE",
-           "uncached_prompt_tokens"]
+           "uncached_prompt_tokens", "fork_map"]
 
 DEFAULT_ENGINE = "vllm"     # the engine whose disaggregation rules apply when the workload names none
 PREFILL_CHUNKS = (2048, 8192)
@@ -129,7 +129,7 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
                          rel_tol: float = 0.05,
                          prefill_chunks=PREFILL_CHUNKS, prefill_caps=PREFILL_CAPS, decode_caps=DECODE_CAPS,
                          max_replicas: int = MAX_REPLICAS, time_budget_s: float | None = None,
-                         score: Callable[[DisaggCandidate], tuple] | None = None) -> DisaggSearch:
+                         score: Callable[[DisaggCandidate], tuple] | None = None, jobs: int = 1) -> DisaggSearch:
     """The best disaggregated deployment by simulated goodput per GPU (module docstring).
 
     ``step_for(tp)``: the step model of one replica at ``tp`` (None or an exception instance
@@ -137,7 +137,8 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
     ``SimConfig``; ``make_requests(rate, n, seed)``: the workload's requests; ``tps``: the TPs to
     try for either pool. ``time_budget_s`` stops round 2 early (the candidates not yet simulated
     are reported as pruned by time). ``score`` ranks simulated candidates, lowest first (default:
-    most goodput per GPU; ``kvtune solve`` passes the objective's: $/h at the target rate)."""
+    most goodput per GPU; ``kvtune solve`` passes the objective's: $/h at the target rate).
+    ``jobs`` > 1: round 2's bisections on that many forked processes (the same answer)."""
     wall0 = time.perf_counter()
     eng = engine or DEFAULT_ENGINE
     if score is None:
@@ -190,14 +191,19 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
     # ---- 2. short simulations, branch and bound on the bound per GPU ----------------------------
     short: list[tuple[Any, float, int, str]] = []
     sims = 0
-    for c in cands:
-        if len(short) >= short_keep:
-            break
-        if time_budget_s is not None and time.perf_counter() - wall0 > time_budget_s and short:
-            break
-        g, it, why = run(c, short_n, 0.1)
-        sims += it
-        short.append((c, g, it, why))
+    if time_budget_s is None and jobs > 1:   # independent bisections: on ``jobs`` processes, in order
+        todo = cands[:short_keep]
+        short = [(c, *r) for c, r in zip(todo, fork_map(lambda c: run(c, short_n, 0.1), todo, jobs))]
+        sims = sum(it for _, _, it, _ in short)
+    else:
+        for c in cands:
+            if len(short) >= short_keep:
+                break
+            if time_budget_s is not None and time.perf_counter() - wall0 > time_budget_s and short:
+                break
+            g, it, why = run(c, short_n, 0.1)
+            sims += it
+            short.append((c, g, it, why))
     pruned = screened - len(short)
     short.sort(key=lambda s: score(DisaggCandidate(s[0][2], s[0][3], s[0][4], s[0][1], s[1])))
 
@@ -226,6 +232,30 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
     ranked = tuple(finals + rest)
     best = finals[0] if finals and finals[0].goodput_req_s > 0 and math.isfinite(score(finals[0])[0]) else None
     return DisaggSearch(best, ranked, screened, pruned, sims, time.perf_counter() - wall0, eng)
+
+
+_FORKED: tuple | None = None   # (fn, items) the forked processes of ``fork_map`` read
+
+
+def _forked_call(i: int):
+    assert _FORKED is not None, "set by fork_map before the pool forks"
+    fn, items = _FORKED
+    return fn(items[i])
+
+
+def fork_map(fn: Callable[[Any], Any], items: list, jobs: int) -> list:
+    """``[fn(x) for x in items]`` on ``jobs`` forked processes (``fn`` and ``items`` reach them by the
+    fork, so closures work), results in order; in this process when ``jobs`` or the items are < 2."""
+    import multiprocessing as mp
+    global _FORKED
+    if jobs < 2 or len(items) < 2:
+        return [fn(x) for x in items]
+    _FORKED = (fn, items)
+    try:
+        with mp.get_context("fork").Pool(min(jobs, len(items))) as pool:
+            return pool.map(_forked_call, range(len(items)), chunksize=1)
+    finally:
+        _FORKED = None
 
 
 def uncached_prompt_tokens(req) -> float:

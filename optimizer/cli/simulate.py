@@ -243,13 +243,6 @@ def _simulate_disaggregated(workload, kv_dtype, gpu, block_tokens, no_prefix_cac
     at ``rate / units``, as solve verifies one (``optimizer.disagg_verify.simulate_unit_at``)."""
     from kvtune.costmodel.deployment import Pool, kv_link, simulate_disaggregated
     from kvtune.optimizer.disagg import DEFAULT_ENGINE
-    if d["prefill_tp"] is None or d["decode_tp"] is None:
-        raise InputError("a disaggregated deployment needs both --prefill-tp and --decode-tp")
-    if concurrency is not None:
-        raise InputError("--concurrency: a disaggregated deployment is simulated at a Poisson --rate")
-    if _given("tp", "pp", "ep", "dp_attention", "batch_cap", "chunk_tokens", "replicas", "spec_k", "spec_alpha"):
-        raise InputError("--prefill-*/--decode-* describe a disaggregated deployment: give its pools' flags, not "
-                         "--tp/--batch-cap/--chunk-tokens/--replicas/--spec-k")
     prefix = not no_prefix_caching
     spec, sp, em = _build(workload, d["prefill_tp"], kv_dtype, 0, None, mode, calibration, engine, profile, gpu)
     _, sd, _ = _build(workload, d["decode_tp"], kv_dtype, 0, None, mode, calibration, engine, profile, gpu)
@@ -262,7 +255,8 @@ def _simulate_disaggregated(workload, kv_dtype, gpu, block_tokens, no_prefix_cac
     eng = em.engine or DEFAULT_ENGINE
     rate_used = rate if rate is not None else spec.workload.mean_rate_req_s
     if rate_used is None or math.isinf(rate_used):
-        raise InputError(f"{workload}: a disaggregated deployment is simulated at a finite --rate")
+        raise InputError(f"{workload}: a disaggregated deployment is simulated at a finite Poisson rate "
+                         f"(workload.rate_req_s or the rate option)")
     t0 = time.perf_counter()
     req = spec.requests(n_requests, seed, rate_used / units)
     res = simulate_disaggregated(pre, dec, req, kv_link(sp.gpu, link == "nvlink"), "trace", seed, None,
@@ -321,6 +315,13 @@ def simulate_cmd(workload, tp, pp, ep, dp_attention, gpu, batch_cap, kv_dtype, s
     if clients is not None and concurrency is None:
         raise InputError("--clients applies to a closed loop: give --concurrency")
     if disagg["prefill_tp"] is not None or disagg["decode_tp"] is not None:
+        if disagg["prefill_tp"] is None or disagg["decode_tp"] is None:
+            raise InputError("a disaggregated deployment needs both --prefill-tp and --decode-tp")
+        if concurrency is not None:
+            raise InputError("--concurrency: a disaggregated deployment is simulated at a Poisson --rate")
+        if _given("tp", "pp", "ep", "dp_attention", "batch_cap", "chunk_tokens", "replicas", "spec_k", "spec_alpha"):
+            raise InputError("--prefill-tp and --decode-tp describe a disaggregated deployment: give its pools' "
+                             "options, not --tp/--batch-cap/--chunk-tokens/--replicas/--spec-k")
         return _simulate_disaggregated(workload, kv_dtype, gpu, block_tokens, no_prefix_caching, seed, mode,
                                        calibration, engine, profile, as_json, rate, concurrency, n_requests, **disagg)
     spec, step, em = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile, gpu,
