@@ -10,11 +10,11 @@ draws of the same size (seeds ``workload_seed + 1 ... + DRAWS``), each simulated
 deployment's real per-replica load; all of them must meet the target there. min_cost adds
 replicas until they do (the load falls); max_goodput, whose load is its goodput, takes the least
 goodput over draw 0 and the fresh draws (``DrawSet.least_goodput``, found without bisecting every
-draw) as its goodput. Either way every draw's goodput is at least the load. Draws are
-exchangeable, so a further fresh draw's goodput falls below the least of ``DRAWS`` with
-probability at most 1 / (DRAWS + 1) = 5%: a fresh draw of ``n_requests`` requests at the pick's
-load meets the target with probability >= 95% (attainment falls as the rate rises, per draw, up to
-scheduling noise). Robust $/h is never below the nominal and robust goodput never above it, so a
+draw) as its goodput. Either way every fresh draw's goodput is at least the load. Fresh draws are
+exchangeable (draw 0 is not: the pick was chosen on it), so a further fresh draw's goodput falls
+below the least of ``DRAWS`` with probability 1 / (DRAWS + 1) = 5%: a fresh draw of ``n_requests``
+requests at the pick's load meets the target with probability >= 95% (attainment falls as the rate
+rises, per draw, up to scheduling noise). Robust $/h is never below the nominal and robust goodput never above it, so a
 nominal figure bounds a robust one and the race may prune on nominal figures.
 
 A replayed trace has one draw (its requests do not depend on the seed); with speculative decoding
@@ -33,11 +33,12 @@ from .layouts import gpus_per_replica
 from .search import SolveContext
 
 __all__ = ["Verification", "Draws", "verify", "verify_config", "robust", "sim_requests", "config_requests",
-           "sim_config", "simulate_at", "draw_seeds", "robust_config", "DrawSet", "draw_attainment", "MAX_SIM_REQUESTS", "REL_TOL", "DRAWS"]
+           "sim_config", "simulate_at", "draw_seeds", "robust_config", "DrawSet", "draw_attainment",
+           "MAX_SIM_REQUESTS", "REL_TOL", "DRAWS"]
 
 MAX_SIM_REQUESTS = 6000  # cap on requests per simulated rate (simulation time)
 REL_TOL = 0.005        # goodput bisection tolerance: two configs compared at 1% need a finer step
-DRAWS = 19             # fresh draws of a robust verification: P(a 20th draw's goodput < the least of 19) = 1/20
+DRAWS = 19             # fresh draws of a robust verification: P(a 20th one's goodput < the least of 19) = 1/20
 STEP_DOWN = 0.97       # a draw that misses at a rate: its goodput is looked for first this much lower
 
 
@@ -57,9 +58,9 @@ class Draws:
 
     @property
     def coverage(self) -> float:
-        """The share of further fresh draws whose goodput is at least the least of these (exchangeable
-        draws, draw 0 included): the designed chance that a fresh draw meets the target at the load."""
-        return (len(self.seeds) + 1) / (len(self.seeds) + 2)
+        """The chance a further fresh draw's goodput is at least the least of these (exchangeable
+        draws): the designed chance that a fresh draw meets the target at the load."""
+        return len(self.seeds) / (len(self.seeds) + 1)
 
     def to_json(self) -> dict:
         a = self.attainment
