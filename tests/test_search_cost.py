@@ -1,0 +1,61 @@
+"""A search costs what the workload needs, not what hardware.max_nodes offers: max_nodes 4, 10,000
+and 100,000 give the same answer (once 4 nodes hold it) with the same simulations."""
+
+import dataclasses
+import math
+
+import pytest
+
+from kvtune.costmodel import get_model
+from kvtune.costmodel.hardware import resolve_gpu
+from kvtune.optimizer.deployment_choice import solve_deployments
+from kvtune.optimizer.layouts import search_layouts
+from kvtune.optimizer.search import SolveContext
+from kvtune.optimizer.simsearch import ZERO_LOAD_SHARE, _capacity, bar_req_s, replicas_bound
+from kvtune.optimizer.workload import load_workload_dict
+
+
+def _spec(max_nodes, deployment=("aggregated", "disaggregated")):
+    return load_workload_dict({
+        "model": "llama-3.1-8b",
+        "hardware": {"gpu": "h100-sxm", "gpus_per_node": 8, "usd_per_gpu_hour": 2.0, "max_nodes": max_nodes},
+        "workload": {"rate_req_s": 30, "classes": [{"name": "c", "share": 1.0, "input_tokens": 3000,
+                                                    "output_tokens": 200}]},
+        "slo": {"ttft_ms": 400, "tpot_ms": 30, "attainment": 0.9},
+        "search": {"tp": [1, 2], "batch_cap": [16, 64], "kv_dtype": ["bf16", "fp8"], "chunk_tokens": [1024, 4096],
+                   "trials": 12, "seed": 0, "deployment": list(deployment)}}, "<test>")
+
+
+P = {"tp": 1, "batch_cap": 16, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 1024}
+
+
+def test_the_first_bar_stops_at_the_replicas_a_config_could_need():
+    small, big, huge = (SolveContext.build(_spec(n)) for n in (1, 10_000, 100_000))
+    assert bar_req_s(small, P, None)[:2] == (30 / 8, 8)            # one node: max_nodes binds, as before
+    need = replicas_bound(big, P)
+    # the zero-load probe rate is a rate the config was simulated to meet: more replicas than
+    # the target needs at that rate cannot be its cheapest deployment
+    assert need == math.ceil(30 / (ZERO_LOAD_SHARE * _capacity(big, P)))
+    assert 8 < need < big.max_gpus
+    assert bar_req_s(big, P, None) == bar_req_s(huge, P, None)
+    assert bar_req_s(big, P, None)[:2] == (30 / need, need)
+    assert "could need" in bar_req_s(big, P, None)[2]
+
+
+def test_multi_node_layouts_depend_on_the_model_not_on_max_nodes():
+    model, gpu = get_model("llama-3.1-405b"), resolve_gpu("h100-sxm")
+    got = [search_layouts(model, gpu, "bf16", (1, 2, 4, 8), 8, n, 0.9, 2e9) for n in (4, 10_000, 100_000)]
+    assert got[0] and got[0] == got[1] == got[2]
+
+
+@pytest.mark.slow
+def test_max_nodes_4_10000_100000_same_answer_same_simulations():
+    """Metamorphic: more nodes on offer than the answer needs change nothing, not even the work."""
+    out = {n: solve_deployments(_spec(n), jobs=1) for n in (4, 10_000, 100_000)}
+    ans = {n: (r.recommendation, r.predicted, r.cost, r.verified) for n, r in out.items()}
+    assert out[4].status == "ok"
+    assert ans[4] == ans[10_000] == ans[100_000]
+    sims = {n: r.verification.simulations for n, r in out.items()}
+    assert sims[10_000] == sims[100_000] <= sims[4] + 20, sims
+    # the disaggregated race too (its units are bounded by MAX_UNIT_GPUS)
+    assert dataclasses.asdict(out[10_000].deployment) == dataclasses.asdict(out[100_000].deployment)
