@@ -57,5 +57,13 @@ def test_max_nodes_4_10000_100000_same_answer_same_simulations():
     assert ans[4] == ans[10_000] == ans[100_000]
     sims = {n: r.verification.simulations for n, r in out.items()}
     assert sims[10_000] == sims[100_000] <= sims[4] + 20, sims
-    # the disaggregated race too (its units are bounded by MAX_UNIT_GPUS)
-    assert dataclasses.asdict(out[10_000].deployment) == dataclasses.asdict(out[100_000].deployment)
+    # the disaggregated race too (its units are bounded by MAX_UNIT_GPUS); its record's wall times aside
+    assert _timeless(dataclasses.asdict(out[10_000].deployment)) == _timeless(dataclasses.asdict(out[100_000].deployment))
+
+
+def _timeless(x):
+    if isinstance(x, dict):
+        return {k: _timeless(v) for k, v in x.items() if k != "wall_s"}
+    if isinstance(x, (list, tuple)):
+        return [_timeless(v) for v in x]
+    return x
