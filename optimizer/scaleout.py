@@ -244,9 +244,9 @@ class StudyRunner:
             self.study.tell(t, state=TrialState.FAIL)
             self.beat.discard(t._trial_id)
         self.held.clear()
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if t.number >= self.offset and t.number not in self.mine:
-                self._dead(t)
+        for left in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if left.number >= self.offset and left.number not in self.mine:
+                self._dead(left)
 
     def close(self) -> None:
         try:
