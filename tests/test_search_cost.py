@@ -1,6 +1,7 @@
 """A search costs what the workload needs, not what hardware.max_nodes offers: max_nodes 4, 10,000
 and 100,000 give the same answer (once 4 nodes hold it) with the same simulations."""
 
+import copy
 import dataclasses
 import math
 
@@ -13,17 +14,15 @@ from kvtune.optimizer.layouts import search_layouts
 from kvtune.optimizer.search import SolveContext
 from kvtune.optimizer.simsearch import ZERO_LOAD_SHARE, _capacity, bar_req_s, replicas_bound
 from kvtune.optimizer.workload import load_workload_dict
+from test_scaleout import WORKLOAD
 
 
 def _spec(max_nodes, deployment=("aggregated", "disaggregated")):
-    return load_workload_dict({
-        "model": "llama-3.1-8b",
-        "hardware": {"gpu": "h100-sxm", "gpus_per_node": 8, "usd_per_gpu_hour": 2.0, "max_nodes": max_nodes},
-        "workload": {"rate_req_s": 30, "classes": [{"name": "c", "share": 1.0, "input_tokens": 3000,
-                                                    "output_tokens": 200}]},
-        "slo": {"ttft_ms": 400, "tpot_ms": 30, "attainment": 0.9},
-        "search": {"tp": [1, 2], "batch_cap": [16, 64], "kv_dtype": ["bf16", "fp8"], "chunk_tokens": [1024, 4096],
-                   "trials": 12, "seed": 0, "deployment": list(deployment)}}, "<test>")
+    """tests/test_scaleout.py's workload on ``max_nodes`` nodes."""
+    w = copy.deepcopy(WORKLOAD)
+    w["hardware"]["max_nodes"] = max_nodes
+    w["search"]["deployment"] = list(deployment)
+    return load_workload_dict(w, "<test>")
 
 
 P = {"tp": 1, "batch_cap": 16, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 1024}

@@ -33,6 +33,7 @@ from kvtune.optimizer import liveness, scaleout
 from kvtune.optimizer.scaleout import Reaper, StudyRunner, sim_study_name
 from kvtune.optimizer.simsearch import Work
 from pg_helpers import pg_server, pg_url
+from test_scaleout import WORKLOAD as SCALEOUT_WORKLOAD
 
 ROOT = Path(__file__).resolve().parents[1]
 KILL_POINTS = ("after_create", "after_claim", "mid_simulation")
@@ -211,13 +212,7 @@ def test_a_trial_failed_under_a_live_owner_keeps_its_results(tmp_path, monkeypat
 
 # ---- killed workers, end to end --------------------------------------------------------------------------
 # tests/test_scaleout.py's workload, aggregated only: the race is what the workers share
-WORKLOAD = {"model": "llama-3.1-8b",
-            "hardware": {"gpu": "h100-sxm", "gpus_per_node": 8, "usd_per_gpu_hour": 2.0, "max_nodes": 1},
-            "workload": {"rate_req_s": 30, "classes": [{"name": "c", "share": 1.0, "input_tokens": 3000,
-                                                        "output_tokens": 200}]},
-            "slo": {"ttft_ms": 400, "tpot_ms": 30, "attainment": 0.9},
-            "search": {"tp": [1, 2], "batch_cap": [16, 64], "kv_dtype": ["bf16", "fp8"],
-                       "chunk_tokens": [1024, 4096], "trials": 12, "seed": 0, "deployment": ["aggregated"]}}
+WORKLOAD = {**SCALEOUT_WORKLOAD, "search": {**SCALEOUT_WORKLOAD["search"], "deployment": ["aggregated"]}}
 _CODE = "import sys; from kvtune.optimizer.cli import main; sys.argv[0] = 'kvtune'; main()"
 _ANSWER = ("recommendation", "predicted", "verified", "race", "cost")
 
