@@ -9,8 +9,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -138,12 +141,56 @@ def _latency(ctx: SolveContext, rec: _Rec, result: SolveResult, path: Path) -> N
     plt.close(fig)
 
 
+_ENGINE_LABELS = (("vllm", "vLLM"), ("sglang", "SGLang"), ("trtllm", "TensorRT-LLM"),
+                  ("llamacpp", "llama.cpp llama-server"))
+
+
+def _launch_lines(launch: Mapping[str, Any]) -> list[str]:
+    """The launch settings as markdown, whatever shape each engine's entry has (``optimizer.launch``:
+    a command line, or a command and its config files, ``*_yaml``, as a disaggregated pick has
+    several); engines absent from ``launch`` are left out."""
+    out: list[str] = []
+    for key, label in _ENGINE_LABELS:
+        entry = launch.get(key)
+        if not entry:
+            continue
+        out += [f"## Launch ({label})", ""]
+        if isinstance(entry, Mapping):
+            if entry.get("command"):
+                out += ["```bash", str(entry["command"]).rstrip(), "```", ""]
+            for name, text in entry.items():
+                if name.endswith("_yaml") and text:
+                    out += [f"{name[:-len('_yaml')]}.yaml:", "", "```yaml", str(text).rstrip(), "```", ""]
+        else:
+            out += ["```bash", str(entry).rstrip(), "```", ""]
+    if launch.get("k8s"):
+        out += ["## Kubernetes", "", "```yaml", str(launch["k8s"]).rstrip(), "```", ""]
+    if launch.get("checked"):
+        out += [f"_{launch['checked']}_", ""]
+    return out
+
+
 def write_report(result: SolveResult, spec: WorkloadSpec, out_dir: str) -> str:
-    """Write report.md and the plots into ``out_dir`` (created if missing); returns the md path."""
+    """Write report.md and the plots into ``out_dir`` (created if missing); returns the md path.
+
+    Whole or not at all: the files are drawn in a staging folder beside ``out_dir`` and moved in
+    only once every one is written, so a failure leaves no partial report behind."""
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise InputError(f"--report {out_dir}: exists and is not a folder")
-    d.mkdir(parents=True, exist_ok=True)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{d.name}.", dir=d.parent))
+    try:
+        _write_files(result, spec, stage)
+        d.mkdir(exist_ok=True)
+        for f in sorted(stage.iterdir()):
+            os.replace(f, d / f.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return str(d / "report.md")
+
+
+def _write_files(result: SolveResult, spec: WorkloadSpec, d: Path) -> None:
     r = result
     lines = [f"# kvtune solve: {Path(spec.path).name}", "",
              f"kvtune {r.kvtune_version}, sampler {r.sampler}, seed {r.seed}, "
@@ -154,7 +201,7 @@ def write_report(result: SolveResult, spec: WorkloadSpec, out_dir: str) -> str:
             or r.headroom is None:
         lines += ["## Infeasible", "", r.reason or "", ""]
         (d / "report.md").write_text("\n".join(lines))
-        return str(d / "report.md")
+        return
     ctx = SolveContext.build(spec, r.seed)
     _frontier(ctx, rec, r, d / "frontier.png")
     _pareto(r, d / "pareto.png")
@@ -172,11 +219,5 @@ def write_report(result: SolveResult, spec: WorkloadSpec, out_dir: str) -> str:
         f"| bottleneck | {b.term} (batch limited by {b.batch_limit} at {b.operating_batch}) |", "",
         *[f"- {n}" for n in r.notes or ()], "",
         "## Plots", "", "![frontier](frontier.png)", "", "![pareto](pareto.png)", "", "![latency](latency.png)", "",
-        "## Launch (vLLM)", "", "```bash", launch["vllm"], "```", "",
-        "## Launch (SGLang)", "", "```bash", launch["sglang"], "```", "",
-        "## Launch (TensorRT-LLM)", "", "```bash", launch["trtllm"]["command"], "```", "",
-        "config.yaml:", "", "```yaml", launch["trtllm"]["config_yaml"].rstrip(), "```", "",
-        "## Kubernetes", "", "```yaml", launch["k8s"].rstrip(), "```", "",
-        f"_{launch['checked']}_", ""]
+        *_launch_lines(launch)]
     (d / "report.md").write_text("\n".join(lines))
-    return str(d / "report.md")

@@ -105,13 +105,19 @@ def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str,
         result = solve_deployments(spec, solve_one, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
                                    study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
                                    profile=profile, jobs=n_jobs, **extra)
+    report_failed: BaseException | None = None
     if report_dir:
         from kvtune.optimizer.report import write_report
-        result = dataclasses.replace(result, report=write_report(result, spec, report_dir))
+        try:
+            result = dataclasses.replace(result, report=write_report(result, spec, report_dir))
+        except Exception as exc:   # the answer took the whole search: print and write it, then fail
+            report_failed = exc
     text = dumps(result.to_json())
     if json_path:
         write_atomic(json_path, text + "\n")
     click.echo(summary_text(result, storage))
+    if report_failed is not None:
+        raise report_failed
     if result.status != "ok":
         raise Infeasible(f"no configuration meets the SLOs: {result.reason}")
 
