@@ -21,8 +21,23 @@ if TYPE_CHECKING:
 SAMPLER_NAMES = ("tpe", "grid", "nsga2")
 
 
-def _int_opt(value: str | None, flag: str, minimum: int, maximum: int | None = None) -> int | None:
-    return None if value is None else parse_int(value, flag, minimum, maximum)
+class _Int(click.ParamType):
+    """An integer option, shown as INTEGER (with its range) in ``--help``; a bad value is the one
+    ``Error:`` line ``parse_int`` writes (``--trials: 'ten' is not an integer``), not click's."""
+
+    name = "integer"
+
+    def __init__(self, minimum: int, maximum: int | None = None):
+        self.minimum, self.maximum = minimum, maximum
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "INTEGER"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        flag = param.opts[0] if param is not None else "value"
+        return parse_int(value, flag, self.minimum, self.maximum)
 
 
 class _Progress:
@@ -44,12 +59,12 @@ class _Progress:
 
 @click.command("solve")
 @click.argument("workload", type=click.Path(dir_okay=False))
-@click.option("--trials", default=None, help="Trials to run (default: search.trials; grid: the whole grid).")
-@click.option("--seed", default=None, help="Sampler seed (default: search.seed; the simulated requests always follow search.seed).")
+@click.option("--trials", type=_Int(1), default=None, help="Trials to run (default: search.trials; grid: the whole grid).")
+@click.option("--seed", type=_Int(0, MAX_SEED), default=None, help="Sampler seed (default: search.seed; the simulated requests always follow search.seed).")
 @click.option("--sampler", default="tpe", show_default=True, help="tpe | grid | nsga2: the sampler of the analytic screen's trials (the study; the simulator race that picks covers the whole lattice whatever the sampler).")
 @click.option("--storage", default=None, help="Optuna storage: sqlite:///kvtune.db, journal:./kvtune.log or an RDB URL (default: in memory).")
 @click.option("--study-name", default=None, help="Study to create or resume in --storage (default: derived from the workload).")
-@click.option("--verify-top", default=None, help="max_goodput: configs fully verified before the simulator race (default 4).")
+@click.option("--verify-top", type=_Int(1), default=None, help="max_goodput: configs fully verified before the simulator race (default 4).")
 @click.option("--calibration", default=None,
               help="Calibration file, shipped name or 'ideal' (default: the workload's calibration:, else the shipped one).")
 @click.option("--engine", default=None,
@@ -61,27 +76,24 @@ class _Progress:
 @click.option("--json", "json_path", default=None, help="Write the result object to this file (atomically).")
 @click.option("--report", "report_dir", default=None, help="Write report.md and plots to this folder.")
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
-@click.option("--jobs", default=None,
+@click.option("--jobs", type=_Int(1), default=None,
               help="Processes simulating on this machine (default: 2, or 1 on a one-core machine).")
-@click.option("--workers", default=None,
+@click.option("--workers", type=_Int(1), default=None,
               help="Processes sharing one --storage (default 1): this one plus N-1 started here; processes on "
                    "other machines join by running the same command on the same RDB URL. Without --storage, a "
                    "temporary journal file.")
-def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str, storage: str | None,
-              study_name: str | None, verify_top: str | None, calibration: str | None, engine: str | None,
-              profile: str | None, json_path: str | None, report_dir: str | None, quiet: bool, jobs: str | None,
-              workers: str | None) -> None:
+def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str, storage: str | None,
+              study_name: str | None, verify_top: int | None, calibration: str | None, engine: str | None,
+              profile: str | None, json_path: str | None, report_dir: str | None, quiet: bool, jobs: int | None,
+              workers: int | None) -> None:
     """Search serving configs for WORKLOAD.yaml and recommend the cheapest that meets its SLOs."""
     from kvtune.optimizer.recommend import solve as solve_aggregated
     from kvtune.optimizer.workload import load_workload
 
     if sampler not in SAMPLER_NAMES:
         raise InputError(f"--sampler must be one of {', '.join(SAMPLER_NAMES)}, got {sampler!r}")
-    n_trials = _int_opt(trials, "--trials", 1)
-    seed_v = _int_opt(seed, "--seed", 0, MAX_SEED)
-    top = _int_opt(verify_top, "--verify-top", 1)
-    n_jobs = _int_opt(jobs, "--jobs", 1)
-    n_workers = _int_opt(workers, "--workers", 1) or 1
+    n_trials, seed_v, top, n_jobs = trials, seed, verify_top, jobs
+    n_workers = workers or 1
     if n_jobs is None:
         import os
         n_jobs = min(2, os.cpu_count() or 1) if n_workers == 1 else 1
