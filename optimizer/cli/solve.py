@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -41,20 +44,98 @@ class _Int(click.ParamType):
 
 
 class _Progress:
-    """A one-line progress bar on stderr (interactive runs only)."""
+    """One status line on stderr (interactive runs only) over the whole solve: the screen's trials
+    as a bar, then the simulator race (most of the wall time) stage by stage, then the
+    disaggregated search, each with the seconds it has run, redrawn every second by a timer thread
+    so a long stage still shows it is alive. ``--quiet`` or a non-terminal stderr: silent."""
 
-    def __init__(self, enabled: bool):
+    WIDTH = 30
+    TICK_S = 1.0
+
+    def __init__(self, enabled: bool, stream: Any = None):
         self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.prefix = ""
+        self.text = ""
+        self.t0 = time.monotonic()
+        self.raced = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.ticker: threading.Thread | None = None
+        self.width = 0
+
+    # -- the phases ----------------------------------------------------------------------------
+    def start(self, label: str | None = None) -> None:
+        """A new aggregated search (one per GPU type): the trials come next."""
+        self._newline()
+        self.prefix = f"{label}: " if label else ""
+        self.raced = 0
+        self._show("trials ...", restart=True)
 
     def __call__(self, done: int, total: int) -> None:
+        """The screen's trials: ``done`` of ``total`` (``run_search``'s ``on_trial``)."""
+        fill = int(self.WIDTH * done / max(total, 1))
+        if done < total:
+            self._show(f"trials [{'#' * fill}{'.' * (self.WIDTH - fill)}] {done}/{total}")
+        else:   # the race starts with each config's largest requests against its KV pool
+            self._show(f"trials {total}/{total}; simulator race: the largest requests against each KV pool",
+                       restart=True)
+
+    def stage(self, name: str, n: int) -> None:
+        """A stage of the simulator race as it starts (``optimizer.simsearch.race``'s ``on_stage``)."""
+        if name == "race":
+            self.raced += n
+            text = f"simulator race: {self.raced} configs raced so far"
+        elif name == "zero load":
+            text = f"simulator race: zero load, {n} groups"
+        else:
+            text = f"simulator race: {name}, {n} configs"
+        self._show(text)
+
+    def phase(self, text: str) -> None:
+        """Any other phase (the disaggregated search, the report): its name and its seconds."""
+        self._newline()
+        self.prefix = ""
+        self._show(text, restart=True)
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.ticker is not None:
+            self.ticker.join()
+            self.ticker = None
+        self._newline()
+
+    # -- drawing -------------------------------------------------------------------------------
+    def _show(self, text: str, restart: bool = False) -> None:
         if not self.enabled:
             return
-        width = 30
-        fill = int(width * done / max(total, 1))
-        sys.stderr.write(f"\r  trials [{'#' * fill}{'.' * (width - fill)}] {done}/{total}")
-        if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+        with self.lock:
+            if restart:
+                self.t0 = time.monotonic()
+            self.text = text
+            self._draw()
+        if self.ticker is None:
+            self.ticker = threading.Thread(target=self._tick, daemon=True)
+            self.ticker.start()
+
+    def _tick(self) -> None:
+        while not self.stop.wait(self.TICK_S):
+            with self.lock:
+                if self.text:
+                    self._draw()
+
+    def _draw(self) -> None:
+        line = f"  {self.prefix}{self.text}  {time.monotonic() - self.t0:.0f} s"
+        self.stream.write("\r" + line + " " * max(0, self.width - len(line)))
+        self.stream.flush()
+        self.width = len(line)
+
+    def _newline(self) -> None:
+        if self.enabled and self.text:
+            with self.lock:
+                self.stream.write("\n")
+                self.stream.flush()
+                self.text, self.width = "", 0
 
 
 @click.command("solve")
@@ -107,23 +188,38 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
         raise InputError(f"--report {report_dir}: exists and is not a folder")
     spec = load_workload(workload)
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
-    solve_one: Callable[..., SolveResult] = solve_aggregated
+    disaggregated_next = "disaggregated" in spec.search.deployment and spec.speculative is None
+
+    def aggregated(one: Any, **kw: Any) -> SolveResult:
+        """The aggregated search of one GPU type, its trials and race on the progress line."""
+        progress.start(one.hardware.gpu if spec.hardware.choices else None)
+        r = solve_aggregated(one, on_stage=progress.stage, **kw)
+        if disaggregated_next:   # what runs next unless another GPU type does (deployment_choice)
+            progress.phase("disaggregated search: prefill and decode pools, simulated")
+        return r
+
+    solve_one: Callable[..., SolveResult] = aggregated
     if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
         from kvtune.optimizer.gpu_choice import solve_gpu_choice
-        solve_one = solve_gpu_choice
+        solve_one = functools.partial(solve_gpu_choice, solve_one=aggregated)
     # aggregated and/or disaggregated deployments (search.deployment; optimizer.deployment_choice)
     from kvtune.optimizer.deployment_choice import solve_deployments
-    with _workers(n_workers, storage, workload, sys.argv) as shared:
-        result = solve_deployments(spec, solve_one, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
-                                   study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
-                                   profile=profile, jobs=n_jobs, **extra)
     report_failed: BaseException | None = None
-    if report_dir:
-        from kvtune.optimizer.report import write_report
-        try:
-            result = dataclasses.replace(result, report=write_report(result, spec, report_dir))
-        except Exception as exc:   # the answer took the whole search: print and write it, then fail
-            report_failed = exc
+    try:
+        with _workers(n_workers, storage, workload, sys.argv) as shared:
+            result = solve_deployments(spec, solve_one, trials=n_trials, seed=seed_v, sampler=sampler,
+                                       storage=shared, study_name=study_name, on_trial=progress,
+                                       calibration=calibration, engine=engine, profile=profile, jobs=n_jobs,
+                                       **extra)
+        if report_dir:
+            from kvtune.optimizer.report import write_report
+            progress.phase("report: plots and report.md")
+            try:
+                result = dataclasses.replace(result, report=write_report(result, spec, report_dir))
+            except Exception as exc:   # the answer took the whole search: print and write it, then fail
+                report_failed = exc
+    finally:
+        progress.close()
     text = dumps(result.to_json())
     if json_path:
         write_atomic(json_path, text + "\n")
