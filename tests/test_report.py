@@ -36,7 +36,7 @@ def test_a_disaggregated_launch_renders_every_engine_and_config_file():
 
 
 def test_a_report_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
-    def half_then_fail(result, spec, d):
+    def half_then_fail(result, spec, d, *overrides):
         (d / "frontier.png").write_bytes(b"\x89PNG half")
         raise RuntimeError("drawing failed")
 

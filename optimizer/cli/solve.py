@@ -168,6 +168,7 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
               profile: str | None, json_path: str | None, report_dir: str | None, quiet: bool, jobs: int | None,
               workers: int | None) -> None:
     """Search serving configs for WORKLOAD.yaml and recommend the cheapest that meets its SLOs."""
+    from kvtune.optimizer.facts import settle
     from kvtune.optimizer.recommend import solve as solve_aggregated
     from kvtune.optimizer.workload import load_workload
 
@@ -211,11 +212,13 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
                                        storage=shared, study_name=study_name, on_trial=progress,
                                        calibration=calibration, engine=engine, profile=profile, jobs=n_jobs,
                                        **extra)
+        result = settle(result, spec)   # one number per fact in the terminal, the JSON and the report
         if report_dir:
             from kvtune.optimizer.report import write_report
             progress.phase("report: plots and report.md")
             try:
-                result = dataclasses.replace(result, report=write_report(result, spec, report_dir))
+                result = dataclasses.replace(result, report=write_report(result, spec, report_dir, calibration, engine,
+                                                                             profile))
             except Exception as exc:   # the answer took the whole search: print and write it, then fail
                 report_failed = exc
     finally:
@@ -260,8 +263,11 @@ class _workers:
 
 
 def summary_text(r: SolveResult, storage: str | None) -> str:
+    """What ``kvtune solve`` prints: the settled result (``optimizer.facts.settle``), every figure
+    formatted as the report formats it (``optimizer.facts``' text helpers)."""
     from kvtune.optimizer.deployment_choice import deployment_lines
-    from kvtune.optimizer.result import DisaggregatedRecommendation
+    from kvtune.optimizer.facts import describe, front_point_text, launch_footer, load_basis
+    from kvtune.optimizer.result import Recommendation
 
     lines = []
     t = r.trials
@@ -283,23 +289,15 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
             lines.append(f"  closest: {_cfg(r.closest.config)}: {r.closest.miss}")
         lines += deployment_lines(r)
         return "\n".join(lines)
-    if isinstance(rec, DisaggregatedRecommendation):  # prefill and decode pools (optimizer.deployment_choice)
-        q, d = rec.prefill, rec.decode
-        lines.append(f"Recommendation: disaggregated, {q.replicas} prefill x TP{q.tp} + {d.replicas} decode x "
-                     f"TP{d.tp} {rec.model} on {rec.gpus} {rec.gpu} "
-                     f"({rec.nodes} node{'s' if rec.nodes > 1 else ''})")
-    else:
-        layout = f"TP{rec.tp}" + (f" x PP{rec.pp}" if rec.pp > 1 else "") \
-            + (f" EP{rec.ep}" if rec.ep > 1 else "") + (" DP-attention" if rec.dp_attention else "")
-        per = rec.nodes_per_replica
-        lines.append(f"Recommendation: {rec.replicas} x {layout} {rec.model} on {rec.gpus} {rec.gpu} "
-                     f"({rec.nodes} node{'s' if rec.nodes > 1 else ''}"
-                     + (f", {per} per replica" if per > 1 else "") + ")")
+    lines.append(f"Recommendation: {describe(rec)} {rec.model} on {rec.gpus} {rec.gpu} "
+                 f"({rec.nodes} node{'s' if rec.nodes > 1 else ''}"
+                 + (f", {rec.nodes_per_replica} per replica" if isinstance(rec, Recommendation)
+                    and rec.nodes_per_replica > 1 else "") + ")")
     lines.append(f"  batch cap {rec.batch_cap}  chunk {rec.chunk_tokens} tokens  KV {rec.kv_dtype}  "
                  f"speculative k {rec.spec_k}")
     lines.append(f"  cost ${c.usd_per_hour:.2f}/h  ${c.usd_per_million_output_tokens:.3f} per 1M output tokens"
                  f" (at the {c.priced_at})")
-    lines.append(f"  predicted (simulated at {p.load_per_replica_req_s:.2f} req/s per replica): "
+    lines.append(f"  predicted (simulated at {p.load_per_replica_req_s:.2f} req/s {load_basis(r)}): "
                  f"goodput {p.goodput_req_s:.2f} req/s  SLO attainment {p.slo_attainment:.3f}  "
                  f"headroom {r.headroom * 100:+.0f}%")
     lines.append(f"  TTFT p50/p90/p99 {p.ttft_ms['p50']:.0f}/{p.ttft_ms['p90']:.0f}/{p.ttft_ms['p99']:.0f} ms   "
@@ -307,21 +305,22 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
                  f"{p.tok_s_per_user:.0f} tok/s per user  {p.output_tok_s:,.0f} output tok/s")
     if b.step is not None:
         st = b.step
-        lines.append(f"  bottleneck: {b.term} (batch limited by {b.batch_limit} at {b.operating_batch}; "
-                     f"step {st.step_ms or 0:.1f} ms: memory {st.mem_ms or 0:.1f}, "
+        lines.append(f"  bottleneck (analytic screen): {b.term} (batch limited by {b.batch_limit} at "
+                     f"{b.operating_batch}; step {st.step_ms or 0:.1f} ms: memory {st.mem_ms or 0:.1f}, "
                      f"compute {st.compute_ms or 0:.1f})")
     lines += deployment_lines(r)
     for n in r.notes or ():
         lines.append(f"  note: {n}")
-    for g in r.gpu_choice or ():
-        cost = f"${g.usd_per_hour:.2f}/h  goodput {g.goodput_req_s:.2f} req/s on {g.gpus} GPUs" \
+    rows = r.gpu_choice or ()
+    kinds = {g.deployment for g in rows if g.status == "ok"}
+    for g in rows:
+        kind = f" ({g.deployment})" if len(kinds) > 1 and g.deployment else ""
+        cost = f"${g.usd_per_hour:.2f}/h  goodput {g.goodput_req_s:.2f} req/s on {g.gpus} GPUs{kind}" \
             if g.status == "ok" else "infeasible"
         lines.append(f"  gpu {g.gpu} (${g.usd_per_gpu_hour:g}/GPU-h): {cost}: {g.why}")
     pareto = r.pareto or ()
     if len(pareto) > 1:
-        lines.append("  cost/goodput front (" + "; ".join(
-            f"{x.gpus} GPUs ${x.usd_per_hour:.0f}/h {x.goodput_req_s:.1f} req/s {x.evidence}"
-            for x in pareto[:6]) + ")")
+        lines.append("  cost/goodput front (" + "; ".join(front_point_text(r, x) for x in pareto[:6]) + ")")
     v = r.verification
     if v.outcomes:
         o = v.outcomes
@@ -334,7 +333,7 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
     lines.append(f"Launch ({_ENGINE_LABEL.get(eng, eng)}):")
     if launch:
         lines.append("  " + launch.replace("\n", "\n  "))
-        lines.append("  (the other engines' settings and a Kubernetes Deployment are in --json under 'launch')")
+        lines.append(f"  ({launch_footer(r.launch or {})})")
     else:
         lines.append(f"  no launch settings for {eng} in this build; the other engines' are in --json under 'launch'")
     if storage:
