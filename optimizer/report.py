@@ -129,7 +129,7 @@ def _frontier(ctx: SolveContext, result: SolveResult, path: Path) -> None:
         per_user.append(u)
         total.append(u * b)
     fig, ax = plt.subplots(figsize=(8, 6.2))
-    layout = rec.layout if isinstance(rec, Recommendation) and rec.layout else f"TP{tp}"
+    layout = describe(rec).split(" x ", 1)[1] if isinstance(rec, Recommendation) else f"TP{tp}"
     ax.plot(total, per_user, "-", color="tab:blue",
             label=f"{layout} KV {rec.kv_dtype} k={rec.spec_k}: decode step alone at {context:,.0f} ctx (analytic)")
     i = int(np.searchsorted(batches, min(cap, b_max)))
@@ -201,7 +201,13 @@ def _pareto(result: SolveResult, spec: WorkloadSpec, path: Path) -> None:
     ax.set_ylim(max(0.0, ylo - ypad), yhi + ypad)
     ax.set_xlabel("$ per hour")
     ax.set_ylabel("goodput, req/s (SLO attainment met)")
-    ax.set_title(f"cost / goodput: the {len(points)} deployments the simulator sized")
+    if len(points) > 1:
+        ax.set_title(f"cost / goodput: the {len(points)} deployments the simulator sized")
+    else:
+        o = result.verification.outcomes
+        out = sum(v for k, v in o.items() if k != "verified")
+        ax.set_title(f"cost / goodput: the one deployment the simulator sized\n(the race ruled {out} other "
+                     f"configs out before sizing them: beaten, pruned or missing the SLOs)", fontsize=10)
     ax.grid(alpha=0.3)
     _legend_below(ax)
     fig.tight_layout()
