@@ -191,11 +191,14 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     disaggregated_next = "disaggregated" in spec.search.deployment and spec.speculative is None
 
+    types_left = [len(spec.hardware.choices) or 1]   # aggregated searches still to run (one per GPU type)
+
     def aggregated(one: Any, **kw: Any) -> SolveResult:
         """The aggregated search of one GPU type, its trials and race on the progress line."""
         progress.start(one.hardware.gpu if spec.hardware.choices else None)
         r = solve_aggregated(one, on_stage=progress.stage, **kw)
-        if disaggregated_next:   # what runs next unless another GPU type does (deployment_choice)
+        types_left[0] -= 1
+        if disaggregated_next and types_left[0] == 0:   # what deployment_choice runs next
             progress.phase("disaggregated search: prefill and decode pools, simulated")
         return r
 
