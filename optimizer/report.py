@@ -165,19 +165,20 @@ def _pareto(result: SolveResult, spec: WorkloadSpec, path: Path) -> None:
     h = spec.hardware
     fig, ax = plt.subplots(figsize=(8, 6.2))
     gpu = pick_gpu(result)
-    agg = [(v.usd_per_hour, v.goodput_req_s) for v in result.verified
+    agg = [(v.usd_per_hour, v.goodput_req_s, v.config.get("kv_dtype")) for v in result.verified
            if v.feasible and v.usd_per_hour is not None and v.goodput_req_s is not None]
-    dis = [(x.usd_per_hour, x.goodput_req_s)
+    dis = [(x.usd_per_hour, x.goodput_req_s, x.config.get("kv_dtype"))
            for x in disaggregated_points(result, c.usd_per_gpu_hour, h.max_nodes * h.gpus_per_node)]
     others = other_gpu_points(result)
     ax.plot([pick.usd_per_hour], [pick.goodput_req_s], "r*", ms=20, zorder=3,
             label=f"the pick: {pick.gpus} GPUs ${pick.usd_per_hour:.2f}/h {pick.goodput_req_s:.2f} req/s")
-    if agg:
-        ax.plot(*zip(*agg), "o", color="tab:blue", ms=5, zorder=4,
-                label=f"aggregated on {gpu} (simulated; every config the race verified)")
-    if dis:
-        ax.plot(*zip(*dis), "s", color="tab:green", ms=5, zorder=4,
-                label=f"disaggregated on {gpu} (simulated; the search's full runs)")
+    for pts, mk, color, what in ((agg, "o", "tab:blue", "aggregated on {gpu} (simulated; the race's verified configs)"),
+                                 (dis, "s", "tab:green", "disaggregated on {gpu} (simulated; the search's full runs)")):
+        for kv, fill in (("bf16", True), ("fp8", False)):
+            sel = [(u, g) for u, g, k in pts if (k == "bf16") == (kv == "bf16")]
+            if sel:
+                ax.plot(*zip(*sel), mk, color=color, ms=5 if fill else 7, zorder=4, mfc=color if fill else "none",
+                        label=what.format(gpu=gpu) + (", bf16 KV" if fill else ", FP8 KV (hollow)"))
     for o in others:
         ax.plot([o.usd_per_hour], [o.goodput_req_s], "D", ms=7, zorder=4,
                 label=f"best on {o.config['gpu']} (simulated)")
@@ -185,7 +186,7 @@ def _pareto(result: SolveResult, spec: WorkloadSpec, path: Path) -> None:
     if len(front) > 1:
         ax.step([x.usd_per_hour for x in front], [x.goodput_req_s for x in front], where="post", color="gray",
                 alpha=0.7, zorder=2, label=f"cost/goodput front ({len(front)} deployments)")
-    points = {(pick.usd_per_hour, pick.goodput_req_s), *agg, *dis,
+    points = {(pick.usd_per_hour, pick.goodput_req_s), *((u, g) for u, g, _ in agg + dis),
               *((o.usd_per_hour, o.goodput_req_s) for o in others)}
     xs = [u for u, _ in points]
     ys = [g for _, g in points]
@@ -204,8 +205,8 @@ def _pareto(result: SolveResult, spec: WorkloadSpec, path: Path) -> None:
     if len(points) > 1:
         ax.set_title(f"cost / goodput: the {len(points)} deployments the simulator sized")
     else:
-        o = result.verification.outcomes
-        out = sum(v for k, v in o.items() if k != "verified")
+        counts = result.verification.outcomes
+        out = sum(v for k, v in counts.items() if k != "verified")
         ax.set_title(f"cost / goodput: the one deployment the simulator sized\n(the race ruled {out} other "
                      f"configs out before sizing them: beaten, pruned or missing the SLOs)", fontsize=10)
     ax.grid(alpha=0.3)
