@@ -572,6 +572,13 @@ def run_search(ctx: SolveContext, study: optuna.Study, n_trials: int, sampler: s
                 # reading WAITING and writing RUNNING); the other one finished it with the same
                 # params and so the same evaluation: keep theirs and go on
                 continue
+            except ValueError as exc:
+                # the same race, when the other process finished the trial after this one's last
+                # write but before its tell: optuna's tell refuses a finished trial with a
+                # ValueError ("Cannot tell a COMPLETE trial."), not UpdateFinishedTrialError
+                if not str(exc).startswith("Cannot tell a "):
+                    raise
+                continue
             if ran == before:   # only surplus trials (another process holds the rest) or the grid is done
                 break
         # other processes may still be finishing trials that count: wait for them, so every process
