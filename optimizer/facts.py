@@ -158,6 +158,16 @@ def _notes(r: SolveResult, kv_searched: tuple[str, ...], max_gpus: int) -> tuple
     rec, d = r.recommendation, r.deployment
     if not isinstance(rec, DisaggregatedRecommendation) or d is None or r.cost is None:
         return r.notes
+    kept = tuple(n for n in r.notes or () if not n.startswith(_KV_NOTES))   # the other notes stand
+    return kept + _kv_note(r, rec, d, kv_searched, max_gpus)
+
+
+_KV_NOTES = ("bf16 KV", "FP8 KV", "fp8 KV")   # how the KV-dtype notes begin (optimizer.recommend._dtype_notes)
+
+
+def _kv_note(r: SolveResult, rec: DisaggregatedRecommendation, d: Any, kv_searched: tuple[str, ...],
+             max_gpus: int) -> tuple[str, ...]:
+    assert r.cost is not None
     kv = list(kv_searched) or [s["kv_dtype"] for s in d.search]
     if kv == ["bf16"]:
         return ("FP8 KV excluded by search.kv_dtype: [bf16]",)

@@ -90,7 +90,7 @@ def _check_one_number_per_fact(r: SolveResult, d: dict, terminal: str, md: str) 
     assert [ln.split("note: ", 1)[1] for ln in terminal.splitlines() if "  note: " in ln] == notes
     assert [ln[len("- note: "):] for ln in md.splitlines() if ln.startswith("- note: ")] == notes
     for n in notes:
-        if n.startswith(("bf16 KV", "FP8 KV")):
+        if n.startswith(("bf16 KV:", "FP8 KV:")):   # the KV-dtype note of the pick (not "FP8 KV excluded by ...")
             assert n.lower().startswith(rec.kv_dtype), (rec.kv_dtype, n)
             assert ("disaggregated" in n) == isinstance(rec, DisaggregatedRecommendation), n
     # "per replica" only where the load is one replica's

@@ -187,7 +187,7 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
         check_output_path(json_path, "--json")
     if report_dir and Path(report_dir).exists() and not Path(report_dir).is_dir():
         raise InputError(f"--report {report_dir}: exists and is not a folder")
-    spec = load_workload(workload)
+    spec = load_workload(workload, engine)   # its search space cut to what the engine can launch
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     disaggregated_next = "disaggregated" in spec.search.deployment and spec.speculative is None
 
@@ -216,6 +216,8 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
                                        calibration=calibration, engine=engine, profile=profile, jobs=n_jobs,
                                        **extra)
         result = settle(result, spec)   # one number per fact in the terminal, the JSON and the report
+        if spec.notes:   # what reading the workload dropped or filled in for the engine (optimizer.engine_space)
+            result = dataclasses.replace(result, notes=tuple(spec.notes) + tuple(result.notes or ()))
         if report_dir:
             from kvtune.optimizer.report import write_report
             progress.phase("report: plots and report.md")
@@ -291,6 +293,7 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
         if r.closest is not None and r.closest.config:
             lines.append(f"  closest: {_cfg(r.closest.config)}: {r.closest.miss}")
         lines += deployment_lines(r)
+        lines += [f"  note: {n}" for n in r.notes or ()]
         return "\n".join(lines)
     lines.append(f"Recommendation: {describe(rec)} {rec.model} on {rec.gpus} {rec.gpu} "
                  f"({rec.nodes} node{'s' if rec.nodes > 1 else ''}"
