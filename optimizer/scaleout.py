@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import warnings
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -59,6 +60,22 @@ LEFTOVER_S = 60.0    # a heartbeat this old by this machine's clock: left by an 
 
 def sim_study_name(study_name: str) -> str:
     return f"{study_name}:sim"
+
+
+SIM_METRIC = "simulations_in_job (a job's size, not an objective: no trial here is 'best')"
+
+
+def _mark_work_queue(study: optuna.Study, study_name: str) -> None:
+    """Say in the study what it is, so optuna-dashboard does not read a job as an optimum: its
+    metric is named as a job size and a user attribute says where the answer is."""
+    if study.metric_names is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([SIM_METRIC])
+    if "about" not in study.user_attrs:
+        study.set_user_attr("about", f"work queue of kvtune's simulator race: one trial per job of simulations, "
+                                     f"its value the job's size; the screen's trials are study '{study_name}', "
+                                     f"the recommendation is kvtune solve's output (--json)")
 
 
 class _Heartbeat:
@@ -109,6 +126,7 @@ class StudyRunner:
         self.study = optuna.create_study(storage=storage, study_name=sim_study_name(study_name),
                                          direction="maximize", load_if_exists=True,
                                          sampler=optuna.samplers.RandomSampler(seed=0))
+        _mark_work_queue(self.study, study_name)
         self.offset = 0                   # trial number of the current batch's first item
         self.cache: dict[str, dict] = {}
         self.ran = 0                      # items this process simulated
