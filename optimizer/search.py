@@ -482,13 +482,8 @@ def open_study(ctx: SolveContext, sampler: str, storage_url: str | None, study_n
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    from .liveness import pid_alive   # a zombie (a killed --workers child not yet reaped) is dead
+    return pid_alive(pid)
 
 
 def _is_stale(t) -> bool:

@@ -260,28 +260,40 @@ def _write_outputs(result: SolveResult, spec, report_dir: str | None, json_path:
 class _workers:
     """``--workers N``: start N-1 more ``kvtune solve`` processes on the same storage (a temporary
     journal file without ``--storage``), each with ``--workers 1 --jobs 1 --quiet`` and no output
-    files; wait for them on exit. Yields the storage URL this process should use."""
+    files; reap each as it ends (a dead one must not linger as a zombie that looks alive to the
+    others: ``optimizer.scaleout.Reaper``), wait for them on exit and say which one failed. Yields
+    the storage URL this process should use."""
 
     def __init__(self, n: int, storage: str | None, workload: str, argv: list[str]):
         self.n, self.storage, self.workload, self.argv = n, storage, workload, argv
         self.procs: list[subprocess.Popen] = []
         self.tmp: tempfile.TemporaryDirectory | None = None
+        self.reaper: Any = None
 
     def __enter__(self) -> str | None:
         if self.n <= 1:
             return self.storage
-        from kvtune.optimizer.scaleout import spawn_workers
+        from kvtune.optimizer.scaleout import Reaper, spawn_workers
         if not self.storage:
             self.tmp = tempfile.TemporaryDirectory(prefix="kvtune-workers-")
             self.storage = f"journal:{self.tmp.name}/study.log"
         self.procs = spawn_workers(self.argv, self.storage, self.n - 1)
+        self.reaper = Reaper(self.procs)
         return self.storage
 
     def __exit__(self, *exc) -> None:
+        if self.reaper is not None:
+            self.reaper.close()
         for p in self.procs:
             if exc[0] is not None:
                 p.terminate()
             p.wait()
+        if exc[0] is None:
+            for p in self.procs:
+                if p.returncode not in (0, Infeasible.exit_code):   # the same answer as this one's: no news
+                    how = f"was killed by signal {-p.returncode}" if p.returncode < 0 else \
+                        f"exited with status {p.returncode}"
+                    click.echo(f"warning: --workers process {p.pid} {how}; the other processes did its share", err=True)
         if self.tmp is not None:
             self.tmp.cleanup()
 
