@@ -21,6 +21,8 @@ recommended is decided by the simulator. Stages, each a batch of independent sim
         run cannot drop a config that a full run would keep;
       - a full simulation at the bar, on the very requests verification would use there;
       - if it meets: verified (``optimizer.verify.verify``, draw 0); the best if it beats the best.
+        With no best yet, the bar is the rate on the most replicas the config could need
+        (``replicas_bound``) or max_nodes allows, whichever is fewer.
    Then the best is made robust to the request draw (``optimizer.verify.robust``; a robust figure
    is never better than a nominal one, so the verified configs are made robust in rank order until
    none can beat the robust best). min_cost: if robust sizing cost the best its rank (more
@@ -422,6 +424,17 @@ def ranked_goodput(v: Verification) -> float:
     return (v.per_replica_goodput_req_s if g is None else g) * (v.replicas or 0)
 
 
+def replicas_bound(ctx: SolveContext, p: dict) -> int:
+    """The most replicas config ``p`` could need for the target rate (min_cost): its group met
+    the SLOs at zero load, simulated at ``ZERO_LOAD_SHARE`` x the decode-bound capacity of its
+    largest batch cap, which is at least that share of ``p``'s own (capacity does not fall with
+    the batch cap); attainment only falls with load, so each of ``rate / (ZERO_LOAD_SHARE x
+    capacity)`` replicas serves at a rate already shown to meet. Its cheapest deployment needs
+    no more, so no bar is set below that rate, however many more GPUs hardware.max_nodes offers:
+    the race is the same for max_nodes 10,000 and 100,000 (``tests/test_search_cost.py``)."""
+    return max(1, math.ceil(ctx.rate_req_s / (ZERO_LOAD_SHARE * _capacity(ctx, p))))
+
+
 def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None) -> tuple[float | None, int, str]:
     """(per-replica rate config ``p`` must serve to beat ``best``, the replicas it would then
     take, what it would beat); rate None: it cannot beat it at any rate.
@@ -444,6 +457,9 @@ def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None) -> tuple[fl
         if r < 1:
             return None, 0, (f"a replica needs {tp} GPUs > the {ctx.max_gpus} GPUs of hardware.max_nodes "
                              f"{ctx.spec.hardware.max_nodes}")
+        need = replicas_bound(ctx, p)
+        if need < r:   # max_nodes offers more than this config could use (replicas_bound)
+            return rate / need, need, f"the most {tp}-GPU replicas it could need ({need})"
         return rate / r, r, f"the most {tp}-GPU replicas hardware.max_nodes allows ({r})"
     gpus = best.gpus or 0  # a verified best: sized
     why = f"${best.usd_per_hour:.2f}/h ({gpus} GPUs) of {config_key(best.params)}"
