@@ -85,12 +85,13 @@ def _units(spec: WorkloadSpec, c: DisaggCandidate, max_total: int, rate: float) 
     return max(1, max_total // c.gpus)
 
 
-def _score(spec: WorkloadSpec, max_total: int, rate: float, usd: float) -> Callable[[DisaggCandidate], tuple]:
+def _score(spec: WorkloadSpec, max_total: int, rate: float, usd: float,
+           usd_cap: float = math.inf) -> Callable[[DisaggCandidate], tuple]:
     def score(c: DisaggCandidate) -> tuple:
         if not c.goodput_req_s > 0:
             return (math.inf, 0.0)
         u = _units(spec, c, max_total, rate)
-        if u * c.gpus > max_total:
+        if u * c.gpus > max_total or (spec.objective == "min_cost" and u * c.gpus * usd > usd_cap * (1 + 1e-12)):
             return (math.inf, 0.0)
         if spec.objective == "min_cost":
             return (u * c.gpus * usd, -c.goodput_req_s)
@@ -99,12 +100,13 @@ def _score(spec: WorkloadSpec, max_total: int, rate: float, usd: float) -> Calla
 
 
 def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibration: str | None = None,
-                         engine: str | None = None, profile: str | None = None, jobs: int = 1
-                         ) -> tuple[DisaggregatedAnswer, SolveContext | None]:
+                         engine: str | None = None, profile: str | None = None, jobs: int = 1,
+                         usd_cap: float = math.inf) -> tuple[DisaggregatedAnswer, SolveContext | None]:
     """The best disaggregated deployment for ``spec`` (or why none), and the solve context it was
     searched in (None where skipped). The search's ``DISAGG_VERIFY`` best candidates are verified
     on the aggregated kind's evidence (``optimizer.disagg_verify``), ranked by the objective, and
-    the best made robust to the draw."""
+    the best made robust to the draw. ``usd_cap`` (min_cost): only deployments at or below it count
+    (another GPU type has one there)."""
     if spec.speculative is not None:
         return DisaggregatedAnswer(DisaggregatedMiss(
             status="skipped", reason="speculative decoding is searched for aggregated replicas only")), None
@@ -113,7 +115,7 @@ def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibratio
     max_total = h.max_nodes * h.gpus_per_node
     rate = ctx.rate_req_s
     eng = ctx.engine.engine or DEFAULT_ENGINE
-    score = _score(spec, max_total, rate, h.usd_per_gpu_hour)
+    score = _score(spec, max_total, rate, h.usd_per_gpu_hour, usd_cap)
 
     def make(r, n, s):
         return spec.requests(n, s, rate_req_s=r)
@@ -133,7 +135,7 @@ def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibratio
                    and math.isfinite(score(c)[0])]
     finals.sort(key=lambda f: (f[0], f[1]))
     top = [(kv, c) for _, _, kv, c in finals[:DISAGG_VERIFY]]
-    best = _best_unit(ctx, fork_map(lambda kc: verify_unit(ctx, kc[1], kc[0], eng), top, jobs))
+    best = _best_unit(ctx, fork_map(lambda kc: verify_unit(ctx, kc[1], kc[0], eng), top, jobs), usd_cap)
     if best is None:
         return DisaggregatedAnswer(DisaggregatedMiss(
             status="infeasible", reason="no disaggregated deployment of single-node replicas met the SLOs"
@@ -141,16 +143,21 @@ def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibratio
     return DisaggregatedAnswer(_summary(ctx, best), tuple(searches), best), ctx
 
 
-def _best_unit(ctx: SolveContext, nominal: list[UnitVerification]) -> UnitVerification | None:
+def _best_unit(ctx: SolveContext, nominal: list[UnitVerification], usd_cap: float = math.inf
+               ) -> UnitVerification | None:
     """The best of the nominal verifications under the objective, made robust to the draw: in
     nominal rank order, each that could still beat the best (a nominal figure bounds its robust
-    one) is made robust (``robust_unit``)."""
+    one) is made robust (``robust_unit``); none dearer than ``usd_cap`` (min_cost)."""
+    cap = usd_cap if ctx.spec.objective == "min_cost" else math.inf
+
+    def ok(u: UnitVerification) -> bool:
+        return u.feasible and u.usd_per_hour <= cap * (1 + 1e-12)
     best: UnitVerification | None = None
-    for u in sorted((u for u in nominal if u.feasible), key=lambda u: unit_rank(ctx, u)):
+    for u in sorted((u for u in nominal if ok(u)), key=lambda u: unit_rank(ctx, u)):
         if best is not None and not unit_rank(ctx, u) < unit_rank(ctx, best):
             break
         r = robust_unit(ctx, u)
-        if r.feasible and (best is None or unit_rank(ctx, r) < unit_rank(ctx, best)):
+        if ok(r) and (best is None or unit_rank(ctx, r) < unit_rank(ctx, best)):
             best = r
     return best
 
@@ -237,7 +244,7 @@ def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] 
         return dataclasses.replace(agg, deployment=DeploymentChoice(searched=kinds, kind="aggregated"))
     over = {k: kwargs.get(k) for k in ("calibration", "engine", "profile")}
     dis, ctx = disaggregated_answer(spec, kwargs.get("seed"), over["calibration"], over["engine"], over["profile"],
-                                    int(kwargs.get("jobs") or 1))
+                                    int(kwargs.get("jobs") or 1), kwargs.get("usd_cap", math.inf))
     shown = _agg_summary(agg)
     a = shown if "aggregated" in kinds else None
     x = dis.pick

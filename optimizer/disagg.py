@@ -173,9 +173,12 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
                                 # the best score this candidate could reach: its bound as its goodput
                                 lb = score(DisaggCandidate(pc, dc, link, ub, ub))
                                 cands.append((lb, ub, pc, dc, link, pp, dp))
+    screened = len(cands)
+    # a candidate whose best possible score is no score at all (its bound cannot serve the objective
+    # within the GPUs or the price allowed) cannot win at any rate: pruned unsimulated
+    cands = [c for c in cands if math.isfinite(c[0][0])]
     cands.sort(key=lambda c: (c[0], c[2].gpus + c[3].gpus, c[2].tp, c[3].tp, c[2].replicas, c[3].replicas,
                               c[2].chunk_tokens, c[3].batch_cap))
-    screened = len(cands)
 
     def run(c, n, tol) -> tuple[float, int, str]:
         _, ub, _, _, link, pp, dp = c

@@ -51,22 +51,23 @@ def pareto_front(items: list[ParetoPoint]) -> list[ParetoPoint]:
 
 def recommend(ctx: SolveContext, study: optuna.Study, sampler: str, verify_top: int = VERIFY_TOP,
               runner: LocalRunner | StudyRunner | None = None,
-              on_stage: Callable[[str, int], None] | None = None, overrides: dict | None = None) -> SolveResult:
+              on_stage: Callable[[str, int], None] | None = None, overrides: dict | None = None,
+              usd_cap: float = math.inf) -> SolveResult:
     """The result (``status`` ok or infeasible): the race's best robust verification. ``on_stage(name,
     n)`` hears each stage of the race as it starts (a progress display). ``overrides``: the
     ``calibration``/``engine``/``profile`` the solve was given (the printed ``kvtune simulate``
-    command repeats them)."""
+    command repeats them). ``usd_cap``: only deployments at or below it count (``optimizer.simsearch.race``)."""
     evals = completed_evals(study)
     own = runner is None
     runner = runner or LocalRunner(ctx)
     try:
-        r = race(ctx, runner, on_stage=on_stage, seeds=verify_top)
+        r = race(ctx, runner, on_stage=on_stage, seeds=verify_top, usd_cap=usd_cap)
     finally:
         if own:
             runner.close()
     pick = r.best
     if pick is None:
-        return _infeasible(ctx, study, evals, sampler, r)
+        return _infeasible(ctx, study, evals, sampler, r, usd_cap)
     return _ok(ctx, study, evals, sampler, r, pick, evaluate(ctx, pick.params), _dtype_notes(ctx, pick, r), overrides)
 
 
@@ -178,7 +179,16 @@ def _verified_row(v: Verification) -> VerifiedRow:
                        simulations=v.simulations, reason=v.reason)
 
 
-def _infeasible(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler: str, r: Race) -> SolveResult:
+def _infeasible(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler: str, r: Race,
+                usd_cap: float = math.inf) -> SolveResult:
+    """No answer: ``infeasible`` with the reason and the closest miss, or, searched only up to
+    ``usd_cap`` (another GPU type has a deployment there) with configs that meet the SLOs at some
+    load, ``dearer``: nothing at or below that price (the search went no further)."""
+    alive = any(o.status not in ("zero_load", "never_fits") for o in r.outcomes)
+    if math.isfinite(usd_cap) and alive:
+        return SolveResult(**_base(ctx, study, evals, sampler, r), status="dearer", reason=(
+            f"no deployment at or below ${usd_cap:.2f}/h meets the SLOs (a cheaper GPU type was found first; "
+            f"searched no further)"))
     reason, closest = _why_infeasible(ctx, r)
     return SolveResult(**_base(ctx, study, evals, sampler, r), status="infeasible", reason=reason, closest=closest)
 
@@ -230,7 +240,7 @@ def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str
           storage: str | None = None, study_name: str | None = None, verify_top: int = VERIFY_TOP,
           on_trial: Callable[[int, int], None] | None = None, calibration: str | None = None,
           engine: str | None = None, profile: str | None = None, jobs: int = 1,
-          on_stage: Callable[[str, int], None] | None = None) -> SolveResult:
+          on_stage: Callable[[str, int], None] | None = None, usd_cap: float = math.inf) -> SolveResult:
     """Search, verify and recommend: the whole ``kvtune solve`` for a loaded ``WorkloadSpec``.
     ``seed`` drives the sampler; the simulated request sample follows ``spec.search.seed``.
     ``calibration``/``engine``/``profile`` override the spec's (see ``SolveContext.build``).
@@ -250,7 +260,7 @@ def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str
             runner = LocalRunner(ctx, jobs)
         with runner:
             return recommend(ctx, study, sampler, verify_top, runner, on_stage,
-                             {"calibration": calibration, "engine": engine, "profile": profile})
+                             {"calibration": calibration, "engine": engine, "profile": profile}, usd_cap)
 
 
 @contextlib.contextmanager

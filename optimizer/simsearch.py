@@ -23,11 +23,13 @@ recommended is decided by the simulator. Stages, each a batch of independent sim
       - if it meets: verified (``optimizer.verify.verify``, draw 0); the best if it beats the best.
         With no best yet, the bar is the rate on the most replicas the config could need
         (``replicas_bound``) or max_nodes allows, whichever is fewer.
-   Then the best is made robust to the request draw (``optimizer.verify.robust``; a robust figure
-   is never better than a nominal one, so the verified configs are made robust in rank order until
-   none can beat the robust best). min_cost: if robust sizing cost the best its rank (more
-   replicas), every config beaten or pruned against the nominal best is raced again against the
-   robust one, until the best holds, so no config is dropped against figures that do not hold.
+   Then the best is made robust to the request draw (``optimizer.verify.robust``: min_cost adds
+   replicas until every fresh draw meets, the draws that missed most often tried first). A robust
+   figure is never better than a nominal one, so the verified configs are made robust in rank
+   order until none can beat the robust best. min_cost: if that cost the best its rank, the configs
+   beaten or pruned against the nominal best are raced once more against the robust one, each
+   winner now made robust (checking no more replicas than could still beat the best) before it
+   becomes the best, so no config is dropped against figures that do not hold.
 4. closest (an infeasible min_cost answer): the ``CLOSEST`` configs that look nearest (screened
    goodput per GPU) are verified, so the answer names the one that needs the fewest GPUs.
 
@@ -47,7 +49,7 @@ from typing import Callable
 
 import numpy as np
 
-from kvtune.costmodel.goodput import capacity_bound_req_s
+from kvtune.costmodel.goodput import capacity_bound_req_s, completion_rate_req_s
 
 from .layouts import gpus_per_replica
 from .objective import objective_rank, prefers_bf16
@@ -57,7 +59,7 @@ from .verify import (REL_TOL, Verification, config_requests, draw_attainment, ro
 
 __all__ = ["Probe", "Outcome", "Race", "race", "candidates", "bar_req_s", "rank", "LocalRunner",
            "upper_attainment", "binomial_interval", "ZERO_LOAD_SHARE", "SEEDS", "BATCH", "CAPACITY_SLACK",
-           "SHORT_SHARE", "CONFIDENCE", "STRETCHES", "CLOSEST"]
+           "SHORT_SHARE", "CONFIDENCE", "STRETCHES", "CLOSEST", "EQUAL_COST_MARGIN", "OVERLOAD"]
 
 ZERO_LOAD_SHARE = 1e-3  # zero-load probe rate, as a share of the decode-bound capacity (goodput's own)
 SEEDS = 4               # configs fully verified before the race (best screened of distinct structures)
@@ -69,6 +71,13 @@ SHORT_MIN = 300
 CONFIDENCE = 0.99       # one-sided confidence of the bounds a short probe is judged by
 STRETCHES = 10          # batch means: a short probe's measured requests cut into this many stretches
 CLOSEST = 3             # an infeasible min_cost answer: configs verified to name the closest miss
+EQUAL_COST_MARGIN = 0.01  # min_cost: a config at the best's $/h must beat its goodput by this much to be raced
+                        # (twice the bisection tolerance: closer goodputs are not told apart; the pick's goodput
+                        # is then at least 1/1.01 of the best at its $/h)
+OVERLOAD = 0.8          # a full probe whose middle completions run below this share of its rate is overloaded:
+                        # the engine does not keep up, so its goodput (at most its saturated throughput, where the
+                        # SLOs are loose enough to hold anyway) is below the rate (Poisson noise on >= 667 middle
+                        # completions: ~4% sd)
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
 _LAYOUT_KEYS = ("layout", "pp", "ep", "dp_attention")
 
@@ -86,6 +95,7 @@ class Probe:
     reason: str = ""     # why it misses, when it does (zero-load probes)
     lower: float = 0.0   # confidence bounds on the attainment (CONFIDENCE, one-sided each): exact
     upper: float = 1.0   # binomial at zero load, batch means under load (``upper_attainment``)
+    served_req_s: float = math.inf   # completions per second over the middle of the run (completion_rate_req_s)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -207,7 +217,8 @@ def execute(ctx: SolveContext, w: Work) -> dict:
     lo_b, hi_b = binomial_interval(int(met.sum()), int(met.size))
     lo_s, hi_s = upper_attainment(met)
     return Probe(config_key(p), w.rate_req_s, w.n_requests, float(res.slo_attainment), meets, int(res.rejected),
-                 "" if meets else _miss_reason(res, req, a), min(lo_b, lo_s), max(hi_b, hi_s)).to_json()
+                 "" if meets else _miss_reason(res, req, a), min(lo_b, lo_s), max(hi_b, hi_s),
+                 completion_rate_req_s(res)).to_json()
 
 
 def binomial_interval(met: int, measured: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -435,13 +446,40 @@ def replicas_bound(ctx: SolveContext, p: dict) -> int:
     return max(1, math.ceil(ctx.rate_req_s / (ZERO_LOAD_SHARE * _capacity(ctx, p))))
 
 
-def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None) -> tuple[float | None, int, str]:
+def _replicas_to_beat(ctx: SolveContext, v: Verification, best: Verification | None,
+                      usd_cap: float = math.inf) -> int:
+    """min_cost: the most replicas of ``v``'s config that could still beat ``best`` (fewer GPUs; as
+    many with bf16 KV against fp8, or with more goodput on the workload's draw in the same KV class),
+    or with no best every replica max_nodes allows within ``usd_cap``; 0: none."""
+    gpr = gpus_per_replica(v.params)
+    if best is None:
+        return _gpus_within(ctx, usd_cap) // gpr
+    g = best.gpus or 0
+    cap = (g - 1) // gpr
+    if g % gpr == 0:
+        both = prefers_bf16(ctx.spec.search.kv_dtype)
+        mine, theirs = both and v.params["kv_dtype"] != "bf16", both and best.params["kv_dtype"] != "bf16"
+        per = v.nominal_per_replica_goodput_req_s or v.per_replica_goodput_req_s
+        if (theirs and not mine) or (mine == theirs and per * (g // gpr) > ranked_goodput(best)):
+            cap = max(cap, g // gpr)
+    return cap
+
+
+def _gpus_within(ctx: SolveContext, usd_cap: float) -> int:
+    """The GPUs max_nodes allows, at most as many as ``usd_cap`` pays for."""
+    if not math.isfinite(usd_cap):
+        return ctx.max_gpus
+    return min(ctx.max_gpus, int(usd_cap / ctx.spec.hardware.usd_per_gpu_hour * (1 + 1e-12)))
+
+
+def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None,
+              usd_cap: float = math.inf) -> tuple[float | None, int, str]:
     """(per-replica rate config ``p`` must serve to beat ``best``, the replicas it would then
     take, what it would beat); rate None: it cannot beat it at any rate.
 
     min_cost: ``best`` holds ``params``, ``gpus``, ``usd_per_hour`` and ``goodput_req_s``. ``p``
     beats it on fewer GPUs; on as many, with bf16 KV against fp8 KV (when both are searched), or
-    with more goodput (by the bisection tolerance) in the same KV class. The lowest of those rates.
+    with more goodput (by ``EQUAL_COST_MARGIN``) in the same KV class. The lowest of those rates.
     With no best yet, the bar is the rate on the most replicas max_nodes allows. max_goodput:
     ``best`` is a verification; ``p`` beats it with more goodput per GPU (by the bisection
     tolerance)."""
@@ -453,14 +491,17 @@ def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None) -> tuple[fl
         return q * tp * (1 + REL_TOL), ctx.max_gpus // tp, f"{q:.3g} req/s per GPU of {config_key(best.params)}"
     rate = ctx.rate_req_s
     if best is None:
-        r = ctx.max_gpus // tp
+        r = _gpus_within(ctx, usd_cap) // tp
+        if r < 1 and math.isfinite(usd_cap) and ctx.max_gpus >= tp:
+            return None, 0, f"a replica of {tp} GPUs costs more than ${usd_cap:.2f}/h, found on another GPU type"
         if r < 1:
             return None, 0, (f"a replica needs {tp} GPUs > the {ctx.max_gpus} GPUs of hardware.max_nodes "
                              f"{ctx.spec.hardware.max_nodes}")
         need = replicas_bound(ctx, p)
         if need < r:   # max_nodes offers more than this config could use (replicas_bound)
             return rate / need, need, f"the most {tp}-GPU replicas it could need ({need})"
-        return rate / r, r, f"the most {tp}-GPU replicas hardware.max_nodes allows ({r})"
+        return rate / r, r, (f"the most {tp}-GPU replicas hardware.max_nodes allows ({r})" if not math.isfinite(usd_cap)
+                             else f"the most {tp}-GPU replicas within ${usd_cap:.2f}/h, found on another GPU type ({r})")
     gpus = best.gpus or 0  # a verified best: sized
     why = f"${best.usd_per_hour:.2f}/h ({gpus} GPUs) of {config_key(best.params)}"
     options = []
@@ -474,7 +515,7 @@ def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None) -> tuple[fl
         if theirs and not mine:                                 # bf16 KV on as many GPUs wins
             options.append((rate / r, r, why + " (bf16 KV on as many GPUs)"))
         elif mine == theirs:                                    # more goodput on as many GPUs
-            more = max(rate, ranked_goodput(best) * (1 + REL_TOL))
+            more = max(rate, ranked_goodput(best) * (1 + EQUAL_COST_MARGIN))
             options.append((more / r, r, f"{ranked_goodput(best):.3g} req/s on {why}"))
     if not options:
         return None, 0, f"{tp} GPUs per replica cannot beat {why}"
@@ -483,11 +524,13 @@ def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None) -> tuple[fl
 
 # ---- the race --------------------------------------------------------------------------------------
 def race(ctx: SolveContext, runner=None, on_stage: Callable[[str, int], None] | None = None,
-         seeds: int = SEEDS) -> Race:
+         seeds: int = SEEDS, usd_cap: float = math.inf) -> Race:
     """Zero-load probes, then the race (module docstring). ``runner.run(list[Work])`` returns
-    their results in order (``LocalRunner`` or ``optimizer.scaleout.StudyRunner``)."""
+    their results in order (``LocalRunner`` or ``optimizer.scaleout.StudyRunner``). ``usd_cap``
+    (min_cost): only deployments at or below this $/h count (another GPU type already has one
+    there, ``optimizer.gpu_choice``); nothing found is then no answer, without a closest miss."""
     runner = runner or LocalRunner(ctx)
-    st = _State(ctx, runner, on_stage)
+    st = _State(ctx, runner, on_stage, usd_cap if ctx.spec.objective == "min_cost" else math.inf)
     fit, nofit = candidates(ctx, runner)
     alive = st.zero_load(fit)
     alive.sort(key=lambda e: _prior(ctx, e))
@@ -496,20 +539,33 @@ def race(ctx: SolveContext, runner=None, on_stage: Callable[[str, int], None] | 
         st.settle()             # goodput is ranked on draw 0: robust sizing never costs the best its rank
     else:
         st.race_cost(alive)
-        if st.best is None:
+        if st.best is None and not math.isfinite(st.usd_cap):
+            st.robust_now = True
             st.closest(alive)
-            st.settle()
     order = {config_key(ev.params): i for i, ev in enumerate(fit)}
     outs = tuple(sorted(st.outcomes.values(), key=lambda o: order[config_key(o.config)]))
     return Race(outs, st.sims, tuple(st.zl), tuple((config_key(e.params), e.reason) for e in nofit),
                 len(st.keys), st.best)
 
 
+def _meets(pr: Probe) -> bool:
+    """A full probe meets the bar: the SLO attainment target, and the engine keeps up with the rate
+    (``OVERLOAD``): a finite run can meet loose SLOs while its queue only grows."""
+    return pr.meets and pr.served_req_s >= OVERLOAD * pr.rate_req_s
+
+
+def _beaten(pr: Probe, bar: float, why: str) -> str:
+    if pr.meets:
+        return (f"overloaded at {bar:.3g} req/s per replica (completes {pr.served_req_s:.3g} req/s in the middle of "
+                f"the run, < {OVERLOAD:g} x the rate): cannot beat {why}")
+    return f"attainment {pr.attainment:.3f} at {bar:.3g} req/s per replica: cannot beat {why}"
+
+
 class _State:
     """The race's bookkeeping: outcomes, the best so far, simulations spent."""
 
-    def __init__(self, ctx: SolveContext, runner, on_stage):
-        self.ctx, self.runner, self.on_stage = ctx, runner, on_stage
+    def __init__(self, ctx: SolveContext, runner, on_stage, usd_cap: float = math.inf):
+        self.ctx, self.runner, self.on_stage, self.usd_cap = ctx, runner, on_stage, usd_cap
         self.outcomes: dict[str, Outcome] = {}
         self.sims = 0
         self.zl: list[Probe] = []
@@ -517,6 +573,8 @@ class _State:
         self.spent: dict[str, int] = {}
         self.a = ctx.spec.slo.attainment
         self.keys: set[str] = set()
+        self.misses: dict[int, int] = {}   # fresh draw seed -> robust checks it missed (hardest first)
+        self.robust_now = False   # min_cost: winners made robust before they become the best (race_cost)
 
     def stage(self, name: str, n: int) -> None:
         if self.on_stage:
@@ -545,38 +603,56 @@ class _State:
             self._record(ev.params, v, v.simulations)
         return res
 
-    def robust(self, v: Verification) -> Verification:
+    def robust(self, v: Verification, max_replicas: int | None = None) -> Verification:
         """``v`` (nominal) made robust to the request draw (``optimizer.verify.robust``), its draws run
-        as work items (several at a time); its simulations add to the nominal ones."""
-        p, n = _freeze(v.params), int(v.sim_requests or 0)
+        as work items (several at a time), the draws that missed most often so far tried first; its
+        simulations add to the nominal ones. ``max_replicas`` (min_cost): the most worth checking."""
+        p, n, a = _freeze(v.params), int(v.sim_requests or 0), self.a
 
         def many(pairs: list[tuple[int, float]]) -> list[float]:
-            return [d["attainment"] for d in self._run([Work("draw", p, rate, n, s) for s, rate in pairs])]
-        r = robust(self.ctx, v, many)
+            out = [d["attainment"] for d in self._run([Work("draw", p, rate, n, s) for s, rate in pairs])]
+            for (s, _), x in zip(pairs, out):
+                self.misses[s] = self.misses.get(s, 0) + (x < a)
+            return out
+        order = sorted(self.misses, key=lambda s: (-self.misses[s], s))
+        r = robust(self.ctx, v, many, max_replicas, order)
         self._record(v.params, r, r.simulations - v.simulations)
         return r
 
     def consider(self, res: list[Verification]) -> None:
-        """Nominal verifications, in rank order: each that beats the best becomes it (nominal until
-        ``settle`` makes it robust)."""
-        for v in sorted((v for v in res if v.feasible), key=lambda v: rank(self.ctx, v)):
-            if self.best is None or rank(self.ctx, v) < rank(self.ctx, self.best):
+        """Nominal verifications, in rank order, against the best: each that beats it becomes the
+        best, nominal until ``settle``; once ``robust_now`` (min_cost, after the best lost its rank
+        to robust sizing), each that could beat it is made robust first, checking no more replicas
+        than could still beat the best, and becomes the best only if its robust figures say so."""
+        for v in sorted((v for v in res if self._ok(v)), key=lambda v: rank(self.ctx, v)):
+            if self.best is not None and not rank(self.ctx, v) < rank(self.ctx, self.best):
+                continue
+            if self.ctx.spec.objective == "max_goodput" or not self.robust_now:
                 self.best = v
+                continue
+            r = self.robust(v, _replicas_to_beat(self.ctx, v, self.best, self.usd_cap))
+            if self._ok(r) and (self.best is None or rank(self.ctx, r) < rank(self.ctx, self.best)):
+                self.best = r
+
+    def _ok(self, v: Verification) -> bool:
+        """Feasible, and at or below the cost cap."""
+        return v.feasible and (v.usd_per_hour or 0.0) <= self.usd_cap * (1 + 1e-12)
 
     def settle(self) -> bool:
-        """Make the best robust (``optimizer.verify.robust``): in rank order, each verified config
-        that could still beat the best robust one so far (a nominal figure bounds its robust one)
-        is made robust. True if the best's rank held, so that every config judged against the
-        nominal best was judged exactly as against the robust one."""
+        """Make the best robust: in rank order, each verified config that could still beat the best
+        robust one so far (a nominal figure bounds its robust one) is made robust (min_cost: checking
+        no more replicas than could beat it). True if the best kept its rank: every config judged
+        against the nominal best was then judged as against the robust one."""
         before = rank(self.ctx, self.best) if self.best is not None else None
         pool = sorted((o.verification for o in self.outcomes.values() if o.status == "verified"
-                       and o.verification is not None and o.verification.feasible), key=lambda v: rank(self.ctx, v))
+                       and o.verification is not None and self._ok(o.verification)), key=lambda v: rank(self.ctx, v))
         best = None
         for v in pool:
             if best is not None and not rank(self.ctx, v) < rank(self.ctx, best):
                 break
-            r = v if v.robust else self.robust(v)
-            if r.feasible and (best is None or rank(self.ctx, r) < rank(self.ctx, best)):
+            cap = _replicas_to_beat(self.ctx, v, best, self.usd_cap) if self.ctx.spec.objective == "min_cost" else None
+            r = v if v.robust else self.robust(v, cap)
+            if self._ok(r) and (best is None or rank(self.ctx, r) < rank(self.ctx, best)):
                 best = r
         self.best = best
         return best is None or rank(self.ctx, best) == before
@@ -623,7 +699,7 @@ class _State:
         keep = []
         for ev in chunk:
             p = ev.params
-            bar, r, why = bar_req_s(self.ctx, p, self.best)
+            bar, r, why = bar_req_s(self.ctx, p, self.best, self.usd_cap)
             if bar is None:
                 self.out(ev, "pruned", why)
                 continue
@@ -660,22 +736,24 @@ class _State:
             if got is None:
                 continue
             pr = got
-            if pr.meets:
+            if _meets(pr):
                 winners.append(c)
             else:
-                self.out(c[0], "beaten", f"attainment {pr.attainment:.3f} at {c[1]:.3g} req/s per replica: cannot beat {c[3]}")
+                self.out(c[0], "beaten", _beaten(pr, c[1], c[3]))
         return winners
 
     def race_cost(self, alive: list[Evaluation]) -> None:
         """min_cost: every config against the best verified deployment so far (``_race_cost``),
-        then the best made robust (``settle``). Where robust sizing cost it rank, the configs beaten
-        or pruned against the better nominal figures are raced again against the robust best, until
-        the best holds: the answer is as if every config had been judged against robust figures."""
+        then the best made robust (``settle``). Where robust sizing cost it its rank, the configs
+        beaten or pruned against the nominal figures are raced once more against the robust best,
+        every winner now made robust before it becomes the best: the answer is as if every config
+        had been judged against robust figures."""
         self._race_cost(alive)
-        while not self.settle():
-            again = [ev for ev in alive if self.outcomes[config_key(ev.params)].status in ("beaten", "pruned")]
-            if not again:
-                return
+        if self.settle():
+            return
+        self.robust_now = True
+        again = [ev for ev in alive if self.outcomes[config_key(ev.params)].status in ("beaten", "pruned")]
+        if again:
             self.stage("race again", len(again))
             self._race_cost(again)
 
@@ -687,15 +765,14 @@ class _State:
             self.stage("race", len(alive[i:i + BATCH]))
             for ev, bar, _r, _why in self.meets_bar(self.screen_bar(alive[i:i + BATCH])):
                 p = ev.params
-                bar2, _r2, why2 = bar_req_s(ctx, p, self.best)
+                bar2, _r2, why2 = bar_req_s(ctx, p, self.best, self.usd_cap)
                 if bar2 is None:                      # an earlier winner of this batch is cheaper
                     self.out(ev, "beaten", f"meets {bar:.3g} req/s per replica, but {why2}")
                     continue
                 if bar2 > bar:                        # ... so it must serve more per replica
                     pr = self.probe([(p, bar2, _n(ctx, ev))])[0]
-                    if not pr.meets:
-                        self.out(ev, "beaten", f"attainment {pr.attainment:.3f} at {bar2:.3g} req/s per replica: "
-                                               f"cannot beat {why2}")
+                    if not _meets(pr):
+                        self.out(ev, "beaten", _beaten(pr, bar2, why2))
                         continue
                 self.consider(self.verify([ev]))
 

@@ -40,6 +40,7 @@ MAX_SIM_REQUESTS = 6000  # cap on requests per simulated rate (simulation time)
 REL_TOL = 0.005        # goodput bisection tolerance: two configs compared at 1% need a finer step
 DRAWS = 19             # fresh draws of a robust verification: P(a 20th one's goodput < the least of 19) = 1/20
 STEP_DOWN = 0.97       # a draw that misses at a rate: its goodput is looked for first this much lower
+DRAW_BATCH = 2         # min_cost: draws tried at a time (one batch of work items) before giving up on a miss
 
 
 @dataclass(frozen=True)
@@ -315,11 +316,18 @@ class DrawSet:
     def replicas_for(self, seeds: list[int], replicas: int, max_replicas: int,
                      load_for: Callable[[int], float]) -> int | None:
         """min_cost: the fewest replicas from ``replicas`` up (at most ``max_replicas``) at whose
-        per-replica load (``load_for``) every draw meets the target; None: none within the budget."""
+        per-replica load (``load_for``) every draw meets the target; None: none within the budget.
+        The draws are tried in the order given, ``DRAW_BATCH`` at a time, and a count of replicas is
+        given up at its first miss (the hardest draws first make a config that fails cheap)."""
         r = replicas
         while r <= max_replicas:
-            self.prefetch([(s, load_for(r)) for s in seeds])
-            if all(self.meets(s, load_for(r)) for s in seeds):
+            load = load_for(r)
+            for i in range(0, len(seeds), DRAW_BATCH):
+                part = seeds[i:i + DRAW_BATCH]
+                self.prefetch([(s, load) for s in part])
+                if not all(self.meets(s, load) for s in part):
+                    break
+            else:
                 return r
             r += 1
         return None
@@ -359,13 +367,17 @@ def robust_config(ctx: SolveContext, params: dict, nominal_req_s: float, n: int)
 
 
 def robust(ctx: SolveContext, v: Verification,
-           attain_many: Callable[[list[tuple[int, float]]], list[float]] | None = None) -> Verification:
+           attain_many: Callable[[list[tuple[int, float]]], list[float]] | None = None,
+           max_replicas: int | None = None, order: list[int] | None = None) -> Verification:
     """A nominal verification made robust to the request draw (module docstring): every fresh draw
     meets the target at the deployment's per-replica load (min_cost: replicas added until they do;
     max_goodput: the goodput the least over the draws). Its latency percentiles and attainment are
     the first fresh draw's at that load, which ``simulate_at`` (and so ``kvtune simulate``) reproduces.
     ``attain_many(pairs)``: the attainment of each (seed, per-replica rate) draw of this config, run
-    as a batch (the race's runner; ``draw_attainment`` is one of them); the result does not depend on it."""
+    as a batch (the race's runner; ``draw_attainment`` is one of them); the result does not depend on it.
+    min_cost: ``max_replicas``, the most replicas worth checking (the race's: beyond them it cannot
+    beat its best; a config that needs more comes back not feasible with ``draws`` None and says
+    so), ``order`` the order the draws are tried in (the race's: the hardest so far first)."""
     if v.replicas is None or v.robust or not v.per_replica_goodput_req_s > 0:
         return v
     p, n = v.params, int(v.sim_requests or config_requests(ctx, v.params))
@@ -375,7 +387,13 @@ def robust(ctx: SolveContext, v: Verification,
     least: float | None = None
     if ctx.spec.objective == "min_cost":
         most = max(v.replicas, ctx.max_gpus // gpus_per_replica(p))
-        r = d.replicas_for(seeds, v.replicas, most, lambda r: ctx.rate_req_s / r)
+        cap = most if max_replicas is None else min(most, max_replicas)
+        tried = [s for s in (order or []) if s in seeds] + [s for s in seeds if s not in (order or [])]
+        r = d.replicas_for(tried, v.replicas, cap, lambda r: ctx.rate_req_s / r)
+        if r is None and cap < most:
+            return dataclasses.replace(v, feasible=False, simulations=v.simulations + d.sims, reason=(
+                f"{_label(p)} misses on a fresh draw of {n:,} requests with up to {cap} replicas, the most "
+                f"that could beat the best so far"))
         if r is None:
             return dataclasses.replace(v, feasible=False, simulations=v.simulations + d.sims, reason=(
                 f"{_label(p)} meets the SLOs on every one of {len(seeds)} fresh draws of {n:,} requests only "

@@ -7,7 +7,8 @@ import pytest
 
 from kvtune.optimizer.recommend import solve
 from kvtune.optimizer.search import Evaluation, SolveContext, config_key, evaluate
-from kvtune.optimizer.simsearch import (Outcome, Probe, Work, LocalRunner, bar_req_s, lattice_configs, race, rank)
+from kvtune.optimizer.simsearch import (EQUAL_COST_MARGIN, Outcome, Probe, Work, LocalRunner, bar_req_s, lattice_configs,
+                                        race, rank)
 from kvtune.optimizer.verify import REL_TOL, Verification, verify_config
 from kvtune.optimizer.workload import load_workload_dict
 
@@ -60,13 +61,13 @@ def test_bars_hand_cases():
                         goodput_req_s=32.0)
     # TP1 bf16 against 4 GPUs of fp8: on 4 GPUs (bf16 wins a tie), 7.5 req/s each
     assert bar_req_s(ctx, p, best)[:2] == (30 / 4, 4)
-    # TP1 fp8 (the same KV class): on 4 GPUs with more goodput (32 req/s by the bisection tolerance), or
+    # TP1 fp8 (the same KV class): on 4 GPUs with more goodput (32 req/s by EQUAL_COST_MARGIN), or
     # cheaper on 3 (10 req/s each): the lower bar
-    assert bar_req_s(ctx, dict(p, kv_dtype="fp8"), best)[:2] == (pytest.approx(32 * (1 + REL_TOL) / 4), 4)
+    assert bar_req_s(ctx, dict(p, kv_dtype="fp8"), best)[:2] == (pytest.approx(32 * (1 + EQUAL_COST_MARGIN) / 4), 4)
     # TP2 fp8: one replica cheaper (30 req/s) or two with more goodput (16.08 each)
-    assert bar_req_s(ctx, dict(p, tp=2, kv_dtype="fp8"), best)[:2] == (pytest.approx(32 * (1 + REL_TOL) / 2), 2)
+    assert bar_req_s(ctx, dict(p, tp=2, kv_dtype="fp8"), best)[:2] == (pytest.approx(32 * (1 + EQUAL_COST_MARGIN) / 2), 2)
     # TP4: no fewer GPUs; as many (one replica) with more goodput
-    assert bar_req_s(ctx, dict(p, tp=4, kv_dtype="fp8"), best)[:2] == (pytest.approx(32 * (1 + REL_TOL)), 1)
+    assert bar_req_s(ctx, dict(p, tp=4, kv_dtype="fp8"), best)[:2] == (pytest.approx(32 * (1 + EQUAL_COST_MARGIN)), 1)
     # fp8 against a bf16 best on as many GPUs never wins (bf16 first at equal cost): only cheaper
     bf = Verification(p, 8.0, 0, True, replicas=4, gpus=4, usd_per_hour=8.0, goodput_req_s=32.0)
     assert bar_req_s(ctx, dict(p, kv_dtype="fp8"), bf)[:2] == (10.0, 3)
