@@ -350,7 +350,7 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
     for g in rows:
         kind = f" ({g.deployment})" if len(kinds) > 1 and g.deployment else ""
         cost = f"${g.usd_per_hour:.2f}/h  goodput {g.goodput_req_s:.2f} req/s on {g.gpus} GPUs{kind}" \
-            if g.status == "ok" else "infeasible"
+            if g.status == "ok" else g.status   # infeasible, or dearer (searched only up to the pick's price)
         lines.append(f"  gpu {g.gpu} (${g.usd_per_gpu_hour:g}/GPU-h): {cost}: {g.why}")
     pareto = r.pareto or ()
     if len(pareto) > 1:
