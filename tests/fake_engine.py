@@ -341,10 +341,17 @@ def main(argv: list[str], style: str) -> int:
     if style == "llamacpp" and not Path(a.model).is_file():
         print(f"llama_model_load: error loading model: failed to open {a.model}", flush=True)
         return 1
+    pidfile = os.environ.get("KVTUNE_FAKE_PIDFILE")
+    if pidfile:   # the tests check every process they caused is gone
+        with open(pidfile, "a") as f:
+            f.write(f"{os.getpid()}\n")
     if _fault("ignore_sigterm") is not None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if _fault("spawn_child") is not None:   # a worker in the engine's process group
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        if pidfile:
+            with open(pidfile, "a") as f:
+                f.write(f"{child.pid}\n")
     cost = dict(DEFAULT_COST, **json.loads(os.environ.get("KVTUNE_FAKE_COST", "{}")))
     S.style, S.args, S.model = style, a, a.model
     threads = 1

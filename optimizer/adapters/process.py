@@ -47,6 +47,21 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _signals_deferred():
+    """Ctrl-C or SIGTERM during a stop waits until the stop is done (a stop cut short leaves an orphan)."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    except (AttributeError, ValueError, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _die_with_parent() -> None:   # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -113,6 +128,10 @@ class EngineProcess:
         p = self.proc
         if p is None or self.stopped_at is not None:
             return
+        with _signals_deferred():
+            self._stop(p)
+
+    def _stop(self, p: subprocess.Popen) -> None:
         try:
             self._signal(signal.SIGTERM)
             try:
