@@ -408,5 +408,55 @@ def write_shims(folder: Path) -> dict[str, Path]:
     return out
 
 
+WORKLOAD = """\
+model: smollm2-135m
+weights: q4_1
+engine: llamacpp
+hardware: {{gpu: {hw}, gpus_per_node: 1, usd_per_gpu_hour: 0.05, max_nodes: 1}}
+workload:
+  rate_req_s: 5
+  classes: [{{name: chat, share: 1.0, input_tokens: {{dist: uniform, min: 24, max: 40}}, output_tokens: 16}}]
+slo: {{ttft_ms: 300, tpot_ms: 30, attainment: 0.9}}
+objective: max_goodput
+search: {{batch_cap: [1, 8], chunk_tokens: [64, 256], trials: 8}}
+"""
+
+
+def setup(tmp: Path, monkeypatch) -> dict[str, Path]:
+    """For a test: the shims, a GGUF file to name, the pid file every fake process is written to
+    (``KVTUNE_FAKE_PIDFILE``), the fake machine's hardware file and a small workload on it."""
+    paths = write_shims(tmp / "shims")
+    pidfile = tmp / "pids"
+    monkeypatch.setenv("KVTUNE_FAKE_PIDFILE", str(pidfile))
+    monkeypatch.setenv("PYTHONPATH", str(tmp / "shims") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    gguf = tmp / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    hw = Path(__file__).resolve().parent / "data" / "fake-cpu.yaml"
+    wl = tmp / "fake.yaml"
+    wl.write_text(WORKLOAD.format(hw=hw))
+    return {**paths, "gguf": gguf, "pidfile": pidfile, "workload": wl, "hardware": hw, "logs": tmp / "logs"}
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def left_behind(pidfile: Path, wait_s: float = 5.0) -> list[int]:
+    """The fake processes written to ``pidfile`` still running after ``wait_s``."""
+    pids = [int(x) for x in pidfile.read_text().split()] if pidfile.exists() else []
+    deadline = time.monotonic() + wait_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[2:], sys.argv[1]))

@@ -4,7 +4,6 @@ and every start is stopped whatever happens: no process is left behind."""
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from pathlib import Path
@@ -34,33 +33,17 @@ def pick(cfg=CFG, **kw):
 @pytest.fixture
 def shims(tmp_path, monkeypatch):
     """The fake engine as llama-server, vllm and sglang; its pids recorded (every one must be gone)."""
-    paths = fake_engine.write_shims(tmp_path / "shims")
-    pidfile = tmp_path / "pids"
-    monkeypatch.setenv("KVTUNE_FAKE_PIDFILE", str(pidfile))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "shims") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    gguf.write_bytes(b"GGUF fake")
-    yield {"paths": paths, "gguf": gguf, "pidfile": pidfile, "logs": tmp_path / "logs"}
-    assert_no_orphans(pidfile)
+    sh = fake_engine.setup(tmp_path, monkeypatch)
+    yield {**sh, "paths": sh}
+    assert_no_orphans(sh["pidfile"])
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:   # a zombie is gone for our purposes (its parent reaps it)
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return True
+    return fake_engine.alive(pid)
 
 
 def assert_no_orphans(pidfile: Path) -> None:
-    pids = [int(x) for x in pidfile.read_text().split()] if pidfile.exists() else []
-    deadline = time.monotonic() + 5
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in pids if alive(p)], "engine processes left behind"
+    assert not fake_engine.left_behind(pidfile), "engine processes left behind"
 
 
 def llama(sh, **kw) -> LocalAdapter:

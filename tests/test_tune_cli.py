@@ -1,0 +1,144 @@
+"""``kvtune tune`` against the fake engine: bad input and engine faults are one ``Error:`` line,
+exit 2/3, nothing half-written and no process left behind; a crashed or interrupted tune resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import fake_engine
+from helpers import kvtune
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    sh = fake_engine.setup(tmp_path, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    yield sh
+    assert not fake_engine.left_behind(sh["pidfile"]), "engine processes left behind"
+
+
+def llama_args(sh, *extra):
+    return [sh["workload"], "--engine-bin", sh["llama-server"], "--model-file", sh["gguf"], "--threads", "1",
+            "-o", "out", *map(str, extra)]
+
+
+def only_error_line(out: str) -> str:
+    errors = [ln for ln in out.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in out, out
+    return errors[0]
+
+
+def nothing_written(tmp: Path) -> None:
+    assert not (tmp / "out").exists()
+    assert not list(tmp.glob(".out.partial-*"))
+
+
+def test_a_budget_of_zero_is_refused_before_anything_starts(fake, tmp_path):
+    for flags in (("--max-runs", "0"), ("--max-engine-s", "0")):
+        code, out = kvtune("tune", *llama_args(fake, *flags))
+        assert code == 2 and "a budget of zero" in only_error_line(out)
+    nothing_written(tmp_path)
+    assert not (tmp_path / "out.journal").exists()
+
+
+def test_an_unreachable_url_is_one_line(fake, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, out = kvtune("tune", fake["workload"], "--url", f"http://127.0.0.1:{port}/v1", "-o", "out")
+    assert code == 2 and "cannot reach the server: connection refused" in only_error_line(out)
+    nothing_written(tmp_path)
+
+
+def test_the_wrong_model_at_the_url_is_one_line(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTUNE_FAKE_FAULT", "wrong_model")
+    from kvtune.optimizer.adapters import free_port
+    port = free_port()
+    proc = subprocess.Popen([fake["llama-server"], "-m", fake["gguf"], "-np", "4", "-c", "512", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        from kvtune.optimizer.adapters.http import Unreachable, get
+        for _ in range(100):
+            try:
+                get(f"http://127.0.0.1:{port}", "/health")
+                break
+            except Unreachable:
+                time.sleep(0.1)
+        code, out = kvtune("tune", fake["workload"], "--url", f"http://127.0.0.1:{port}/v1", "-o", "out")
+    finally:
+        proc.terminate()
+        proc.wait()
+    assert code == 2 and "serves 'Qwen/Qwen2.5-0.5B-Instruct', not the workload's model smollm2-135m" \
+        in only_error_line(out)
+    nothing_written(tmp_path)
+
+
+def test_an_engine_that_never_becomes_healthy(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTUNE_FAKE_FAULT", "never_healthy")
+    code, out = kvtune("tune", *llama_args(fake, "--calibration", "ideal", "--startup-timeout-s", "1"))
+    line = only_error_line(out)
+    assert code == 3 and "was not healthy after 1 s" in line, out
+    nothing_written(tmp_path)
+
+
+def test_bad_flags_are_one_line(fake, tmp_path):
+    for flags, msg in ((("--rates", "0.8,1.2"), "1 among them"), (("--check", "0.9"), "must be > 1"),
+                       (("--memory-budget-gb", "99"), "at most the machine's 16 GB"),
+                       (("--url", "http://x:1/v1", "--command", "x {port}"), "one of --command or --url"),
+                       (("--command", "x {slots} {port}"), "unknown field {slots}")):
+        code, out = kvtune("tune", *llama_args(fake, *flags))
+        assert code == 2 and msg in only_error_line(out), (flags, out)
+    nothing_written(tmp_path)
+
+
+QUICK = ("--calibration", "ideal", "--no-grid", "--near", "0", "--rates", "1.0", "--max-rounds", "1", "--run-s", "2",
+         "--min-requests", "12", "--warmup", "2")
+
+
+@pytest.mark.slow
+def test_a_crash_mid_run_is_one_line_and_the_same_command_resumes(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVTUNE_FAKE_FAULT", "crash_after:8")
+    code, out = kvtune("tune", *llama_args(fake, *QUICK))
+    assert code == 3 and "the engine exited with status 3 during a run" in only_error_line(out)
+    nothing_written(tmp_path)
+    monkeypatch.delenv("KVTUNE_FAKE_FAULT")
+    code, out = kvtune("tune", *llama_args(fake, *QUICK))
+    assert code in (0, 1), out
+    res = json.loads((tmp_path / "out" / "tune.json").read_text())
+    assert res["runs"] == 3 and [r["kind"] for r in res["jobs"][0]["runs"]] == ["probe", "open", "open"]
+    assert (tmp_path / "out" / "report.md").exists() and (tmp_path / "out" / "measured.csv").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_engine_and_the_same_command_resumes(fake, tmp_path):
+    cmd = [sys.executable, "-m", "kvtune", "tune", *map(str, llama_args(fake, "--calibration", "ideal", "--no-grid",
+                                                                        "--near", "1", "--rates", "1.0", "--max-rounds",
+                                                                        "1", "--run-s", "2", "--min-requests", "12"))]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    seen = []
+    assert proc.stderr is not None
+    for line in proc.stderr:     # the near config's engine is up: the pick's job is stored
+        seen.append(line)
+        if ": near up (" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    proc.wait(timeout=60)
+    out = "".join(seen) + rest
+    assert proc.returncode == 130, out
+    assert "Error: interrupted: the engine was stopped; 1 finished jobs are stored" in rest
+    assert not fake_engine.left_behind(fake["pidfile"])
+    nothing_written(tmp_path)
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert again.returncode in (0, 1), again.stderr
+    assert "measured before, read from the storage" in again.stderr
+    assert (tmp_path / "out" / "tune.json").exists()
