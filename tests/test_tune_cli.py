@@ -4,7 +4,6 @@ exit 2/3, nothing half-written and no process left behind; a crashed or interrup
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
