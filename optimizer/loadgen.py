@@ -46,8 +46,8 @@ from kvtune.costmodel.requests import Requests
 from kvtune.costmodel.traffic import SLO
 
 from .importers import Metadata, latency_summary
-from .profile_run import (ServerInfo, completion_payload, count_tokens, make_prompt, probe_server, server_root,
-                          stream_completion)
+from .profile_run import (LoadRecord, LoadSampler, ServerInfo, completion_payload, count_tokens, load_now,
+                          make_prompt, probe_server, server_root, stream_completion)
 
 __all__ = ["OpenLoopPlan", "OpenLoopRun", "RequestRecord", "LoadRecord", "Attainment", "run_open_loop",
            "attainment_interval", "drift", "CI_METHODS", "DEFAULT_CI_METHOD", "DRIFT_REL", "load_now"]
@@ -109,63 +109,6 @@ class OpenLoopPlan:
 
     def class_name(self, i: int) -> str:
         return self.requests.class_names[int(self.requests.class_idx[i])]
-
-
-# ---------------------------------------------------------------------------------------------
-# Machine load
-
-def load_now() -> float:
-    """The 1-minute load average (``os.getloadavg``; NaN where the platform has none)."""
-    try:
-        return float(os.getloadavg()[0])
-    except (OSError, AttributeError):
-        return math.nan
-
-
-@dataclass(frozen=True)
-class LoadRecord:
-    """The machine's 1-minute load average around a run. It counts every runnable thread,
-    the engine under test and this driver included."""
-
-    before_1m: float
-    after_1m: float
-    samples_1m: tuple[float, ...] = ()   # every ``sample_s`` during the run
-    sample_s: float = 1.0
-    cpus: int = 0
-
-    @property
-    def mean_1m(self) -> float:
-        vals = [v for v in (self.before_1m, *self.samples_1m, self.after_1m) if math.isfinite(v)]
-        return float(np.mean(vals)) if vals else math.nan
-
-    @property
-    def max_1m(self) -> float:
-        vals = [v for v in (self.before_1m, *self.samples_1m, self.after_1m) if math.isfinite(v)]
-        return float(max(vals)) if vals else math.nan
-
-
-class _LoadSampler:
-    def __init__(self, every_s: float):
-        self.every_s = every_s
-        self.samples: list[float] = []
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="kvtune-load")
-
-    def _loop(self) -> None:
-        while not self.done.wait(self.every_s):
-            self.samples.append(load_now())
-
-    def __enter__(self):
-        self.before = load_now()
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.done.set()
-        self.thread.join()
-
-    def record(self) -> LoadRecord:
-        return LoadRecord(self.before, load_now(), tuple(self.samples), self.every_s, os.cpu_count() or 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -574,7 +517,7 @@ def run_open_loop(url: str, model: str, plan: OpenLoopPlan, *, timeout_s: float 
 
     threads: list[threading.Thread] = []
     started_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-    with _LoadSampler(load_sample_s) as sampler:
+    with LoadSampler(load_sample_s) as sampler:
         t0 = time.perf_counter()
         for i in order:
             wait = t0 + float(arrival[i]) - time.perf_counter()

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
+import os
 import queue
 import re
 import socket
@@ -43,7 +45,7 @@ from kvtune.costmodel.profile_table import ProfileRow
 from .importers import Metadata, latency_summary
 
 __all__ = ["RunSpec", "RequestResult", "PointResult", "ServerInfo", "probe_server", "make_prompt", "fit_prompt",
-           "count_tokens", "server_root", "run_profile", "stream_completion", "completion_payload", "summarize_point"]
+           "count_tokens", "server_root", "run_profile", "LoadRecord", "LoadSampler", "load_now", "stream_completion", "completion_payload", "summarize_point"]
 
 # Short, common English words: most BPE vocabularies hold " word" as one token, so N words are
 # close to N tokens; when the server has a /tokenize endpoint we trim or pad to the exact count.
@@ -71,6 +73,7 @@ class RunSpec:
     timeout_s: float = 600.0
     warmup_requests: int = 1
     chunk_tokens: int | None = None   # the engine's per-step token budget, when the server does not report it
+    threads: int | None = None        # the engine's CPU threads (llama.cpp -t), recorded in every row
 
     def __post_init__(self):
         u = urllib.parse.urlsplit(self.url)
@@ -92,6 +95,8 @@ class RunSpec:
             raise InputError(f"--warmup {self.warmup_requests}: must be >= 0")
         if self.chunk_tokens is not None and (not isinstance(self.chunk_tokens, int) or self.chunk_tokens < 1):
             raise InputError(f"--chunk-tokens {self.chunk_tokens!r}: expected a whole number >= 1")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise InputError(f"--threads {self.threads!r}: expected a whole number >= 1")
 
 
 @dataclass(frozen=True)
@@ -132,10 +137,70 @@ class PointResult:
     osl: int
     duration_s: float
     results: tuple[RequestResult, ...] = field(repr=False)
+    load: LoadRecord | None = None   # the machine's load while the point ran
 
     @property
     def failures(self) -> list[RequestResult]:
         return [r for r in self.results if not r.ok]
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine load
+
+def load_now() -> float:
+    """The 1-minute load average (``os.getloadavg``; NaN where the platform has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):
+        return math.nan
+
+
+@dataclass(frozen=True)
+class LoadRecord:
+    """The machine's 1-minute load average around a run. It counts every runnable thread,
+    the engine under test and this driver included."""
+
+    before_1m: float
+    after_1m: float
+    samples_1m: tuple[float, ...] = ()   # every ``sample_s`` during the run
+    sample_s: float = 1.0
+    cpus: int = 0
+
+    @property
+    def mean_1m(self) -> float:
+        vals = [v for v in (self.before_1m, *self.samples_1m, self.after_1m) if math.isfinite(v)]
+        return float(np.mean(vals)) if vals else math.nan
+
+    @property
+    def max_1m(self) -> float:
+        vals = [v for v in (self.before_1m, *self.samples_1m, self.after_1m) if math.isfinite(v)]
+        return float(max(vals)) if vals else math.nan
+
+
+class LoadSampler:
+    """Samples ``load_now`` every ``every_s`` in a thread while in its ``with`` block."""
+
+    def __init__(self, every_s: float):
+        self.every_s = every_s
+        self.samples: list[float] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="kvtune-load")
+
+    def _loop(self) -> None:
+        while not self.done.wait(self.every_s):
+            self.samples.append(load_now())
+
+    def __enter__(self):
+        self.before = load_now()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def record(self) -> LoadRecord:
+        return LoadRecord(self.before, load_now(), tuple(self.samples), self.every_s, os.cpu_count() or 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,12 +472,14 @@ def _run_point(run: RunSpec, c: int, isl: int, osl: int, prompts: list[str]) -> 
                 results.append(r)
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(c, len(prompts)))]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return PointResult(c, isl, osl, time.perf_counter() - t0, tuple(results))
+    with LoadSampler(1.0) as load:
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        duration = time.perf_counter() - t0
+    return PointResult(c, isl, osl, duration, tuple(results), load.record())
 
 
 def summarize_point(pt: PointResult) -> dict:
@@ -460,9 +527,11 @@ def run_profile(run: RunSpec, meta: Metadata, on_point: Callable[[PointResult, P
             for c in run.concurrencies:
                 prompts = [fit_prompt(rng, isl, root, run.timeout_s) for _ in range(run.requests_per_point)]
                 pt = _run_point(run, c, isl, osl, prompts)
+                load = pt.load.mean_1m if pt.load is not None else math.nan
                 row = ProfileRow(id=f"{id_prefix}:c{c}-i{isl}-o{osl}", kind="request", **m.row_fields(),
                                  kv_pool_tokens=info.kv_pool_tokens, batch_cap=info.batch_cap,
-                                 chunk_tokens=run.chunk_tokens or info.chunk_tokens, **summarize_point(pt))
+                                 chunk_tokens=run.chunk_tokens or info.chunk_tokens, threads=run.threads,
+                                 loadavg_1m=load if math.isfinite(load) else None, **summarize_point(pt))
                 rows.append(row)
                 if on_point:
                     on_point(pt, row)
