@@ -54,6 +54,11 @@ __all__ = ["TuneSettings", "Tuner", "tune", "settings_digest", "max_request_toke
 
 CHECK_MULTIPLIER = 1.3          # the promise is tight when the pick misses at this many times it
 PROBE_OUTPUT_TOKENS = 16        # the speed probe: concurrency 1, the workload's mean prompt, 16 tokens out
+WARMUP_FRAC = 0.1               # of a run's requests, left out (costmodel.simulate.default_warmup_frac)
+# The promise is the rate a run is predicted to meet the target at with this many binomial standard
+# errors of the run's attainment to spare: promised at the crossing itself, half the runs there
+# would miss by chance (n = 60 at a 0.9 target: one standard error is 0.039).
+PROMISE_MARGIN_SE = 1.0
 
 
 @dataclass(frozen=True)
@@ -186,10 +191,23 @@ class Tuner:
         self.jobs.update(self.store.done())
         status, reason = "rounds", f"no pick kept its promise within {self.s.max_rounds} rounds"
         try:
+            gridded = False
             if self.s.grid if self.s.grid is not None else self.calibration is None:
                 self._grid()
-            for n in range(1, self.s.max_rounds + 1):
-                rnd = self._round(n)
+                gridded = True
+            n = 0
+            while n < self.s.max_rounds:
+                n += 1
+                try:
+                    rnd = self._round(n)
+                except Infeasible as exc:
+                    if gridded:
+                        raise
+                    # the model says nothing meets: measure before believing it (a wrong calibration)
+                    self.log(f"round {n}: {exc}; measuring a profile grid before believing it")
+                    self._grid()
+                    gridded, n = True, n - 1
+                    continue
                 self.rounds.append(rnd)
                 if rnd.meets and rnd.tight:
                     status, reason = "converged", (f"round {n}: the pick met the SLOs at its promised rate and missed "
@@ -258,10 +276,12 @@ class Tuner:
     def _round(self, n: int) -> RoundRecord:
         ctx = self._context()
         res = self._solve()
-        cands = self._candidates(n, res, ctx)
+        steady = self._candidates(n, res, ctx)
+        cands = [(role, cfg, self._promise(ctx, cfg, g)) for role, cfg, g in steady]
         role, pick, promise = cands[0]
-        self.log(f"round {n}: pick {config_id(pick)}, promise {promise:.3g} req/s per replica (simulated, "
-                 f"calibration {self.cal_label})" + "".join(f"; near {config_id(c)} {g:.3g} req/s" for _, c, g in cands[1:]))
+        self.log(f"round {n}: pick {config_id(pick)}, promise {promise:.3g} req/s per replica for runs of "
+                 f"{self.s.run_s:g} s (steady state {steady[0][2]:.3g} req/s; simulated, calibration {self.cal_label})"
+                 + "".join(f"; near {config_id(c)} {g:.3g} req/s" for _, c, g in cands[1:]))
         todo = []
         for role, cfg, g in cands:
             if role == "pick":
@@ -288,7 +308,7 @@ class Tuner:
         meets = None if at1 is None or at1.attainment is None else at1.attainment["value"] >= target
         tight = None if atc is None or atc.attainment is None else atc.attainment["value"] < target
         return RoundRecord(round=n, calibration=self.cal_label, pick=pick, promise_req_s=promise, jobs=tuple(keys),
-                           meets=meets, tight=tight)
+                           meets=meets, tight=tight, steady_state_req_s=steady[0][2])
 
     # ---- jobs: one engine start ------------------------------------------------------------------
     def _job(self, key: str, n: int, role: str, cfg: dict, promise: float, mults: tuple[float, ...], ctx) -> None:
@@ -315,7 +335,8 @@ class Tuner:
             raise
         job = JobRecord(key=key, round=n, role=role, config=dict(cfg), promise_req_s=promise,
                         calibration=self.cal_label, launch_line=launch, engine=report, host=self.machine["host"],
-                        engine_s=round(time.monotonic() - t0, 2), runs=tuple(runs), status=status, error=error)
+                        engine_s=round(time.monotonic() - t0, 2), runs=tuple(runs), status=status, error=error,
+                        pid=os.getpid())
         self.store.finish(job)
         self.jobs[key] = job
         if status == "budget":
@@ -359,7 +380,38 @@ class Tuner:
                          loadavg_1m=load, table_csv=rows_to_csv([row]))
 
     def _n_requests(self, rate: float) -> int:
-        return int(min(self.s.max_requests, max(self.s.min_requests, math.ceil(rate * self.s.run_s)))) + self.s.warmup
+        """Requests in a run at ``rate``: ``run_s`` of arrivals within [min, max], plus its warm-up."""
+        n = int(min(self.s.max_requests, max(self.s.min_requests, math.ceil(rate * self.s.run_s))))
+        return n + self._warmup(n)
+
+    def _warmup(self, n: int) -> int:
+        """The simulator's warm-up share (10%), at least ``warmup`` requests."""
+        return max(self.s.warmup, math.ceil(WARMUP_FRAC * n))
+
+    def _promise(self, ctx, cfg: dict, steady_req_s: float) -> float:
+        """The per-replica goodput the simulator predicts for runs like the ones measured: ``run_s``
+        of Poisson arrivals of the workload's requests (``_n_requests``), warm-up excluded. A
+        finite run sees less queueing than the steady state (solve's goodput, over >= 1,000
+        requests): promising the steady state on runs of a minute would leave the 1.3x check
+        meeting for want of time for the queue to build, not because the model is wrong."""
+        from kvtune.costmodel.goodput import goodput
+        from .verify import sim_config
+
+        def make(rate: float, n: int, seed: int):
+            return self.spec.requests(self._n_requests(rate) if math.isfinite(rate) else self.s.max_requests, seed,
+                                      rate_req_s=rate)
+
+        n = self._n_requests(steady_req_s)
+        g = goodput(ctx.fitting_step(cfg), make, sim_config(ctx, cfg), self.promise_attainment(n),
+                    n_requests=n, seed=self.s.seed, rel_tol=0.01, warmup_frac=WARMUP_FRAC, guess_req_s=steady_req_s)
+        return float(g.goodput_req_s) if g.goodput_req_s > 0 else steady_req_s
+
+    def promise_attainment(self, n: int) -> float:
+        """The attainment a promise is simulated at: the target plus ``PROMISE_MARGIN_SE`` standard
+        errors of a run of ``n`` requests (capped below 1)."""
+        a = self.spec.slo.attainment
+        counted = max(1, n - self._warmup(n))
+        return min(max(a, 1 - 0.5 / counted), a + PROMISE_MARGIN_SE * math.sqrt(a * (1 - a) / counted))
 
     def _open(self, key: str, eng: RunningEngine, cfg: dict, mult: float, promise: float, ctx,
               engine_s: float, runs_now: int) -> RunRecord:
@@ -367,7 +419,8 @@ class Tuner:
         self._spend(engine_s, runs_now)
         rate = mult * promise
         n = self._n_requests(rate)
-        plan = OpenLoopPlan.from_workload(self.spec, rate, n, self.s.seed, self.s.warmup)
+        warm = n - int(min(self.s.max_requests, max(self.s.min_requests, math.ceil(rate * self.s.run_s))))
+        plan = OpenLoopPlan.from_workload(self.spec, rate, n, self.s.seed, warm)
         pred_att, pred = self._predict(ctx, cfg, plan)
         t0 = time.monotonic()
         run = run_open_loop(eng.url, eng.served_model, plan, timeout_s=self.s.request_timeout_s)
@@ -384,7 +437,7 @@ class Tuner:
         self.log(f"    {mult:g}x = {rate:.3g} req/s: attainment {att.value:.3f} [{att.lo:.3f}, {att.hi:.3f}] "
                  f"(measured, n={att.n}, {att.warmup_excluded} warm-up excluded, loadavg {load:.2f}); "
                  f"predicted {pred_att:.3f} (simulated)" + (f"; {len(run.failures)} failed" if run.failures else ""))
-        return RunRecord(key=rid, kind="open", multiplier=mult, rate_req_s=rate, n_requests=n, warmup=self.s.warmup,
+        return RunRecord(key=rid, kind="open", multiplier=mult, rate_req_s=rate, n_requests=n, warmup=warm,
                          started_at=run.started_at, duration_s=round(time.monotonic() - t0, 2),
                          loadavg_1m=round(load, 2) if math.isfinite(load) else None, table_csv=rows_to_csv([row]),
                          requests_file=fname, requests_csv=(self.workdir / fname).read_text(),
@@ -396,7 +449,8 @@ class Tuner:
         """The simulator on the run's own requests under the round's calibration."""
         from kvtune.costmodel.simulate import simulate
         from .verify import sim_config
-        res = simulate(ctx.fitting_step(cfg), plan.requests, sim_config(ctx, cfg), arrival="trace", seed=self.s.seed)
+        res = simulate(ctx.fitting_step(cfg), plan.requests, sim_config(ctx, cfg), arrival="trace", seed=self.s.seed,
+                       warmup_frac=plan.warmup / len(plan))
         summ = res.summary()
         return float(res.slo_attainment), {k: summ.get(k, {}) for k in ("ttft_ms", "tpot_ms")}
 
@@ -420,7 +474,7 @@ class Tuner:
         isl = max(1, int(round(self.spec.workload.mean_input_tokens)))
         osl = max(2, int(round(self.spec.workload.mean_output_tokens)))
         conc = tuple(sorted({1, cap}))
-        self.log(f"grid: no calibration to start from: closed-loop profile of {config_id(cfg)} at concurrency "
+        self.log(f"grid: closed-loop profile of {config_id(cfg)} at concurrency "
                  f"{','.join(map(str, conc))}, prompts {max(1, isl // 4)} and {isl}, {osl} tokens out")
         t0 = time.monotonic()
         runs: list[RunRecord] = []
@@ -453,7 +507,7 @@ class Tuner:
             if key in self.store.held:
                 job = JobRecord(key=key, round=0, role="grid", config=cfg, promise_req_s=None, calibration="none",
                                 launch_line=launch, engine=report, host=self.machine["host"],
-                                engine_s=round(time.monotonic() - t0, 2), runs=tuple(runs))
+                                engine_s=round(time.monotonic() - t0, 2), runs=tuple(runs), pid=os.getpid())
                 self.store.finish(job)
                 self.jobs[key] = job
         self._refit(0)
@@ -514,12 +568,15 @@ class Tuner:
         use = [r for r in epoch if predictable(r) is None]
         skipped = len(epoch) - len(use)
         gpu = resolve_gpu(self.spec.hardware.gpu, self.spec.hardware.gpu_file)
-        base = resolve_base(self.s.calibration or "ideal", gpu, self.engine or None)
         name = f"tune-{Path(self.spec.path).stem}-{self.engine or 'engine'}"
+        predict = RowPredictor(gpu, stagger=STAGGERED_ENGINES, gpu_mem_util=self.spec.gpu_mem_util)
+        # from the calibration the session started with, and from the datasheet (a start far off,
+        # e.g. a deliberately wrong file, can leave the solver where it began): the better fit wins
+        starts = [self.s.calibration or "ideal"] + (["ideal"] if self.s.calibration not in (None, "ideal") else [])
         try:
-            res = calibrate(use, gpu, base, None, RowPredictor(gpu, stagger=STAGGERED_ENGINES,
-                                                                gpu_mem_util=self.spec.gpu_mem_util),
-                            max_nfev=self.s.max_nfev, name=name)
+            fits = [calibrate(use, gpu, resolve_base(b, gpu, self.engine or None), None, predict,
+                              max_nfev=self.s.max_nfev, name=name) for b in starts]
+            res = min(fits, key=lambda f: f.rms_log_residual)
         except InputError as exc:
             self.notes.append(f"round {n}: not refitted ({exc}); the calibration stays {self.cal_label}")
             self.log(f"  refit: {exc}; keeping {self.cal_label}")

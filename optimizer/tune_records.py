@@ -79,6 +79,7 @@ class JobRecord(_Json):
     runs: tuple[RunRecord, ...] = ()
     status: str = "done"                 # done | budget (stopped by the budget part-way) | failed
     error: str = ""
+    pid: int = 0                         # the kvtune process that measured it (several may share a study)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -103,13 +104,14 @@ class RoundRecord(_Json):
     round: int
     calibration: str                     # what the round solved with
     pick: dict
-    promise_req_s: float                 # the pick's per-replica goodput (simulated)
+    promise_req_s: float                 # the pick's per-replica goodput for runs like the measured ones (simulated)
     jobs: tuple[str, ...]                # job keys measured (or reused) this round
     meets: bool | None                   # measured attainment at 1.0x >= target
     tight: bool | None                   # measured attainment at the check multiplier < target
     drift: tuple[str, ...] = ()
     fit: dict = field(default_factory=dict)   # the refit after the round: MAPE before/after, rows used
     note: str = ""
+    steady_state_req_s: float | None = None   # solve's goodput (>= 1,000 requests: the steady state; simulated)
 
 
 @dataclass(frozen=True)

@@ -141,3 +141,63 @@ def test_ctrl_c_stops_the_engine_and_the_same_command_resumes(fake, tmp_path):
     assert again.returncode in (0, 1), again.stderr
     assert "measured before, read from the storage" in again.stderr
     assert (tmp_path / "out" / "tune.json").exists()
+
+
+def wrong_calibration(path: Path) -> Path:
+    """Datasheet peaks at a twentieth: a model far too pessimistic for the fake engine."""
+    import yaml
+
+    from kvtune.costmodel.efficiency import IDEAL, PARAM_BOUNDS
+    params = {k: float(getattr(IDEAL, k)) for k in PARAM_BOUNDS}
+    params.update(bw_efficiency=0.05, decode_flops_efficiency=0.05, prefill_flops_efficiency=0.05)
+    path.write_text(yaml.safe_dump({"name": "wrong", "params": params}))
+    return path
+
+
+CONVERGE = ("--run-s", "8", "--min-requests", "30", "--near", "0", "--max-rounds", "5")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", ["none", "wrong"])
+def test_tune_converges_on_the_fake_engine_from_no_or_a_wrong_calibration(fake, tmp_path, start):
+    """The fake's hidden cost differs from kvtune's defaults: the calibration must move. The end:
+    the pick meets the SLOs at its promise and misses at 1.3x, measured."""
+    extra = ("--calibration", wrong_calibration(tmp_path / "wrong.yaml")) if start == "wrong" else ()
+    code, out = kvtune("tune", *llama_args(fake, *CONVERGE, *extra))
+    assert code == 0, out
+    res = json.loads((tmp_path / "out" / "tune.json").read_text())
+    assert res["status"] == "converged" and res["evidence"] == "measured"
+    assert res["attainment_at_promise"]["value"] >= 0.9 > res["attainment_at_check"]["value"]
+    first = res["rounds"][0]
+    if start == "wrong":   # the wrong model's first promise did not hold up: the loop had to refit
+        assert len(res["rounds"]) >= 2 and not (first["meets"] and first["tight"])
+    import yaml
+    cal = yaml.safe_load((tmp_path / "out" / "calibration.yaml").read_text())
+    assert cal["provenance"]["engine"] == "llamacpp" and cal["provenance"]["threads"] == [1]
+    assert abs(cal["params"]["bw_efficiency"] - 0.05) > 0.01 or abs(cal["params"]["decode_flops_efficiency"] - 0.05) > 0.01
+    assert "| round | config |" in out and "launch line measured, exactly:" in out
+    launch = (tmp_path / "out" / "launch.sh").read_text()
+    assert str(fake["gguf"]) in launch and "-t 1" in launch and "-np " + str(res["pick"]["batch_cap"]) in launch
+    assert {"attainment.png", "latency.png", "rates.png", "report.md"} <= {p.name for p in (tmp_path / "out").iterdir()}
+
+
+@pytest.mark.slow
+def test_two_processes_on_one_storage_measure_different_configs_of_one_study(fake, tmp_path):
+    """Two kvtune tune processes (two machines, each with its own engine) on one journal: each job
+    is measured once, by whichever process claimed it, and both reach the same answer."""
+    args = [sys.executable, "-m", "kvtune", "tune", *map(str, llama_args(fake, "--calibration", "ideal", "--no-grid",
+                                                                         "--near", "2", "--rates", "1.0",
+                                                                         "--max-rounds", "1", "--run-s", "2",
+                                                                         "--min-requests", "12"))]
+    procs = []
+    for i in (1, 2):
+        a = [x if x != "out" else f"out{i}" for x in args] + ["--storage", "journal:shared.journal",
+                                                               "--study-name", "shared"]
+        procs.append(subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        assert p.returncode in (0, 1), e
+    r1, r2 = (json.loads((tmp_path / f"out{i}" / "tune.json").read_text()) for i in (1, 2))
+    assert [j["key"] for j in r1["jobs"]] == [j["key"] for j in r2["jobs"]] and len(r1["jobs"]) >= 2
+    assert r1["pick"] == r2["pick"] and r1["runs"] == r2["runs"]
+    assert len({j["pid"] for j in r1["jobs"]}) == 2, "both processes measured"
