@@ -646,7 +646,7 @@ class Tuner:
         for j in self.jobs.values():
             for r in j.runs:
                 if r.kind == "open" and r.attainment and r.attainment["value"] >= target and r.rate_req_s:
-                    if best is None or r.rate_req_s > best[1].rate_req_s:
+                    if best is None or r.rate_req_s > (best[1].rate_req_s or 0.0):
                         best = (j, r)
         return best
 

@@ -87,7 +87,8 @@ def _plots(result: TuneResult, out: Path) -> list[str]:
     names = []
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for rnd in sorted({j.round for j, _ in runs}):
-        pts = [(r.predicted_attainment, r.attainment) for j, r in runs if j.round == rnd and r.attainment]
+        pts = [(float(r.predicted_attainment), r.attainment) for j, r in runs
+               if j.round == rnd and r.attainment and r.predicted_attainment is not None]
         ax.errorbar([p for p, _ in pts], [a["value"] for _, a in pts],
                     yerr=[[a["value"] - a["lo"] for _, a in pts], [a["hi"] - a["value"] for _, a in pts]],
                     fmt="o", capsize=3, label=f"round {rnd}")
@@ -124,10 +125,11 @@ def _plots(result: TuneResult, out: Path) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for cfg in sorted({config_id(j.config) for j, _ in runs}):
-        pts = sorted((r.rate_req_s, r.attainment["value"], r.predicted_attainment) for j, r in runs
-                     if config_id(j.config) == cfg and r.attainment and r.rate_req_s)
-        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{cfg} measured")
-        ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", color=line.get_color(), label=f"{cfg} simulated")
+        rates = sorted((float(r.rate_req_s), float(r.attainment["value"]), float(r.predicted_attainment))
+                       for j, r in runs if config_id(j.config) == cfg and r.attainment and r.rate_req_s
+                       and r.predicted_attainment is not None)
+        line, = ax.plot([p[0] for p in rates], [p[1] for p in rates], "o-", label=f"{cfg} measured")
+        ax.plot([p[0] for p in rates], [p[2] for p in rates], "x--", color=line.get_color(), label=f"{cfg} simulated")
     ax.axhline(result.target_attainment, color="r", lw=0.8, ls="--")
     ax.set_xlabel("rate per replica, req/s")
     ax.set_ylabel("SLO attainment")

@@ -195,7 +195,7 @@ def test_two_processes_on_one_storage_measure_different_configs_of_one_study(fak
                                                                "--study-name", "shared"]
         procs.append(subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
     outs = [p.communicate(timeout=900) for p in procs]
-    for p, (o, e) in zip(procs, outs):
+    for p, (_o, e) in zip(procs, outs):
         assert p.returncode in (0, 1), e
     r1, r2 = (json.loads((tmp_path / f"out{i}" / "tune.json").read_text()) for i in (1, 2))
     assert [j["key"] for j in r1["jobs"]] == [j["key"] for j in r2["jobs"]] and len(r1["jobs"]) >= 2
