@@ -169,15 +169,16 @@ class Tuner:
         self.calibration = settings.calibration        # what the next round solves with
         self.cal_label = settings.calibration or "none"
         self.fit_report: dict[str, Any] = {}
+        self._partial: list[JobRecord] = []   # jobs the budget cut short (reported, not stored)
 
     # ---- budget ---------------------------------------------------------------------------------
     @property
     def runs_used(self) -> int:
-        return sum(len(j.runs) for j in self.jobs.values())
+        return sum(len(j.runs) for j in (*self.jobs.values(), *self._partial))
 
     @property
     def engine_s_used(self) -> float:
-        return sum(j.engine_s for j in self.jobs.values())
+        return sum(j.engine_s for j in (*self.jobs.values(), *self._partial))
 
     def _spend(self, engine_s_now: float, runs_now: int) -> None:
         """Raise ``BudgetSpent`` if one more run would exceed the budget (``*_now``: the job on now)."""
@@ -318,7 +319,7 @@ class Tuner:
         pick = self._pick(ctx, cfg)
         runs: list[RunRecord] = []
         t0 = time.monotonic()
-        status, error, launch, report = "done", "", "", {}
+        launch, report = "", {}
         try:
             self._spend(0.0, 0)
             with self.adapter.running(pick) as eng:
@@ -329,18 +330,21 @@ class Tuner:
                 for m in mults:
                     runs.append(self._open(key, eng, cfg, m, promise, ctx, time.monotonic() - t0, len(runs)))
         except BudgetSpent as exc:
-            status, error = "budget", str(exc)
+            # given back, not stored: a session resumed with more budget measures the job whole
+            self.store.release(key, str(exc))
+            self._partial.append(JobRecord(key=key, round=n, role=role, config=dict(cfg), promise_req_s=promise,
+                                           calibration=self.cal_label, launch_line=launch, engine=report,
+                                           host=self.machine["host"], engine_s=round(time.monotonic() - t0, 2),
+                                           runs=tuple(runs), status="budget", error=str(exc), pid=os.getpid()))
+            raise
         except BaseException as exc:
             self.store.release(key, f"{type(exc).__name__}: {exc}")
             raise
         job = JobRecord(key=key, round=n, role=role, config=dict(cfg), promise_req_s=promise,
                         calibration=self.cal_label, launch_line=launch, engine=report, host=self.machine["host"],
-                        engine_s=round(time.monotonic() - t0, 2), runs=tuple(runs), status=status, error=error,
-                        pid=os.getpid())
+                        engine_s=round(time.monotonic() - t0, 2), runs=tuple(runs), pid=os.getpid())
         self.store.finish(job)
         self.jobs[key] = job
-        if status == "budget":
-            raise BudgetSpent(error)
 
     def _meta(self, eng: RunningEngine, cfg: dict, key: str) -> Metadata:
         from kvtune.costmodel.hardware import resolve_gpu
@@ -498,9 +502,7 @@ class Tuner:
                                               n_requests=row.num_requests or 0, warmup=1, started_at=row.date,
                                               duration_s=round(time.monotonic() - r0, 2), loadavg_1m=load,
                                               table_csv=rows_to_csv([row])))
-        except BudgetSpent:
-            raise
-        except BaseException as exc:
+        except BaseException as exc:   # the budget too: a resumed session measures the grid whole
             self.store.release(key, f"{type(exc).__name__}: {exc}")
             raise
         finally:
@@ -636,7 +638,7 @@ class Tuner:
                           attainment_at_check=ac, launch_line=launch,
                           calibration_file="calibration.yaml" if (self.workdir / "calibration.yaml").exists() else "",
                           runs=self.runs_used, engine_s=round(self.engine_s_used, 1), rounds=tuple(self.rounds),
-                          jobs=tuple(sorted(self.jobs.values(), key=lambda j: (j.round, j.key))),
+                          jobs=tuple(sorted(list(self.jobs.values()) + self._partial, key=lambda j: (j.round, j.key))),
                           drift=tuple(self.drift), notes=tuple(self.notes))
 
     def _best_measured(self) -> tuple[JobRecord, RunRecord] | None:
