@@ -25,9 +25,9 @@ FAKE_CPU = ROOT / "tests" / "data" / "fake-cpu.yaml"
 CFG = {"tp": 1, "batch_cap": 4, "kv_dtype": "fp16", "spec_k": 0, "chunk_tokens": 128}
 
 
-def pick(cfg=CFG, **kw):
+def pick(cfg=CFG, weights="q4_1", **kw):
     return build_pick("smollm2-135m", cfg, 1, 0.05, None, arch=get_model("smollm2-135m"),
-                      gpu=resolve_gpu(str(FAKE_CPU)), weights="q4_1", gpus_per_node=1, max_request_tokens=56, **kw)
+                      gpu=resolve_gpu(str(FAKE_CPU)), weights=weights, gpus_per_node=1, max_request_tokens=56, **kw)
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_vllm_and_sglang_go_through_the_same_path_with_their_real_command_lines(
     import sys
     binary = str(shims["paths"]["vllm"]) if engine == "vllm" else sys.executable
     ad = LocalAdapter(engine, binary=binary, model="HuggingFaceTB/SmolLM2-135M-Instruct", log_dir=shims["logs"])
-    with ad.running(pick()) as eng:
+    with ad.running(pick(dict(CFG, kv_dtype="bf16"), weights="bf16")) as eng:   # vLLM/SGLang load no GGUF
         argv = list(eng.plan.argv)
         if engine == "vllm":
             assert argv[1:3] == ["serve", "HuggingFaceTB/SmolLM2-135M-Instruct"]
