@@ -159,7 +159,7 @@ def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_mode
         if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     port_v = parse_int(port, "--port", 1, 65535) if port is not None else None
     startup = _float(startup_timeout_s, "--startup-timeout-s") or 0.0
-    spec = load_workload(workload)
+    spec = load_workload(workload, engine)   # its search space cut to what the engine can launch
     cal = calibration if calibration is not None else spec.calibration
     settings = dataclasses.replace(settings, calibration=cal)
     if memory_budget_gb is not None:
