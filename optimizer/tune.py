@@ -239,26 +239,50 @@ class Tuner:
         return SolveContext.build(self.spec, None, self.calibration or "ideal", self.engine or None)
 
     def _candidates(self, n: int, res, ctx) -> list[tuple[str, dict, float]]:
-        """(role, config, promise): the pick, then up to ``near`` configs the simulator ranks next
-        (per-replica goodput per GPU) that this adapter can run and no earlier round measured."""
+        """(role, config, steady-state goodput): the pick, then up to ``near`` configs the simulator
+        ranks next (per-replica goodput per GPU) that this adapter can run and no earlier round
+        measured. A server you launched (``--url``) runs one config: when it is not the simulator's
+        pick, the best verified config it runs is measured as the pick, else its own config."""
         from .layouts import gpus_per_replica
         rec = res.recommendation
         pick = {k: getattr(rec, k) for k in CONFIG_KEYS}
+        ranked = [({k: v.config[k] for k in CONFIG_KEYS}, float(v.per_replica_goodput_req_s))
+                  for v in sorted((v for v in res.verified if v.feasible and v.per_replica_goodput_req_s > 0),
+                                  key=lambda v: -v.per_replica_goodput_req_s / gpus_per_replica(v.config))]
         out = [("pick", pick, float(res.predicted.per_replica_goodput_req_s))]
         why = self.adapter.why_not(self._pick(ctx, pick))
         if why:
-            raise Infeasible(f"the simulator's pick {config_id(pick)} cannot be measured here: {why}")
-        ranked = sorted((v for v in res.verified if v.feasible and v.per_replica_goodput_req_s > 0),
-                        key=lambda v: -v.per_replica_goodput_req_s / gpus_per_replica(v.config))
-        for v in ranked:
+            runnable = [(c, g) for c, g in ranked if self.adapter.why_not(self._pick(ctx, c)) is None]
+            if not runnable:
+                runnable = [self._own_config(ctx, pick)]
+            self.log(f"round {n}: the simulator's pick {config_id(pick)} is not what {self.adapter.describe()} runs "
+                     f"({why}); measuring {config_id(runnable[0][0])} as the pick")
+            self.notes.append(f"round {n}: the simulator's pick {config_id(pick)} was not measured ({why})")
+            out = [("pick", *runnable[0])]
+        for cfg, g in ranked:
             if len(out) > self.s.near:
                 break
-            cfg = {k: v.config[k] for k in CONFIG_KEYS}
-            if cfg == pick or self._seen(cfg, n):
+            if cfg == out[0][1] or self._seen(cfg, n):
                 continue
             if self.adapter.why_not(self._pick(ctx, cfg)) is None:
-                out.append(("near", cfg, float(v.per_replica_goodput_req_s)))
+                out.append(("near", cfg, g))
         return out
+
+    def _own_config(self, ctx, like: dict) -> tuple[dict, float]:
+        """The config a server you launched runs (its slots and chunk budget, the rest as ``like``)
+        and its simulated steady-state goodput."""
+        from .verify import verify_config
+        rep = getattr(self.adapter, "report", None)
+        cfg = dict(like, batch_cap=getattr(rep, "slots", None) or like["batch_cap"],
+                   chunk_tokens=getattr(rep, "chunk_tokens", None) or like["chunk_tokens"])
+        why = self.adapter.why_not(self._pick(ctx, cfg))
+        if why:
+            raise Infeasible(f"no config kvtune can simulate matches the server ({why})")
+        v = verify_config(ctx, cfg)
+        if not v.per_replica_goodput_req_s > 0:
+            raise Infeasible(f"the config the server runs, {config_id(cfg)}, meets the SLOs at no rate in simulation "
+                             f"(calibration {self.cal_label}): {v.reason}")
+        return cfg, float(v.per_replica_goodput_req_s)
 
     def _seen(self, cfg: dict, n: int, role: str | None = None) -> bool:
         """Measured in a round before ``n`` (as ``role``): what the storage holds of round ``n`` itself

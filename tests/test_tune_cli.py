@@ -201,3 +201,28 @@ def test_two_processes_on_one_storage_measure_different_configs_of_one_study(fak
     assert [j["key"] for j in r1["jobs"]] == [j["key"] for j in r2["jobs"]] and len(r1["jobs"]) >= 2
     assert r1["pick"] == r2["pick"] and r1["runs"] == r2["runs"]
     assert len({j["pid"] for j in r1["jobs"]}) == 2, "both processes measured"
+
+
+@pytest.mark.slow
+def test_a_url_you_launched_is_measured_as_it_runs(fake, tmp_path):
+    from kvtune.optimizer.adapters import free_port
+    from kvtune.optimizer.adapters.http import Unreachable, get
+    port = free_port()
+    proc = subprocess.Popen([fake["llama-server"], "-m", fake["gguf"], "-np", "2", "-c", "512", "-kvu", "-t", "1",
+                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                get(f"http://127.0.0.1:{port}", "/health")
+                break
+            except Unreachable:
+                time.sleep(0.1)
+        code, out = kvtune("tune", fake["workload"], "--url", f"http://127.0.0.1:{port}/v1", *QUICK, "-o", "out")
+        assert proc.poll() is None, "kvtune never stops a server it did not start"
+    finally:
+        proc.terminate()
+        proc.wait()
+    assert code in (0, 1), out
+    res = json.loads((tmp_path / "out" / "tune.json").read_text())
+    assert res["pick"]["batch_cap"] == 2 and res["launch_line"] == "" and res["runs"] == 3
+    assert all(j["config"]["batch_cap"] == 2 for j in res["jobs"])
