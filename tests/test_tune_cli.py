@@ -226,3 +226,20 @@ def test_a_url_you_launched_is_measured_as_it_runs(fake, tmp_path):
     res = json.loads((tmp_path / "out" / "tune.json").read_text())
     assert res["pick"]["batch_cap"] == 2 and res["launch_line"] == "" and res["runs"] == 3
     assert all(j["config"]["batch_cap"] == 2 for j in res["jobs"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_vllm_and_sglang_run_through_tune_with_their_real_command_lines(fake, tmp_path, engine):
+    wl = fake["workload"].read_text().replace("weights: q4_1", "weights: bf16").replace("engine: llamacpp",
+                                                                                        f"engine: {engine}")
+    wl = wl.replace("trials: 8}", "trials: 8, kv_dtype: [bf16]}")
+    (tmp_path / "gpu.yaml").write_text(wl)
+    binary = fake["vllm"] if engine == "vllm" else sys.executable
+    code, out = kvtune("tune", tmp_path / "gpu.yaml", "--engine", engine, "--engine-bin", binary, *QUICK, "-o", "out")
+    assert code in (0, 1), out
+    res = json.loads((tmp_path / "out" / "tune.json").read_text())
+    head = {"vllm": f"{fake['vllm']} serve HuggingFaceTB/SmolLM2-135M-Instruct",
+            "sglang": f"{sys.executable} -m sglang.launch_server"}[engine]
+    assert res["launch_line"].startswith(head) and res["engine"] == engine and res["runs"] == 3
+    assert res["jobs"][0]["engine"]["engine"] == engine
