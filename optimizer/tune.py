@@ -34,10 +34,13 @@ import math
 import os
 import platform
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 from kvtune import __version__
 from kvtune.costmodel.errors import Infeasible, InputError, KvtuneError
@@ -77,7 +80,7 @@ class TuneSettings:
     near: int = 2
     max_rounds: int = 5
     seed: int = 0
-    request_timeout_s: float = 300.0
+    request_timeout_s: float | None = None  # None: 4x the longest request's SLO budget, within 10-300 s
     grid: bool | None = None            # None: a grid exactly when no calibration is given
     probe_requests: int = 4
     grid_requests: int = 6
@@ -100,6 +103,8 @@ class TuneSettings:
                              f"promise, 1 among them")
         if not self.check_multiplier > 1:
             raise InputError(f"--check {self.check_multiplier:g}: must be > 1 (a rate above the promise)")
+        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
+            raise InputError(f"--request-timeout-s {self.request_timeout_s:g}: must be > 0")
         if self.near < 0 or self.max_rounds < 1:
             raise InputError("--near must be >= 0 and --max-rounds >= 1")
 
@@ -127,6 +132,16 @@ def max_request_tokens(spec, context_limit: int | None = None) -> int:
         ub = max(c.input_tokens.upper_bound + c.output_tokens.upper_bound for c in wl.classes)
         longest = int(ub) if math.isfinite(ub) else int(longest * 1.5)
     return min(longest, context_limit) if context_limit else longest
+
+
+def request_timeout_s(spec) -> float:
+    """How long a request may wait for its next byte: 4x the longest request's SLO budget (TTFT +
+    output x TPOT), within 10-300 s. A request queued that long has missed its SLO many times over;
+    giving up on it lets an overloaded run end (the engines cancel a request whose client left)."""
+    req = spec.requests(2000, spec.search.seed)
+    budget = float(((req.ttft_slo_s + req.output_tokens * req.tpot_slo_s)[np.isfinite(req.ttft_slo_s)]).max()
+                   if np.isfinite(req.ttft_slo_s).any() else 75.0)
+    return float(min(300.0, max(10.0, 4 * budget)))
 
 
 def _machine() -> dict[str, Any]:
@@ -169,6 +184,7 @@ class Tuner:
         self.calibration = settings.calibration        # what the next round solves with
         self.cal_label = settings.calibration or "none"
         self.fit_report: dict[str, Any] = {}
+        self.timeout_s = settings.request_timeout_s or request_timeout_s(spec)
         self._partial: list[JobRecord] = []   # jobs the budget cut short (reported, not stored)
 
     # ---- budget ---------------------------------------------------------------------------------
@@ -396,7 +412,7 @@ class Tuner:
         t0, load0 = time.monotonic(), _loadavg()
         rows, _ = run_profile(RunSpec(eng.url, eng.served_model, (1,), (isl,), (PROBE_OUTPUT_TOKENS,),
                                       requests_per_point=self.s.probe_requests, seed=self.s.seed,
-                                      timeout_s=self.s.request_timeout_s, warmup_requests=1),
+                                      timeout_s=self.timeout_s, warmup_requests=1),
                               self._meta(eng, cfg, key), id_prefix=f"{key}:probe")
         load = _mean_load(load0, _loadavg())
         row = dataclasses.replace(rows[0], id=f"{key}:probe", batch_cap=None, kv_pool_tokens=None, chunk_tokens=None,
@@ -451,7 +467,17 @@ class Tuner:
         plan = OpenLoopPlan.from_workload(self.spec, rate, n, self.s.seed, warm)
         pred_att, pred = self._predict(ctx, cfg, plan)
         t0 = time.monotonic()
-        run = run_open_loop(eng.url, eng.served_model, plan, timeout_s=self.s.request_timeout_s)
+        stop, allowed, misses = threading.Event(), math.floor((1 - self.spec.slo.attainment) * (n - warm) + 1e-9), [0]
+
+        def progress(rec, done: int, total: int) -> None:
+            """Stop sending once the run cannot reach the target: an overloaded engine drains slowly."""
+            met = rec.ok and rec.ttft_ms is not None and rec.ttft_ms <= rec.ttft_slo_ms \
+                and (rec.tpot_ms is None or rec.tpot_ms <= rec.tpot_slo_ms)
+            if not rec.warmup and not met:
+                misses[0] += 1
+                if misses[0] > allowed:
+                    stop.set()
+        run = run_open_loop(eng.url, eng.served_model, plan, timeout_s=self.timeout_s, stop=stop, on_progress=progress)
         eng.check_alive()
         rid = f"{key}:x{mult:g}"
         fname = "requests/" + rid.replace(":", "_") + ".csv"
@@ -464,7 +490,9 @@ class Tuner:
         load = run.load.mean_1m
         self.log(f"    {mult:g}x = {rate:.3g} req/s: attainment {att.value:.3f} [{att.lo:.3f}, {att.hi:.3f}] "
                  f"(measured, n={att.n}, {att.warmup_excluded} warm-up excluded, loadavg {load:.2f}); "
-                 f"predicted {pred_att:.3f} (simulated)" + (f"; {len(run.failures)} failed" if run.failures else ""))
+                 f"predicted {pred_att:.3f} (simulated)" + (f"; {len(run.failures)} failed" if run.failures else "")
+                 + (f"; stopped after {len(run.sent)} of {n} requests: {misses[0]} misses, more than the {allowed} "
+                    f"the target allows" if not run.complete else ""))
         return RunRecord(key=rid, kind="open", multiplier=mult, rate_req_s=rate, n_requests=n, warmup=warm,
                          started_at=run.started_at, duration_s=round(time.monotonic() - t0, 2),
                          loadavg_1m=round(load, 2) if math.isfinite(load) else None, table_csv=rows_to_csv([row]),
@@ -516,7 +544,7 @@ class Tuner:
                         l0, r0 = _loadavg(), time.monotonic()
                         rows, _ = run_profile(RunSpec(eng.url, eng.served_model, (c,), (i,), (osl,),
                                                       requests_per_point=max(self.s.grid_requests, c * 2),
-                                                      seed=self.s.seed, timeout_s=self.s.request_timeout_s,
+                                                      seed=self.s.seed, timeout_s=self.timeout_s,
                                                       warmup_requests=1), self._meta(eng, cfg, key), id_prefix="grid")
                         load = _mean_load(l0, _loadavg())
                         row = self._row_fix(rows[0], eng, cfg, batch_cap=cap, loadavg_1m=load)

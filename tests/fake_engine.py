@@ -360,12 +360,13 @@ def main(argv: list[str], style: str) -> int:
         batch = min(a.batch, S.pool)
         threads = a.threads
         S.served = Path(a.model).name
-        print(f"system_info: n_threads = {a.threads} (n_threads_batch = {a.threads_batch or a.threads}) / "
-              f"{os.cpu_count()} | CPU : fake = 1 |", flush=True)
-        print(f"llama_context: n_seq_max             = {a.slots}\nllama_context: n_ctx                 = {S.pool}\n"
-              f"llama_context: n_ctx_seq             = {S.pool if a.kvu else S.pool // a.slots}\n"
-              f"llama_context: n_batch               = {batch}\nllama_context: n_ubatch              = {a.ubatch}\n"
-              f"llama_context: kv_unified            = {'true' if a.kvu else 'false'}", flush=True)
+        # what llama-server 0c1e57098 logs at its default verbosity (common/common.cpp, server-context.cpp)
+        print(f"0.01.467.314 I cmn          init: llama threadpool init, n_threads = {a.threads}", flush=True)
+        if a.threads_batch and a.threads_batch != a.threads:
+            print(f"0.01.467.315 I cmn          init: llama threadpool init, n_threads = {a.threads_batch}", flush=True)
+        n_ctx_slot = min(S.pool if a.kvu else S.pool // a.slots, N_CTX_TRAIN)
+        print(f"0.01.745.963 I srv    load_model: initializing, n_slots = {a.slots}, n_ctx_slot = {n_ctx_slot}, "
+              f"kv_unified = '{'true' if a.kvu else 'false'}'", flush=True)
     else:
         S.pool = int(a.mem * FAKE_GPU_TOKENS)
         batch = a.batch

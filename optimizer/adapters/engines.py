@@ -156,24 +156,31 @@ class LlamaCpp(EngineKind):
     def read_back(self, root, log_text="", timeout_s=5.0):
         st, props = get_json(root, "/props", timeout_s)
         props = props if st == 200 and isinstance(props, dict) else {}
-        gen = props.get("default_generation_settings")
-        per_slot = _whole(gen.get("n_ctx")) if isinstance(gen, dict) else None
         slots = _whole(props.get("total_slots"))
-        # src/llama-context.cpp logs the context it made: n_ctx is the whole buffer (with -kvu every
-        # slot may use all of it, so /props' per-slot n_ctx is the buffer, capped at the model's
-        # training context, not a slot's share)
-        log = {k: int(v) for k, v in re.findall(r"llama_context:\s+(n_ctx|n_batch|n_seq_max)\s+=\s+(\d+)", log_text)}
-        unified = re.search(r"llama_context:\s+kv_unified\s+=\s+(true|false)", log_text)
-        pool = log.get("n_ctx")
-        if pool is None and per_slot and slots:   # no log: /props alone (per-slot share unless unified)
-            pool = per_slot if unified and unified.group(1) == "true" else per_slot * slots
-        th = re.search(r"system_info: n_threads = (\d+)(?: \(n_threads_batch = (\d+)\))?", log_text)
+        # the server's start-up log at its default verbosity (tools/server/server-context.cpp load_model):
+        # "initializing, n_slots = N, n_ctx_slot = C, kv_unified = 'true'": with -kvu a slot may use the
+        # whole buffer, so C is the buffer (capped at the model's training context), and /props' per-slot
+        # n_ctx is the same C, not a slot's share; without -kvu the buffer is N x C. At higher verbosity
+        # src/llama-context.cpp also logs "n_ctx" (the buffer) and "n_batch" (-b after capping at n_ctx).
+        init = re.search(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(true|false)'", log_text)
+        ctx_log = {k: int(v) for k, v in re.findall(r"llama_context:\s+(n_ctx|n_batch)\s+=\s+(\d+)", log_text)}
+        pool = ctx_log.get("n_ctx")
+        if pool is None and init:
+            n, c = int(init.group(1)), int(init.group(2))
+            pool = c if init.group(3) == "true" else n * c
+        # no log (a server you launched): /props' per-slot n_ctx is the buffer or a slot's share, as
+        # -kvu was or was not given, which the server does not say: the pool stays unknown
+        # "llama threadpool init, n_threads = T" (common/common.cpp; a second line when -tb differs),
+        # or system_info at higher verbosity
+        pools = [int(x) for x in re.findall(r"threadpool init, n_threads = (\d+)", log_text)]
+        info = re.search(r"system_info: n_threads = (\d+)(?: \(n_threads_batch = (\d+)\))?", log_text)
+        threads = pools[0] if pools else (int(info.group(1)) if info else None)
+        threads_batch = pools[1] if len(pools) > 1 else (int(info.group(2)) if info and info.group(2) else threads)
         models = served_models(root, timeout_s)
         return EngineReport(engine=self.name, version=str(props.get("build_info", "")),
                             served_model=models[0] if models else "", model_path=str(props.get("model_path", "")),
-                            slots=slots, pool_tokens=pool, chunk_tokens=log.get("n_batch"),
-                            threads=int(th.group(1)) if th else None,
-                            threads_batch=int(th.group(2)) if th and th.group(2) else (int(th.group(1)) if th else None))
+                            slots=slots or (int(init.group(1)) if init else None), pool_tokens=pool,
+                            chunk_tokens=ctx_log.get("n_batch"), threads=threads, threads_batch=threads_batch)
 
 
 class Vllm(EngineKind):

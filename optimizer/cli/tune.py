@@ -132,7 +132,8 @@ def _swap_in(tmp: Path, out: Path) -> None:
               "whole at the end.")
 @click.option("--port", default=None, help="Port for the engines kvtune starts (default: a free one each start).")
 @click.option("--startup-timeout-s", default="600", show_default=True, help="Seconds an engine may take to be healthy.")
-@click.option("--request-timeout-s", default="300", show_default=True)
+@click.option("--request-timeout-s", default=None, help="Seconds a request may wait for its next byte (default: 4x the "
+              "longest request's SLO budget, within 10-300 s: an overloaded run ends instead of draining).")
 @click.option("--seed", default="0", show_default=True, help="The runs' request draw (the simulator's own for that rate).")
 @click.option("--quiet", is_flag=True, help="Only the closing summary.")
 def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_model, threads, memory_budget_gb,
@@ -153,7 +154,7 @@ def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_mode
         max_requests=parse_int(max_requests, "--max-requests", 1), warmup=parse_int(warmup, "--warmup", 0),
         pick_multipliers=_floats(rates, "--rates"), check_multiplier=_float(check, "--check") or 0.0,
         near=parse_int(near, "--near", 0), max_rounds=parse_int(max_rounds, "--max-rounds", 1),
-        seed=parse_int(seed, "--seed", 0), request_timeout_s=_float(request_timeout_s, "--request-timeout-s") or 0.0,
+        seed=parse_int(seed, "--seed", 0), request_timeout_s=_float(request_timeout_s, "--request-timeout-s") if request_timeout_s else None,
         grid=grid)
     n_threads = parse_int(threads, "--threads", 1) if threads is not None else len(os.sched_getaffinity(0)) \
         if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
