@@ -62,6 +62,8 @@ WARMUP_FRAC = 0.1               # of a run's requests, left out (costmodel.simul
 # errors of the run's attainment to spare: promised at the crossing itself, half the runs there
 # would miss by chance (n = 60 at a 0.9 target: one standard error is 0.039).
 PROMISE_MARGIN_SE = 1.0
+MAX_RUN_FACTOR = 3.0            # a run at a low rate may last this many times --run-s, fewer requests then
+MIN_RUN_REQUESTS = 10           # counted requests below which a run says too little to be made
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,10 @@ class BudgetSpent(Exception):
     """The next run would exceed the budget."""
 
 
+class Unmeasurable(Exception):
+    """A promised rate so low that a run of it would outlast ``MAX_RUN_FACTOR`` x ``run_s``."""
+
+
 class Tuner:
     """One ``kvtune tune`` session (module docstring). ``run()`` returns the ``TuneResult``."""
 
@@ -232,8 +238,8 @@ class Tuner:
                     self._refit(n)
                     break
                 self._refit(n)
-        except BudgetSpent as exc:
-            status, reason = "budget", str(exc)
+        except (BudgetSpent, Unmeasurable) as exc:
+            status, reason = ("budget" if isinstance(exc, BudgetSpent) else "unmeasurable"), str(exc)
             with contextlib.suppress(KvtuneError):
                 self._refit(len(self.rounds))
         except Infeasible as exc:
@@ -369,7 +375,7 @@ class Tuner:
                 runs.append(self._probe(key, eng, cfg, time.monotonic() - t0, len(runs)))
                 for m in mults:
                     runs.append(self._open(key, eng, cfg, m, promise, ctx, time.monotonic() - t0, len(runs)))
-        except BudgetSpent as exc:
+        except (BudgetSpent, Unmeasurable) as exc:
             # given back, not stored: a session resumed with more budget measures the job whole
             self.store.release(key, str(exc))
             self._partial.append(JobRecord(key=key, round=n, role=role, config=dict(cfg), promise_req_s=promise,
@@ -424,9 +430,13 @@ class Tuner:
                          loadavg_1m=load, table_csv=rows_to_csv([row]))
 
     def _n_requests(self, rate: float) -> int:
-        """Requests in a run at ``rate``: ``run_s`` of arrivals within [min, max], plus its warm-up."""
+        """Requests in a run at ``rate``: ``run_s`` of arrivals within [min, max], but no more than
+        ``MAX_RUN_FACTOR`` x ``run_s`` of arrivals (a low rate), plus its warm-up."""
+        return self._counted(rate) + self._warmup(self._counted(rate))
+
+    def _counted(self, rate: float) -> int:
         n = int(min(self.s.max_requests, max(self.s.min_requests, math.ceil(rate * self.s.run_s))))
-        return n + self._warmup(n)
+        return max(1, min(n, math.floor(rate * MAX_RUN_FACTOR * self.s.run_s)))
 
     def _warmup(self, n: int) -> int:
         """The simulator's warm-up share (10%), at least ``warmup`` requests."""
@@ -463,7 +473,14 @@ class Tuner:
         self._spend(engine_s, runs_now)
         rate = mult * promise
         n = self._n_requests(rate)
-        warm = n - int(min(self.s.max_requests, max(self.s.min_requests, math.ceil(rate * self.s.run_s))))
+        warm = n - self._counted(rate)
+        if n - warm < MIN_RUN_REQUESTS:
+            raise Unmeasurable(f"{config_id(cfg)}'s promise at {mult:g}x, {rate:.3g} req/s, is too low to measure: "
+                               f"{MIN_RUN_REQUESTS} requests would take {MIN_RUN_REQUESTS / rate:.0f} s, more than "
+                               f"{MAX_RUN_FACTOR:g} x --run-s; the SLOs are at this machine's limit (is it loaded?)")
+        if self.engine_s_used + engine_s + n / rate > self.s.max_engine_s:
+            raise BudgetSpent(f"the engine-time budget ({self.s.max_engine_s:g} s) has no room for the next run "
+                              f"(about {n / rate:.0f} s)")
         plan = OpenLoopPlan.from_workload(self.spec, rate, n, self.s.seed, warm)
         pred_att, pred = self._predict(ctx, cfg, plan)
         t0 = time.monotonic()

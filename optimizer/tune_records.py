@@ -118,7 +118,7 @@ class RoundRecord(_Json):
 class TuneResult(_Json):
     """The session: its status, the final pick with its evidence, every round and job."""
 
-    status: str                          # converged | budget | rounds | infeasible
+    status: str                          # converged | budget | rounds | infeasible | unmeasurable
     reason: str
     workload: str
     engine: str

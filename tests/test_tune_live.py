@@ -39,11 +39,11 @@ def test_llama_server_from_kvtunes_line_reads_back_as_planned(tmp_path):
     spec = load_workload(ROOT / "bench" / "tune_demo.yaml")
     cfg = {"tp": 1, "batch_cap": 2, "kv_dtype": "fp16", "spec_k": 0, "chunk_tokens": 256}
     pick = build_pick("smollm2-135m", cfg, 1, spec.gpu_mem_util, None, arch=get_model("smollm2-135m"),
-                      gpu=resolve_gpu(spec.hardware.gpu, spec.hardware.gpu_file), weights="q4_1", gpus_per_node=1, max_request_tokens=160)
+                      gpu=resolve_gpu(spec.hardware.gpu, spec.hardware.gpu_file), weights="q4_1", gpus_per_node=1, max_request_tokens=96)
     ad = LocalAdapter("llamacpp", binary=str(BINARY), model=str(MODEL), threads=1, log_dir=tmp_path)
     with ad.running(pick) as eng:
         r = eng.report
-        assert (r.slots, r.pool_tokens, r.threads) == (2, 512, 1), r   # -c = 2 x 160 padded to 512
+        assert (r.slots, r.pool_tokens, r.threads) == (2, 256, 1), r   # -c = 2 x 96 padded to 256
         run = run_open_loop(eng.url, eng.served_model, OpenLoopPlan.from_workload(spec, 0.5, 6, 0, 1), timeout_s=120)
         assert run.complete and not run.failures
     assert eng.process.returncode() is not None
