@@ -143,10 +143,10 @@ def _plots(result: TuneResult, out: Path) -> list[str]:
     return names
 
 
-def write_report(result: TuneResult, out: Path) -> Path:
-    """``report.md`` and its plots in ``out``; returns the page's path."""
+def write_report(result: TuneResult, out: Path, shown: str | None = None) -> Path:
+    """``report.md`` and its plots in ``out`` (named ``shown`` on the page: the folder it is moved to)."""
     plots = _plots(result, out)
-    lines = ["# kvtune tune", "", *summary_lines(result, str(out)), "", "## Rounds", ""]
+    lines = ["# kvtune tune", "", *summary_lines(result, shown or str(out)), "", "## Rounds", ""]
     for rnd in result.rounds:
         lines.append(f"- round {rnd.round}: calibration {rnd.calibration}; pick {config_id(rnd.pick)} promised "
                      f"{rnd.promise_req_s:.3g} req/s per replica (simulated); kept: {rnd.meets}; tight: {rnd.tight}"

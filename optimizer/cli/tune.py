@@ -217,7 +217,7 @@ def _write(result, tmp: Path, out_dir: Path) -> None:
     if result.launch_line:
         (tmp / "launch.sh").write_text("#!/bin/sh\n# the launch line kvtune tune measured, exactly\n"
                                        + result.launch_line + "\n")
-    write_report(result, tmp)
+    write_report(result, tmp, str(out_dir))
     _swap_in(tmp, out_dir)
 
 
