@@ -91,7 +91,12 @@ def test_attainment_percentiles_and_rows_round_trip(tmp_path):
     att = run.attainment()
     assert isinstance(att, Attainment)
     assert (att.n, att.met, att.value, att.warmup_excluded) == (17, 17, 1.0, 3)
-    assert 0.7 < att.lo < 1.0 == att.hi and att.method == "batch-wilson" and att.verdict(0.5) == "meets"
+    # no miss: Wilson's lower end n / (n + q^2), q Student's t for 5 batches (the VIF unknown)
+    from scipy.stats import t
+
+    q = t.ppf(0.975, 4)
+    assert att.lo == pytest.approx(17 / (17 + q * q)) and att.hi == 1.0 and att.method == "batch-wilson"
+    assert att.verdict(0.5) == "meets" and att.verdict(0.9) == "undecided"
     assert run.attainment(SLO(ttft_ms=1.0)).value == 0.0      # nobody's first token comes in 1 ms
     assert run.attainment(SLO(ttft_ms=1.0)).verdict(0.9) == "misses"
     pct = run.percentiles()
