@@ -152,12 +152,14 @@ class Attainment:
 def _wilson(k: float, n: float, confidence: float, dof: int | None = None) -> tuple[float, float]:
     """Wilson's score interval for k of n; with ``dof``, Student's t quantile in place of the
     normal one (the variance behind n was estimated from dof + 1 batch means)."""
-    from scipy.stats import norm, t
+    from statistics import NormalDist
+
+    from scipy.special import stdtrit  # Student's t quantile (scipy.special: a fraction of scipy.stats' import)
 
     if n <= 0:
         return 0.0, 1.0
     q = 0.5 + confidence / 2
-    z = float(t.ppf(q, dof)) if dof else float(norm.ppf(q))
+    z = float(stdtrit(dof, q)) if dof else NormalDist().inv_cdf(q)
     p = k / n
     den = 1 + z * z / n
     mid = (p + z * z / (2 * n)) / den

@@ -92,9 +92,9 @@ def test_attainment_percentiles_and_rows_round_trip(tmp_path):
     assert isinstance(att, Attainment)
     assert (att.n, att.met, att.value, att.warmup_excluded) == (17, 17, 1.0, 3)
     # no miss: Wilson's lower end n / (n + q^2), q Student's t for 5 batches (the VIF unknown)
-    from scipy.stats import t
+    from scipy.special import stdtrit
 
-    q = t.ppf(0.975, 4)
+    q = stdtrit(4, 0.975)
     assert att.lo == pytest.approx(17 / (17 + q * q)) and att.hi == 1.0 and att.method == "batch-wilson"
     assert att.verdict(0.5) == "meets" and att.verdict(0.9) == "undecided"
     assert run.attainment(SLO(ttft_ms=1.0)).value == 0.0      # nobody's first token comes in 1 ms
@@ -200,3 +200,41 @@ def test_drift_flags_the_same_point_moving_beyond_noise():
     assert "loadavg 0.90" in lines[0] and "loadavg 3.10" in lines[0] and "2.00x" in lines[0]
     assert drift([_row("a", 30.0), _row("b", 33.0)]) == []          # 10%: noise
     assert drift([_row("a", 30.0, threads=1), _row("b", 60.0, threads=2)]) == []   # not the same point
+
+
+# ---- the commands ----------------------------------------------------------------------------
+
+def test_profile_open_loop_and_run_record_threads_load_and_logs(tmp_path):
+    import yaml
+    from helpers import kvtune
+
+    wl = {"model": "smollm2-135m", "weights": "q4_1", "engine": "llamacpp",
+          "hardware": {"gpu": "h100-sxm", "usd_per_gpu_hour": 1.0},
+          "workload": {"rate_req_s": 1.0, "classes": [
+              {"name": "chat", "share": 1.0, "input_tokens": {"dist": "uniform", "min": 8, "max": 16},
+               "output_tokens": 3, "prefix_tokens": 4}]},
+          "slo": {"ttft_ms": 2000, "tpot_ms": 500}}
+    wl_path = tmp_path / "wl.yaml"
+    wl_path.write_text(yaml.safe_dump(wl))
+    out = tmp_path / "t.csv"
+    with FakeServer() as srv:
+        code, text = kvtune("profile", "open-loop", wl_path, "--url", srv.url, "--model", "smollm2-135m",
+                            "--rate", "40,60", "--requests", 12, "--warmup", 2, "-o", out, "--threads", 1,
+                            "--gpu", "cpu-test")
+        assert code == 0, text
+        assert text.count("attainment 1.000 [") == 2 and "loadavg" in text
+        code, text = kvtune("profile", "run", "--url", srv.url, "--model", "smollm2-135m", "--concurrency", "1",
+                            "--isl", "8", "--osl", "3", "--requests-per-point", 2, "-o", out, "--append",
+                            "--threads", 2)
+        assert code == 0, text
+        code, text = kvtune("profile", "open-loop", wl_path, "--url", srv.url, "--model", "m", "--rate", "0,1",
+                            "-o", tmp_path / "u.csv")
+        assert code == 2 and text.strip() == "Error: --rate: 0 must be a finite number > 0 (requests per second)"
+    rows = read_table(out)
+    assert [r.rate_req_s for r in rows[:2]] == [40.0, 60.0] and rows[2].concurrency == 1
+    assert [r.threads for r in rows] == [1, 1, 2] and all(r.loadavg_1m is not None for r in rows)
+    for r in rows[:2]:
+        log = read_request_log(r.requests_path())
+        assert len(log) == 12 and log.warmup.sum() == 2 and r.num_requests == 10
+        assert (log.prefix_tokens == 4).all() and r.slo_ttft_ms == 2000.0
+    assert not (tmp_path / "u.csv").exists()

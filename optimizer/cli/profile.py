@@ -152,19 +152,6 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
                + "]", err=True)
 
 
-def _parse_rates(value: str) -> list[float]:
-    out = []
-    for part in str(value).split(","):
-        try:
-            r = float(part)
-        except ValueError:
-            raise InputError(f"--rate: {part.strip()[:40]!r} is not a number") from None
-        if not (r > 0 and r < float("inf")):
-            raise InputError(f"--rate: {part.strip()[:40]} must be a finite number > 0 (requests per second)")
-        out.append(r)
-    return out
-
-
 @profile_group.command("open-loop")
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1.")
@@ -197,7 +184,15 @@ def open_loop_cmd(workload: Path, url: str, model: str, rates: str, n_requests: 
     from kvtune.optimizer.workload import load_workload
 
     spec = load_workload(workload)
-    rate_list = _parse_rates(rates)
+    rate_list = []
+    for part in str(rates).split(","):
+        try:
+            r = float(part)
+        except ValueError:
+            raise InputError(f"--rate: {part.strip()[:40]!r} is not a number") from None
+        if not 0 < r < float("inf"):
+            raise InputError(f"--rate: {part.strip()[:40]} must be a finite number > 0 (requests per second)")
+        rate_list.append(r)
     for flag, v, lo in (("--threads", threads, 1), ("--chunk-tokens", chunk_tokens, 1), ("--tp", tp, 1)):
         if v is not None and v < lo:
             raise InputError(f"{flag}: {v} must be >= {lo}")
