@@ -80,7 +80,9 @@ def test_run_sends_open_loop_at_the_planned_times(tmp_path):
     assert overlap > 0
     # what the fake server sleeps is a lower bound on what the driver measures
     assert min(r.ttft_ms for r in recs) >= TTFT_S * 1e3 * 0.9
-    assert all(r.tpot_ms >= ITL_S * 1e3 * 0.9 for r in recs if r.served_output_tokens > 1)
+    # (a late first read can shorten one TPOT; the whole stream cannot be shorter than its sleeps)
+    assert all(r.e2e_ms >= (TTFT_S + (r.served_output_tokens - 1) * ITL_S) * 1e3 * 0.99 for r in recs)
+    assert np.mean([r.tpot_ms for r in recs if r.served_output_tokens > 1]) >= ITL_S * 1e3 * 0.5
     assert math.isfinite(run.load.before_1m) and run.load.cpus >= 1
 
 
