@@ -240,3 +240,18 @@ def test_profile_open_loop_and_run_record_threads_load_and_logs(tmp_path):
         assert len(log) == 12 and log.warmup.sum() == 2 and r.num_requests == 10
         assert (log.prefix_tokens == 4).all() and r.slo_ttft_ms == 2000.0
     assert not (tmp_path / "u.csv").exists()
+
+
+def test_each_run_sends_new_text_of_the_same_lengths_unless_a_prompt_seed_is_given():
+    """The engine's prompt cache outlives a run: the same text twice was served from it (live,
+    49 of 60 requests). Lengths, arrivals and sharing stay the plan's."""
+    plan = OpenLoopPlan.from_workload(workload(), 50.0, 6, seed=4, warmup=0)
+    prompts = []
+    with FakeServer() as srv:
+        for ps in (None, None, 7, 7):
+            n0 = len(srv.payloads)
+            run = run_open_loop(srv.url, "fake-model", plan, timeout_s=30, prompt_seed=ps)
+            prompts.append(sorted(p["prompt"] for p in srv.payloads[n0:]))
+            assert [r.prompt_tokens_server for r in run.requests] == plan.requests.input_tokens.tolist()
+            assert run.prompt_seed is not None and (ps is None or run.prompt_seed == ps)
+    assert prompts[0] != prompts[1] and prompts[2] == prompts[3]

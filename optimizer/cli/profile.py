@@ -228,6 +228,9 @@ def _echo_open_loop(run) -> None:
         return "/".join("-" if pct[key][s] is None else f"{pct[key][s]:.0f}" for s in ("p50", "p90", "p99"))
 
     fails = f"  {len(run.failures)} failed ({run.failures[0].error})" if run.failures else ""
+    if run.cached_beyond_prefix:
+        fails += (f"  warning: {len(run.cached_beyond_prefix)} requests took more than their shared prefix from "
+                  f"the server's cache")
     click.echo(f"rate {run.rate_req_s:g} req/s (sent {run.offered_rate_req_s:.3g})  attainment {att.value:.3f} "
                f"[{att.lo:.3f}, {att.hi:.3f}] over {att.n} ({att.warmup_excluded} warm-up out)  TTFT p50/p90/p99 "
                f"{q('ttft_ms')} ms  TPOT {q('tpot_ms')} ms  loadavg {run.load.mean_1m:.2f} (max {run.load.max_1m:.2f})"
