@@ -166,14 +166,18 @@ def _disagg_recommendation(model: str, gpu: str, d: DisaggregatedSummary) -> Dis
 
 def _launch(spec: WorkloadSpec, rec: DisaggregatedRecommendation, ctx: SolveContext) -> dict:
     from .launch import LaunchPick, build_pick, disaggregated_launch
+    from .launch.context import request_lengths
     arch, gpu = ctx.model, ctx.gpu
+    n = request_lengths(spec.workload)
 
     def pick(pool: PoolChoice) -> LaunchPick:
         cfg = {"tp": pool.tp, "batch_cap": pool.batch_cap, "kv_dtype": rec.kv_dtype, "spec_k": 0,
                "chunk_tokens": pool.chunk_tokens}
         return build_pick(arch.hf_id or str(spec.model), cfg, pool.replicas, spec.gpu_mem_util, None, arch=arch,
                           gpu=gpu, weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
-                          gpus_per_node=spec.hardware.gpus_per_node)
+                          gpus_per_node=spec.hardware.gpus_per_node,
+                          max_request_tokens=None if n is None else n.total_tokens,
+                          max_prompt_tokens=None if n is None else n.prompt_tokens)
     return disaggregated_launch(pick(rec.prefill), pick(rec.decode), f"kvtune-{arch.name}", spec.engine)
 
 
@@ -207,6 +211,8 @@ def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] 
     a = shown if "aggregated" in kinds else None
     block = DeploymentChoice(searched=kinds, kind=None, aggregated=shown, disaggregated=dis.pick, search=dis.searches)
     x = dis.pick
+    if "aggregated" not in kinds and not isinstance(x, DisaggregatedSummary):
+        return _no_disaggregated(agg, block, x, shown)
     if not isinstance(x, DisaggregatedSummary) or (a is not None and not _better(spec, x, a)):
         d_ok = isinstance(x, DisaggregatedSummary)
         return dataclasses.replace(agg, deployment=dataclasses.replace(
@@ -236,6 +242,22 @@ def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] 
         deployment=dataclasses.replace(block, kind="disaggregated",
                                        margin_pct=_margin(spec, x, a) if a is not None else None,
                                        against="aggregated" if a is not None else None))
+
+
+def _no_disaggregated(agg: SolveResult, block: DeploymentChoice, miss: DisaggregatedMiss,
+                      shown: AggregatedSummary | None) -> SolveResult:
+    """``search.deployment`` asked for disaggregated deployments only and none exists or meets the
+    SLOs: an infeasible answer with the reason (never the aggregated pick in its place), naming the
+    best aggregated deployment as the nearest alternative when there is one."""
+    reason = f"search.deployment lists disaggregated only, and {miss.reason}"
+    if shown is not None:
+        n = shown.gpus
+        reason += (f" (the best aggregated deployment: {n} GPU{'s' if n != 1 else ''} at ${shown.usd_per_hour:.2f}/h, "
+                   f"TP{shown.config['tp']}; list aggregated in search.deployment to allow it)")
+    return dataclasses.replace(agg, status="infeasible", reason=reason, closest=None, recommendation=None,
+                               predicted=None, screened=None, cost=None, bottleneck=None, headroom=None, pareto=None,
+                               launch=None, launch_aggregated=None, notes=None,
+                               deployment=dataclasses.replace(block, kind=None))
 
 
 def deployment_lines(r: SolveResult) -> list[str]:

@@ -23,8 +23,8 @@ from .launch import launch_settings
 from .layouts import gpus_per_replica, layout_params
 from .result import (Bottleneck, Closest, Cost, ParetoPoint, Predicted, ProfileUse, RaceRow, Recommendation, Screened,
                      SolveResult, StepTerms, TrialCounts, VerificationCounts, VerifiedRow)
-from .search import (Evaluation, SolveContext, completed_evals, config_key, evaluate, grid_space, make_storage,
-                     open_study, run_search)
+from .search import (UNLAUNCHABLE, Evaluation, SolveContext, completed_evals, config_key, evaluate, grid_space,
+                     make_storage, open_study, run_search)
 from .scaleout import StudyRunner
 from .simsearch import LocalRunner, Race, race, rank
 from .verify import Verification, sim_requests, verify
@@ -144,9 +144,17 @@ def _ok(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler
                                pick.replicas, spec.gpu_mem_util, sdict,
                                name=f"kvtune-{ctx.model.name}", arch=ctx.model, gpu=ctx.gpu,
                                weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
-                               gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine),
+                               gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine,
+                               **_lengths(spec)),
         notes=tuple(notes),
     )
+
+
+def _lengths(spec) -> dict:
+    """The workload's longest prompt and request, which size each engine's context (launch/context.py)."""
+    from .launch.context import request_lengths
+    n = request_lengths(spec.workload)
+    return {} if n is None else {"max_request_tokens": n.total_tokens, "max_prompt_tokens": n.prompt_tokens}
 
 
 def _verified_row(v: Verification) -> VerifiedRow:
@@ -167,6 +175,8 @@ def _why_infeasible(ctx: SolveContext, r: Race) -> tuple[str, Closest | None]:
     alive = [o for o in r.outcomes if o.status not in ("zero_load", "never_fits")]
     if not r.outcomes:
         why = r.no_fit[0][1] if r.no_fit else "the search space is empty"
+        if UNLAUNCHABLE in ctx.memo:   # the layouts that would hold it are ones the engine cannot launch
+            why += f"; {ctx.memo[UNLAUNCHABLE]}"
         return (f"no configuration of the search space fits in GPU memory: {why}",
                 Closest(config=None, miss=why) if r.no_fit else None)
     if not alive and not r.zero_load:
