@@ -44,7 +44,7 @@ FIT_PARAMS = ("bw_efficiency", "decode_flops_efficiency", "prefill_flops_efficie
               "step_overhead_s", "prefill_overhead_s", "allreduce_latency_s", "link_efficiency")
 
 # Solver units: value = x * scale.
-_SCALE = {"bw_efficiency": 1.0, "decode_flops_efficiency": 1.0, "prefill_flops_efficiency": 1.0,
+_SCALE = {"decode_attn_efficiency": 1.0, "bw_efficiency": 1.0, "decode_flops_efficiency": 1.0, "prefill_flops_efficiency": 1.0,
           "step_overhead_s": 1e-3, "prefill_overhead_s": 1e-3, "allreduce_latency_s": 1e-6, "link_efficiency": 1.0,
           "activation_reserve_bytes": 1e9, "request_overhead_s": 1e-3,
           "fp8_gemm_efficiency": 1.0, "fp8_kv_bw_efficiency": 1.0, "fp8_scale_overhead_s": 1e-3}
@@ -354,8 +354,9 @@ def visible_params(rows: Sequence[ProfileRow], base: Efficiency, names: Sequence
 def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
                    params: Sequence[str] | None = None, predict: Callable | None = None,
                    max_nfev: int = 60, name: str = "fitted", loss: str = "soft_l1",
-                   f_scale: float = 0.1, metrics: Sequence[str] | None = None) -> FitResult:
-    """Fit ``params`` (default: those of ``FIT_PARAMS`` the rows can see) starting from ``base``.
+                   f_scale: float = 0.1, metrics: Sequence[str] | None = None,
+                   candidates: Sequence[str] = FIT_PARAMS) -> FitResult:
+    """Fit ``params`` (default: those of ``candidates`` the rows can see) starting from ``base``.
 
     ``loss``/``f_scale`` go to ``scipy.optimize.least_squares`` (after a plain least-squares
     stage that brings the start close): the default robust ``soft_l1``
@@ -379,7 +380,7 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     if not targets:
         raise InputError("calibrate: the rows hold no measured figure kvtune can predict (step_ms, ttft/tpot means, output_tok_s)")
     explicit = params is not None
-    names = list(params) if params is not None else list(FIT_PARAMS)
+    names = list(params) if params is not None else list(candidates)
     for n in names:
         if n not in PARAM_BOUNDS:
             raise InputError(f"calibrate: --params: unknown parameter '{n}' (known: {', '.join(PARAM_BOUNDS)})")

@@ -144,9 +144,17 @@ def _ok(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler
                                pick.replicas, spec.gpu_mem_util, sdict,
                                name=f"kvtune-{ctx.model.name}", arch=ctx.model, gpu=ctx.gpu,
                                weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
-                               gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine),
+                               gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine,
+                               **_lengths(spec)),
         notes=tuple(notes),
     )
+
+
+def _lengths(spec) -> dict:
+    """The workload's longest prompt and request, which size each engine's context (launch/context.py)."""
+    from .launch.context import request_lengths
+    n = request_lengths(spec.workload)
+    return {} if n is None else {"max_request_tokens": n.total_tokens, "max_prompt_tokens": n.prompt_tokens}
 
 
 def _verified_row(v: Verification) -> VerifiedRow:

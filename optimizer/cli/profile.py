@@ -152,19 +152,6 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
                + "]", err=True)
 
 
-def _parse_rates(value: str) -> list[float]:
-    out = []
-    for part in str(value).split(","):
-        try:
-            r = float(part)
-        except ValueError:
-            raise InputError(f"--rate: {part.strip()[:40]!r} is not a number") from None
-        if not (r > 0 and r < float("inf")):
-            raise InputError(f"--rate: {part.strip()[:40]} must be a finite number > 0 (requests per second)")
-        out.append(r)
-    return out
-
-
 @profile_group.command("open-loop")
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1.")
@@ -197,7 +184,15 @@ def open_loop_cmd(workload: Path, url: str, model: str, rates: str, n_requests: 
     from kvtune.optimizer.workload import load_workload
 
     spec = load_workload(workload)
-    rate_list = _parse_rates(rates)
+    rate_list = []
+    for part in str(rates).split(","):
+        try:
+            r = float(part)
+        except ValueError:
+            raise InputError(f"--rate: {part.strip()[:40]!r} is not a number") from None
+        if not 0 < r < float("inf"):
+            raise InputError(f"--rate: {part.strip()[:40]} must be a finite number > 0 (requests per second)")
+        rate_list.append(r)
     for flag, v, lo in (("--threads", threads, 1), ("--chunk-tokens", chunk_tokens, 1), ("--tp", tp, 1)):
         if v is not None and v < lo:
             raise InputError(f"{flag}: {v} must be >= {lo}")
@@ -233,6 +228,9 @@ def _echo_open_loop(run) -> None:
         return "/".join("-" if pct[key][s] is None else f"{pct[key][s]:.0f}" for s in ("p50", "p90", "p99"))
 
     fails = f"  {len(run.failures)} failed ({run.failures[0].error})" if run.failures else ""
+    if run.cached_beyond_prefix:
+        fails += (f"  warning: {len(run.cached_beyond_prefix)} requests took more than their shared prefix from "
+                  f"the server's cache")
     click.echo(f"rate {run.rate_req_s:g} req/s (sent {run.offered_rate_req_s:.3g})  attainment {att.value:.3f} "
                f"[{att.lo:.3f}, {att.hi:.3f}] over {att.n} ({att.warmup_excluded} warm-up out)  TTFT p50/p90/p99 "
                f"{q('ttft_ms')} ms  TPOT {q('tpot_ms')} ms  loadavg {run.load.mean_1m:.2f} (max {run.load.max_1m:.2f})"
