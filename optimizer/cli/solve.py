@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 
 from kvtune.costmodel.errors import Infeasible, InputError
+from kvtune.optimizer.storage import check_shared_storage
 
-from ._common import MAX_SEED, check_output_path, dumps, parse_int, write_atomic
+from ._common import MAX_SEED, check_output_folder, check_output_path, dumps, output_folder, parse_int, write_atomic
 
 if TYPE_CHECKING:
     from kvtune.optimizer.result import SolveResult
@@ -87,12 +88,10 @@ def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str,
         n_jobs = min(2, os.cpu_count() or 1) if n_workers == 1 else 1
     extra: dict[str, Any] = {} if top is None else {"verify_top": top}
     if json_path:
-        parent = Path(json_path).parent
-        if not parent.exists():
-            raise InputError(f"--json {json_path}: folder {parent} does not exist")
         check_output_path(json_path, "--json")
-    if report_dir and Path(report_dir).exists() and not Path(report_dir).is_dir():
-        raise InputError(f"--report {report_dir}: exists and is not a folder")
+    if report_dir:
+        check_output_folder(report_dir, "--report")
+    check_shared_storage(storage, n_workers)
     spec = load_workload(workload, engine)   # its search space cut to what the engine can launch
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     solve_one: Callable[..., SolveResult] = solve_aggregated
@@ -107,15 +106,38 @@ def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str,
                                    profile=profile, jobs=n_jobs, **extra)
     if spec.notes:   # what reading the workload dropped or filled in for the engine (optimizer.engine_space)
         result = dataclasses.replace(result, notes=tuple(spec.notes) + tuple(result.notes or ()))
-    if report_dir:
-        from kvtune.optimizer.report import write_report
-        result = dataclasses.replace(result, report=write_report(result, spec, report_dir))
-    text = dumps(result.to_json())
-    if json_path:
-        write_atomic(json_path, text + "\n")
+    result, failed = _write_outputs(result, spec, report_dir, json_path, storage)
     click.echo(summary_text(result, storage))
+    if failed:  # the answer is printed above whatever became of the files
+        raise failed
     if result.status != "ok":
         raise Infeasible(f"no configuration meets the SLOs: {result.reason}")
+
+
+def _write_outputs(result: SolveResult, spec, report_dir: str | None, json_path: str | None,
+                   storage: str | None) -> tuple[SolveResult, InputError | None]:
+    """Write --report and --json after the solve. A file that cannot be written (a full disk, a
+    read-only mount) is returned, not raised, so the answer is still printed; any other failure
+    prints the answer and then propagates."""
+    failed: InputError | None = None
+    try:
+        if report_dir:
+            from kvtune.optimizer.report import write_report
+            try:
+                with output_folder(report_dir, "--report") as tmp:
+                    written = Path(write_report(result, spec, str(tmp)))
+                result = dataclasses.replace(result, report=str(Path(report_dir) / written.relative_to(tmp)))
+            except InputError as exc:
+                failed = exc
+        if json_path:
+            try:
+                write_atomic(json_path, dumps(result.to_json()) + "\n")
+            except InputError as exc:
+                failed = failed or exc
+    except BaseException:
+        click.echo(summary_text(result, storage))
+        raise
+    return result, failed
 
 
 class _workers:
