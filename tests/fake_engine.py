@@ -78,12 +78,14 @@ def _parser(style: str) -> argparse.ArgumentParser:
         ap.add_argument("--gpu-memory-utilization", dest="mem", type=float, default=0.9)
         ap.add_argument("--kv-cache-dtype", default="auto")
         ap.add_argument("--tensor-parallel-size", type=int, default=1)
+        ap.add_argument("--max-model-len", dest="ctx", type=int, default=N_CTX_TRAIN)
         for f in ("--enable-chunked-prefill", "--enable-prefix-caching", "--no-enable-prefix-caching"):
             ap.add_argument(f, action="store_true")
         ap.add_argument("--port", type=int, default=8000)
     else:
         ap.add_argument("--model-path", dest="model", required=True)
         ap.add_argument("--tp-size", type=int, default=1)
+        ap.add_argument("--context-length", dest="ctx", type=int, default=N_CTX_TRAIN)
         ap.add_argument("--max-running-requests", dest="slots", type=int, default=256)
         ap.add_argument("--chunked-prefill-size", dest="batch", type=int, default=8192)
         ap.add_argument("--max-prefill-tokens", type=int, default=16384)
@@ -282,7 +284,7 @@ class Handler(BaseHTTPRequestHandler):
         prompt = body.get("prompt", "")
         p = len(prompt.split()) if isinstance(prompt, str) else len(prompt)
         out = int(body.get("max_tokens") or 16)
-        if p + out > min(S.pool, N_CTX_TRAIN):
+        if p + out > min(S.pool, N_CTX_TRAIN, getattr(S.args, "ctx", N_CTX_TRAIN) if S.style != "llamacpp" else N_CTX_TRAIN):
             self._send(400, {"error": {"code": 400, "message": f"request ({p + out} tokens) exceeds the context"}})
             return
         r = _Req(max(1, p), max(1, out))
