@@ -484,6 +484,7 @@ class Tuner:
         plan = OpenLoopPlan.from_workload(self.spec, rate, n, self.s.seed, warm)
         pred_att, pred = self._predict(ctx, cfg, plan)
         t0 = time.monotonic()
+        rid = f"{key}:x{mult:g}"
         stop, allowed, misses = threading.Event(), math.floor((1 - self.spec.slo.attainment) * (n - warm) + 1e-9), [0]
 
         def progress(rec, done: int, total: int) -> None:
@@ -494,9 +495,10 @@ class Tuner:
                 misses[0] += 1
                 if misses[0] > allowed:
                     stop.set()
+        if not eng.wait_idle(self.timeout_s):   # the last run's abandoned requests, cancelled by now
+            self.notes.append(f"{rid}: the engine was still busy {self.timeout_s:g} s after the previous run")
         run = run_open_loop(eng.url, eng.served_model, plan, timeout_s=self.timeout_s, stop=stop, on_progress=progress)
         eng.check_alive()
-        rid = f"{key}:x{mult:g}"
         fname = "requests/" + rid.replace(":", "_") + ".csv"
         run.write_requests(self.workdir / fname)
         row = run.to_rows(self._meta(eng, cfg, key), fname, row_id=rid, threads=eng.report.threads or self.threads,

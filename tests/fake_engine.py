@@ -38,7 +38,9 @@ import argparse
 import collections
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -106,6 +108,7 @@ class _Req:
     event: threading.Event = field(default_factory=threading.Event)
     prefilled: int = 0
     generated: int = 0
+    cancelled: bool = False      # its client left: dropped, as llama-server and vLLM drop it
 
 
 class Engine:
@@ -141,8 +144,14 @@ class Engine:
 
     def _admit(self) -> None:
         used = sum(r.prompt_tokens + r.output_tokens for r in self.running)
+        self.running = [r for r in self.running if not r.cancelled]
+        while self.waiting and self.waiting[0].cancelled:
+            self.waiting.popleft()
         while self.waiting and len(self.running) < self.slots:
             r = self.waiting[0]
+            if r.cancelled:
+                self.waiting.popleft()
+                continue
             if used + r.prompt_tokens + r.output_tokens > self.pool_tokens and self.running:
                 break
             self.waiting.popleft()
@@ -291,7 +300,8 @@ class Handler(BaseHTTPRequestHandler):
         S.engine.submit(r)
         if not body.get("stream"):
             while True:
-                r.event.wait()
+                if not self._wait(r):
+                    return
                 r.event.clear()
                 if r.tokens and r.tokens[-1] is None:
                     break
@@ -305,7 +315,8 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         try:
             while True:
-                r.event.wait()
+                if not self._wait(r):
+                    return
                 r.event.clear()
                 done = False
                 while r.tokens:
@@ -324,6 +335,21 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def _wait(self, r: _Req) -> bool:
+        """Wait for the request's next token; False (and the request dropped) if its client left."""
+        while not r.event.wait(0.1):
+            if self._client_gone():
+                r.cancelled = True
+                return False
+        return True
+
+    def _client_gone(self) -> bool:
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def _chunk(self, d: dict) -> None:
         self._raw(b"data: " + json.dumps(d).encode() + b"\n\n")

@@ -38,6 +38,24 @@ class RunningEngine:
     launch_line: str                   # the exact command that started it ("" for a URL you launched)
     plan: EnginePlan | None = None     # None: launched by the user (a URL)
     process: EngineProcess | None = None
+    kind: EngineKind | None = None     # how to ask it whether it is busy
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is left in the engine (clients that gave up leave theirs to be
+        cancelled); True when idle or when the engine cannot tell, False after ``timeout_s``."""
+        root = self.url[:-3] if self.url.endswith("/v1") else self.url
+        t0 = time.monotonic()
+        while self.kind is not None:
+            try:
+                busy = self.kind.busy(root)
+            except Unreachable:
+                return True
+            if not busy:
+                return True
+            if time.monotonic() - t0 > timeout_s:
+                return False
+            time.sleep(_POLL_S)
+        return True
 
     @property
     def log_path(self) -> Path | None:

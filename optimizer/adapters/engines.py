@@ -136,6 +136,10 @@ class EngineKind:
     def read_back(self, root: str, log_text: str = "", timeout_s: float = 5.0) -> EngineReport:
         raise NotImplementedError
 
+    def busy(self, root: str, timeout_s: float = 5.0) -> bool | None:
+        """Whether requests are still in the engine (None: it does not say)."""
+        return None
+
 
 class LlamaCpp(EngineKind):
     name, label, default_binary = "llamacpp", "llama.cpp llama-server", "llama-server"
@@ -148,6 +152,9 @@ class LlamaCpp(EngineKind):
         argv = set_flag(set_flag([binary] + argv[1:], "--host", host), "--port", str(port))
         return EnginePlan(self.name, tuple(argv), pick.batch_cap, pick.chunk_tokens, int(argv[argv.index("-c") + 1]),
                           threads, model.rsplit("/", 1)[-1], tuple(notes))
+
+    def busy(self, root, timeout_s=5.0):
+        return _llamacpp_busy(root, timeout_s)
 
     def healthy(self, root, timeout_s=2.0):
         st, d = get_json(root, "/health", timeout_s)   # 503 {"error": ...loading} until the model is in
@@ -183,8 +190,27 @@ class LlamaCpp(EngineKind):
                             chunk_tokens=ctx_log.get("n_batch"), threads=threads, threads_batch=threads_batch)
 
 
+def _llamacpp_busy(root: str, timeout_s: float) -> bool | None:
+    st, d = get_json(root, "/slots", timeout_s)    # one entry per slot, "is_processing" (server-context.cpp)
+    if st != 200 or not isinstance(d, list):
+        return None
+    return any(isinstance(x, dict) and x.get("is_processing") for x in d)
+
+
 class Vllm(EngineKind):
     name, label, default_binary = "vllm", "vLLM", "vllm"
+
+    def busy(self, root, timeout_s=5.0):
+        try:
+            st, _, body = get(root, "/metrics", timeout_s)
+        except Unreachable:
+            return None
+        if st != 200:
+            return None
+        # vllm/v1/metrics/loggers.py: gauges vllm:num_requests_running and vllm:num_requests_waiting
+        vals = re.findall(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\}\s+([0-9.eE+-]+)",
+                          body.decode("utf-8", "replace"), re.M)
+        return any(float(v) > 0 for v in vals) if vals else None
 
     def plan(self, pick, *, binary, model, host, port, threads):
         argv, notes = vllm_argv(pick)

@@ -69,7 +69,7 @@ class LocalAdapter(Adapter):
                           self.timeout_s) as (plan, proc, root):
             rep = checked_report(self.kind, plan, proc, root)
             yield RunningEngine(url=root + "/v1", served_model=rep.served_model or plan.served_model, report=rep,
-                                launch_line=plan.launch_line, plan=plan, process=proc)
+                                launch_line=plan.launch_line, plan=plan, process=proc, kind=self.kind)
 
 
 # the fields a command template may name, filled per config
@@ -126,6 +126,7 @@ class TemplateAdapter(Adapter):
         log = self.log_dir / f"engine-{os.getpid()}-{self.starts}.log"
         with start_engine(self.kind or GENERIC, lambda port: self.plan(pick, port), self.host, self.port, log,
                           self.env, self.timeout_s) as (plan, proc, root):
-            rep = checked_report(self.kind or detect_kind(root), plan, proc, root)
+            kind = self.kind or detect_kind(root)
+            rep = checked_report(kind, plan, proc, root)
             yield RunningEngine(url=root + "/v1", served_model=rep.served_model or plan.served_model, report=rep,
-                                launch_line=plan.launch_line, plan=plan, process=proc)
+                                launch_line=plan.launch_line, plan=plan, process=proc, kind=kind)

@@ -77,7 +77,7 @@ class UrlAdapter(Adapter):
     @contextlib.contextmanager
     def running(self, pick: LaunchPick) -> Iterator[RunningEngine]:
         yield _UrlEngine(url=self.url, served_model=self.served, report=self.report, launch_line="", plan=None,
-                         process=None)
+                         process=None, kind=self.kind)
 
 
 class _UrlEngine(RunningEngine):
