@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+MAX_LADDER = 32.0    # the blind ladder never climbs past this many times its start
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -84,7 +85,7 @@ def goodput(engine: Engine, eng, start: float, factor: float, tol: float, max_ru
     while len(hist) < max_runs:
         a = engine.attainment(eng, r)
         hist.append((r, a))
-        if a >= target:
+        if a >= target:   # NaN (nothing counted) is a miss
             lo = r
         else:
             hi = r
@@ -155,12 +156,14 @@ def run_blind(engine: Engine, configs: list[dict], budget: int, seed: int, start
             with engine.up(cfg) as eng:
                 hist: list[tuple[float, float]] = []
                 r = start
-                while engine.runs < budget:   # the ladder: up until a miss
+                while engine.runs < budget and r <= MAX_LADDER * start:   # the ladder: up until a miss
                     a = engine.attainment(eng, r)
                     hist.append((r, a))
-                    if a < engine.spec.slo.attainment:
+                    if not a >= engine.spec.slo.attainment:   # a miss (or no request counted)
                         break
                     r *= factor
+            print(f"blind seed {seed}: {key}: ladder {[(round(x, 3), round(y, 3)) for x, y in hist]} "
+                  f"({engine.runs} runs so far)", file=sys.stderr)
             seen[key] = max([x for x, a in hist if a >= engine.spec.slo.attainment], default=0.0)
         study.tell(trial, seen[key])
         if seen[key] > best[0]:
