@@ -136,8 +136,10 @@ def run_tune(spec, adapter, run_s: float, budget: int, seed: int, log) -> tuple[
 
 
 def run_blind(engine: Engine, configs: list[dict], budget: int, seed: int, start: float, factor: float,
-              truth: dict[str, float]) -> list[tuple[int, str]]:
-    """optuna TPE over the lattice, a rate ladder per trial: (runs used, best config) after each trial."""
+              truth: dict[str, float], mode: str = "ladder", tol: float = 0.05) -> list[tuple[int, str]]:
+    """optuna TPE over the lattice: (runs used, best config) after each trial. Each trial measures
+    its config's goodput by a rate ladder (``mode`` ladder: up x ``factor`` until a miss) or by the
+    truth table's bisection to ``tol`` (``mode`` bisect: finer, more runs per trial)."""
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     caps = sorted({c["batch_cap"] for c in configs})
@@ -152,7 +154,11 @@ def run_blind(engine: Engine, configs: list[dict], budget: int, seed: int, start
         cfg = dict(base, batch_cap=trial.suggest_categorical("batch_cap", caps),
                    chunk_tokens=trial.suggest_categorical("chunk_tokens", chunks))
         key = _cfg_id(cfg)
-        if key not in seen:
+        if key not in seen and mode == "bisect":
+            with engine.up(cfg) as eng:
+                seen[key], hist = goodput(engine, eng, start, factor, tol, max_runs=budget - engine.runs)
+            print(f"blind seed {seed}: {key}: bisected {seen[key]:.3g} req/s ({engine.runs} runs so far)", file=sys.stderr)
+        elif key not in seen:
             with engine.up(cfg) as eng:
                 hist: list[tuple[float, float]] = []
                 r = start
@@ -192,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ladder-start", type=float, default=2.0)
     ap.add_argument("--ladder", type=float, default=1.5)
     ap.add_argument("--seeds", default="0,1,2", help="blind search seeds (TPE), one tune per seed")
+    ap.add_argument("--blind", choices=("ladder", "bisect"), default="ladder",
+                    help="how a blind trial measures a config's goodput: a x --ladder rate ladder, or bisection to --tol")
     ap.add_argument("--truth", type=Path, default=None, help="truth cache (JSON)")
     ap.add_argument("-o", "--output", type=Path, default=REPO / "bench" / "RESULTS-tune.md")
     a = ap.parse_args(argv)
@@ -231,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in (int(x) for x in a.seeds.split(",")):
         tune_trace, tune_res = run_tune(spec, adapter, a.run_s, a.budget, seed, lambda s: print(s, file=sys.stderr))
         blind_engine = Engine(adapter, spec, a.run_s, seed)
-        blind_trace = run_blind(blind_engine, configs, a.budget, seed, a.ladder_start, a.ladder, truth)
+        blind_trace = run_blind(blind_engine, configs, a.budget, seed, a.ladder_start, a.ladder, truth, a.blind, a.tol)
         rows.append((seed, reached(tune_trace, truth), tune_trace[-1][1] if tune_trace else "-", tune_res,
                      reached(blind_trace, truth), blind_trace[-1][1] if blind_trace else "-", blind_engine.runs))
         print(f"seed {seed}: tune {rows[-1][1]} runs, blind {rows[-1][4]} runs", file=sys.stderr)
@@ -242,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{truth[best_key]:.3g} req/s (truth table: every config bisected to {a.tol:.0%}, "
              f"{sum(len(v['runs']) for v in json.loads(truth_path.read_text()).values())} runs). "
              f"Load average at the end: {load:.2f}; wall {time.monotonic() - t0:.0f} s.", "",
+             f"Blind trials measure goodput by {'a x' + format(a.ladder, 'g') + ' rate ladder from ' + format(a.ladder_start, 'g') + ' req/s' if a.blind == 'ladder' else 'bisection to ' + format(a.tol, '.0%')}.", "",
              "| seed | tune: runs to within 5% of the best | tune's pick (status) | blind TPE: runs to within 5% | "
              "blind's best | blind runs used |", "|---|---|---|---|---|---|"]
     for seed, tr, tp, res, br, bp, bruns in rows:
