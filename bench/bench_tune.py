@@ -149,8 +149,8 @@ def run_blind(engine: Engine, configs: list[dict], budget: int, seed: int, start
     trace: list[tuple[int, str]] = []
     best: tuple[float, str] = (-1.0, "")
     seen: dict[str, float] = {}
-    while engine.runs < budget:
-        trial = study.ask()
+    while engine.runs < budget and len(seen) < len(configs) and len(study.trials) < 50 * len(configs):
+        trial = study.ask()   # (TPE asks again for configs already measured: they cost no runs)
         cfg = dict(base, batch_cap=trial.suggest_categorical("batch_cap", caps),
                    chunk_tokens=trial.suggest_categorical("chunk_tokens", chunks))
         key = _cfg_id(cfg)
