@@ -13,7 +13,7 @@ from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.profile_table import ProfileRow, read_table
 from kvtune.optimizer.importers import FORMATS, Metadata, import_files, rows_to_csv
 
-from ._common import check_output_path, echo_table, parse_int_list, write_atomic
+from ._common import check_output_path, echo_table, parse_int_list, save_or_show, write_atomic
 
 
 def _meta_options(f):
@@ -138,10 +138,9 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
                    requests_per_point=requests_per_point, seed=seed, timeout_s=timeout_s, warmup_requests=warmup,
                    chunk_tokens=chunk_tokens, threads=threads)
     old: list[ProfileRow] = []
+    check_output_path(output, "-o")  # before the benchmark: it takes minutes
     if append and output.exists():
         old = read_table(output)
-    else:
-        check_output_path(output, "-o")
     cmd = ["kvtune", "profile", "run", "--url", url, "--model", model, "--concurrency", concurrency, "--isl", isl,
            "--osl", osl, "--requests-per-point", str(requests_per_point), "--seed", str(seed)]
     meta = _run_metadata(cmd, gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
@@ -157,7 +156,7 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
 
     prefix = "run" if not old else f"run{len(old)}"
     rows, info = run_profile(run, meta, progress, id_prefix=prefix)
-    write_atomic(output, rows_to_csv([*old, *rows]))
+    save_or_show(output, rows_to_csv([*old, *rows]), "-o")
     click.echo(f"wrote {len(rows)} rows to {output}" + (f" (after {len(old)} kept)" if old else "")
                + f"  [engine {info.engine or '?'} {info.engine_version}"
                + (f", KV pool {info.kv_pool_tokens:,} tokens" if info.kv_pool_tokens else ", KV pool not reported")
@@ -202,9 +201,8 @@ def open_loop_cmd(workload: Path, url: str, model: str, rates: str, n_requests: 
         if v is not None and v < lo:
             raise InputError(f"{flag}: {v} must be >= {lo}")
     plans = [OpenLoopPlan.from_workload(spec, r, n_requests, seed, warmup) for r in rate_list]
+    check_output_path(output, "-o")  # before the runs: they take minutes
     old: list[ProfileRow] = read_table(output) if append and output.exists() else []
-    if not old:
-        check_output_path(output, "-o")
     cmd = ["kvtune", "profile", "open-loop", str(workload), "--url", url, "--model", model, "--rate", rates,
            "--requests", str(n_requests), "--warmup", str(warmup), "--seed", str(seed)]
     meta = _run_metadata(cmd, gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
