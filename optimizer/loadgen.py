@@ -631,11 +631,14 @@ def _drift_pair(a: ProfileRow, b: ProfileRow, rel: float, z: float) -> list[str]
             continue
         else:
             how = f"more than {rel:.0%}"
-        la = f"loadavg {a.loadavg_1m:.2f}" if a.loadavg_1m is not None else "load not recorded"
-        lb = f"loadavg {b.loadavg_1m:.2f}" if b.loadavg_1m is not None else "load not recorded"
-        out.append(f"drift: rows {a.id} ({la}) and {b.id} ({lb}) measure the same point but {metric} "
+        out.append(f"drift: rows {a.id} ({_when(a)}) and {b.id} ({_when(b)}) measure the same point but {metric} "
                    f"{va:.4g} vs {vb:.4g} ({ratio:.2f}x, {how} apart)")
     return out
+
+
+def _when(row: ProfileRow) -> str:
+    load = f"loadavg {row.loadavg_1m:.2f}" if row.loadavg_1m is not None else "load not recorded"
+    return f"{row.date}, {load}" if row.date else load
 
 
 def _log_values(row: ProfileRow) -> dict[str, tuple[float, float]] | None:

@@ -255,3 +255,18 @@ def test_each_run_sends_new_text_of_the_same_lengths_unless_a_prompt_seed_is_giv
             assert [r.prompt_tokens_server for r in run.requests] == plan.requests.input_tokens.tolist()
             assert run.prompt_seed is not None and (ps is None or run.prompt_seed == ps)
     assert prompts[0] != prompts[1] and prompts[2] == prompts[3]
+
+
+def test_calibrate_prints_drift_once_per_pair_beside_contradictions():
+    from kvtune.costmodel.profile_table import contradictions
+    from kvtune.optimizer.cli.calibrate import _said
+
+    rows = [_row("a", 30.0, load=0.9, date="2026-12-01T20:00"), _row("b", 90.0, load=3.1), _row("c", 40.0)]
+    said = contradictions(rows)
+    lines = drift(rows)
+    assert len(said) == 1 and "rows a and b" in said[0]
+    assert "a (2026-12-01T20:00, loadavg 0.90)" in lines[0]
+    fresh = [x for x in lines if not _said(x, said)]
+    pairs = sorted(tuple(sorted((x.split("rows ")[1].split(" ")[0], x.split(") and ")[1].split(" ")[0])))
+                   for x in fresh)
+    assert len(lines) == 3 and pairs == [("a", "c"), ("b", "c")]

@@ -222,7 +222,7 @@ def test_json_onto_a_full_device_after_the_solve_still_prints_the_answer(workloa
 def test_a_report_that_fails_midway_leaves_nothing_and_the_answer_is_printed(tmp_path, workload, monkeypatch):
     import kvtune.optimizer.report as report
 
-    def full_disk(result, spec, out_dir):
+    def full_disk(result, spec, out_dir, *overrides):
         (Path(out_dir) / "frontier.png").write_bytes(b"half a plot")
         raise OSError(errno.ENOSPC, "No space left on device")
 

@@ -104,7 +104,7 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
 def _said(drift_line: str, lines: list[str]) -> bool:
     """A drift line whose pair of rows a contradiction line already names."""
     ids = drift_line.split("rows ", 1)[1].split(" measure ", 1)[0]
-    a, b = (x.split(" (", 1)[0] for x in ids.split(" and ", 1))
+    a, b = (x.split(" (", 1)[0] for x in ids.split(") and ", 1))
     return any(f"rows {a} and {b}" in w or f"rows {b} and {a}" in w for w in lines)
 
 

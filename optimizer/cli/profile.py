@@ -52,6 +52,38 @@ def _unknown_note(rows: list[ProfileRow], given: Metadata) -> None:
                    "(bf16, bf16, tp 1)", err=True)
 
 
+def _engine_options(f):
+    """What ``profile run`` and ``profile open-loop`` share: the table to extend and what the
+    server does not say about itself."""
+    for opt in reversed([
+        click.option("--append", is_flag=True, help="Keep the rows already in OUTPUT and add these."),
+        click.option("--gpu", default=None, help="GPU or machine label, e.g. h100-sxm or cpu-2core."),
+        click.option("--tp", type=int, default=None),
+        click.option("--engine", default=None, help="Default: what the server reports (llama.cpp, vllm, sglang)."),
+        click.option("--engine-version", default=None),
+        click.option("--weight-dtype", default=None),
+        click.option("--kv-dtype", default=None),
+        click.option("--chunk-tokens", type=int, default=None,
+                     help="The engine's per-step token budget, written to every row when the server does not "
+                          "report it (llama.cpp: its -b, 2048 by default; vLLM: --max-num-batched-tokens)."),
+        click.option("--threads", type=int, default=None,
+                     help="The engine's CPU threads (llama.cpp -t), written to every row's threads column (servers "
+                          "do not report it)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _run_metadata(cmd: list[str], **given) -> Metadata:
+    """The rows' metadata; their source is the command that reproduces them (rebuilt from the
+    options, so it reads the same however kvtune was invoked)."""
+    for key, v in given.items():
+        if v is not None:
+            cmd = [*cmd, "--" + key.replace("_", "-"), str(v)]
+    return Metadata(**{k: given[k] for k in ("gpu", "tp", "engine", "engine_version", "weight_dtype", "kv_dtype")},
+                    source=shlex.join(cmd))
+
+
 @click.group("profile")
 def profile_group():
     """Measured profile tables: import benchmark outputs or measure a live server."""
@@ -93,19 +125,7 @@ def import_cmd(files: tuple[Path, ...], output: Path, fmt: str | None, model: st
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the synthetic prompts.")
 @click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per-request timeout.")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Short requests sent before measuring.")
-@click.option("--append", is_flag=True, help="Keep the rows already in OUTPUT and add these.")
-@click.option("--gpu", default=None, help="GPU or machine label, e.g. h100-sxm or cpu-2core.")
-@click.option("--tp", type=int, default=None)
-@click.option("--engine", default=None, help="Default: what the server reports (llama.cpp, vllm, sglang).")
-@click.option("--engine-version", default=None)
-@click.option("--weight-dtype", default=None)
-@click.option("--kv-dtype", default=None)
-@click.option("--chunk-tokens", type=int, default=None,
-              help="The engine's per-step token budget, written to every row when the server does not report it "
-                   "(llama.cpp: its -b, 2048 by default; vLLM: --max-num-batched-tokens).")
-@click.option("--threads", type=int, default=None,
-              help="The engine's CPU threads (llama.cpp -t), written to every row's threads column (servers do not "
-                   "report it).")
+@_engine_options
 def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: Path, requests_per_point: int,
             seed: int, timeout_s: float, warmup: int, append: bool, gpu: str | None, tp: int | None,
             engine: str | None, engine_version: str | None, weight_dtype: str | None, kv_dtype: str | None,
@@ -121,17 +141,10 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
     check_output_path(output, "-o")  # before the benchmark: it takes minutes
     if append and output.exists():
         old = read_table(output)
-    # The source is the command that reproduces these rows (rebuilt from the options, so it reads the
-    # same however kvtune was invoked).
     cmd = ["kvtune", "profile", "run", "--url", url, "--model", model, "--concurrency", concurrency, "--isl", isl,
            "--osl", osl, "--requests-per-point", str(requests_per_point), "--seed", str(seed)]
-    for flag, v in (("--gpu", gpu), ("--tp", tp), ("--engine", engine), ("--engine-version", engine_version),
-                    ("--weight-dtype", weight_dtype), ("--kv-dtype", kv_dtype), ("--chunk-tokens", chunk_tokens),
-                    ("--threads", threads)):
-        if v is not None:
-            cmd += [flag, str(v)]
-    meta = Metadata(gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
-                    kv_dtype=kv_dtype, source=shlex.join(cmd))
+    meta = _run_metadata(cmd, gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
+                         kv_dtype=kv_dtype, chunk_tokens=chunk_tokens, threads=threads)
 
     def progress(pt: PointResult, row: ProfileRow) -> None:
         fails = f"  ({len(pt.failures)} failed: {pt.failures[0].error})" if pt.failures else ""
@@ -164,15 +177,7 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
 @click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per-request timeout.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Profile table to write; each run's per-request log goes beside it.")
-@click.option("--append", is_flag=True, help="Keep the rows already in OUTPUT and add these.")
-@click.option("--gpu", default=None, help="GPU or machine label, e.g. h100-sxm or cpu-2core.")
-@click.option("--tp", type=int, default=None)
-@click.option("--engine", default=None, help="Default: what the server reports (llama.cpp, vllm, sglang).")
-@click.option("--engine-version", default=None)
-@click.option("--weight-dtype", default=None)
-@click.option("--kv-dtype", default=None)
-@click.option("--chunk-tokens", type=int, default=None, help="The engine's per-step token budget (llama.cpp -b).")
-@click.option("--threads", type=int, default=None, help="The engine's CPU threads (llama.cpp -t).")
+@_engine_options
 def open_loop_cmd(workload: Path, url: str, model: str, rates: str, n_requests: int, warmup: int, seed: int,
                   timeout_s: float, output: Path, append: bool, gpu: str | None, tp: int | None, engine: str | None,
                   engine_version: str | None, weight_dtype: str | None, kv_dtype: str | None,
@@ -196,18 +201,12 @@ def open_loop_cmd(workload: Path, url: str, model: str, rates: str, n_requests: 
         if v is not None and v < lo:
             raise InputError(f"{flag}: {v} must be >= {lo}")
     plans = [OpenLoopPlan.from_workload(spec, r, n_requests, seed, warmup) for r in rate_list]
+    check_output_path(output, "-o")  # before the runs: they take minutes
     old: list[ProfileRow] = read_table(output) if append and output.exists() else []
-    if not old:
-        check_output_path(output, "-o")
     cmd = ["kvtune", "profile", "open-loop", str(workload), "--url", url, "--model", model, "--rate", rates,
            "--requests", str(n_requests), "--warmup", str(warmup), "--seed", str(seed)]
-    for flag, given in (("--gpu", gpu), ("--tp", tp), ("--engine", engine), ("--engine-version", engine_version),
-                        ("--weight-dtype", weight_dtype), ("--kv-dtype", kv_dtype), ("--chunk-tokens", chunk_tokens),
-                        ("--threads", threads)):
-        if given is not None:
-            cmd += [flag, str(given)]
-    meta = Metadata(gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
-                    kv_dtype=kv_dtype, source=shlex.join(cmd))
+    meta = _run_metadata(cmd, gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
+                         kv_dtype=kv_dtype, chunk_tokens=chunk_tokens, threads=threads)
     rows = list(old)
     for plan in plans:
         run = run_open_loop(url, model, plan, timeout_s=timeout_s)
