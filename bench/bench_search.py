@@ -2,8 +2,14 @@
 same seed gives the same pick (and another sampler seed too: the race does not depend on it).
 
     nice -n 10 python bench/bench_search.py [--examples chat-llama3.1-8b,...] [--seeds 0,1] [--jobs 2]
+                                            [--compare-to DIR]
 
 (default: every ``examples/*.yaml``)
+
+``--compare-to DIR``: a checkout of another version (``git archive main | tar -x -C DIR``) run
+back-to-back with this one on each example (``PYTHONPATH=DIR``, alternating which goes first), so
+the ratio of their times is measured under the same load: on a shared machine the absolute wall
+times move with the other processes' turns, the ratio much less.
 
 Per example and seed: one ``kvtune solve EXAMPLE --seed S --jobs J --quiet --json ...`` process,
 timed around the process (wall seconds, and the CPU seconds of the process and its children from
@@ -30,15 +36,17 @@ ROOT = Path(__file__).resolve().parents[1]
 ALL = sorted(p.stem for p in (ROOT / "examples").glob("*.yaml"))
 
 
-def timed_solve(path: Path, args: list[str]) -> tuple[dict, float, float]:
-    """(result, wall s, cpu s) of one whole ``kvtune solve`` process."""
+def timed_solve(path: Path, args: list[str], code: str | None = None) -> tuple[dict, float, float]:
+    """(result, wall s, cpu s) of one whole ``kvtune solve`` process (``code``: another checkout's
+    package, through ``PYTHONPATH``)."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "r.json"
         exe = Path(sys.executable).parent / "kvtune"
+        env = dict(os.environ, **({"PYTHONPATH": code} if code else {}))
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         p = subprocess.run([str(exe), "solve", str(path), "--quiet", "--json", str(out), *args], cwd=ROOT,
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, env=env)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -59,7 +67,10 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--jobs", default="2")
     ap.add_argument("--cache-dir", default=os.environ.get("KVTUNE_ORACLE_CACHE", "/tmp/kvtune-oracle-cache"))
+    ap.add_argument("--compare-to", default=None, help="another checkout run back-to-back (module docstring)")
     a = ap.parse_args()
+    if a.compare_to:
+        return compare(a)
     ok = True
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     print("| example | seed | pick | $/h | goodput req/s | verified / simulations | wall s | cpu s | oracle cpu s |")
@@ -85,6 +96,33 @@ def main() -> int:
             print(f"  {name}: the seeds gave different picks")
             ok = False
     return 0 if ok else 1
+
+
+def compare(a) -> int:
+    """Each example and seed solved by this checkout and by ``--compare-to``, back to back."""
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+    print("| example | seed | this $/h | this wall s | this cpu s | other $/h | other wall s | other cpu s | "
+          "wall ratio | cpu ratio | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    walls, cpus = [], []
+    for i, name in enumerate(a.examples.split(",")):
+        for seed in a.seeds.split(","):
+            path, args = ROOT / "examples" / f"{name}.yaml", ["--seed", seed, "--jobs", a.jobs]
+            order = [None, a.compare_to] if i % 2 == 0 else [a.compare_to, None]
+            got = {code: timed_solve(path, args, code) for code in order}
+            (r, w, c), (r0, w0, c0) = got[None], got[a.compare_to]
+
+            def usd(x):
+                return f"{x['cost']['usd_per_hour']:.2f}" if x.get("status") == "ok" else x.get("status", "?")
+            walls.append(w / w0)
+            cpus.append(c / c0)
+            print(f"| {name} | {seed} | {usd(r)} | {w:.1f} | {c:.1f} | {usd(r0)} | {w0:.1f} | {c0:.1f} | "
+                  f"{w / w0:.2f} | {c / c0:.2f} | {os.getloadavg()[0]:.1f} |", flush=True)
+    if walls:
+        import statistics
+        print(f"\ngeometric mean ratio (this / other): wall {statistics.geometric_mean(walls):.2f}, "
+              f"cpu {statistics.geometric_mean(cpus):.2f}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -216,15 +216,22 @@ def _subset(req: Requests, idx: np.ndarray, arrival_s: np.ndarray, output_tokens
                     class_names=req.class_names)
 
 
-def disaggregated_bound_req_s(prefill: Pool, decode: Pool, mean_input_tokens: float, mean_output_tokens: float) -> float:
+def disaggregated_bound_req_s(prefill: Pool, decode: Pool, mean_input_tokens: float, mean_output_tokens: float,
+                              mean_uncached_tokens: float | None = None) -> float:
     """An upper bound on the deployment's throughput: the lower of the prefill pool's (a full
-    chunk per step with no cached context before it, the fastest a prompt token can go) and the
-    decode pool's (``goodput.capacity_bound_req_s`` per replica)."""
+    chunk per step with no cached context before it, the fastest a prompt token can go, over the
+    prompt tokens it computes: ``mean_uncached_tokens``, the prompt less what the prefix cache
+    holds, when the pool caches prefixes) and the decode pool's (``goodput.capacity_bound_req_s``
+    per replica; cached prefix tokens held once count as shared)."""
     from .goodput import capacity_bound_req_s
 
     c = int(prefill.config.chunk_tokens)
     t = prefill.step.step_time_s(0, 0.0, c, StepModel.chunk_pairs(c, 0), 0.0)
-    pre = prefill.replicas * c / t / max(mean_input_tokens, 1.0)
+    todo = mean_input_tokens
+    if mean_uncached_tokens is not None and prefill.config.prefix_caching:
+        todo = min(max(float(mean_uncached_tokens), 0.0), mean_input_tokens)
+    pre = prefill.replicas * c / t / max(todo, 1.0)
+    shared = mean_input_tokens - todo if decode.config.prefix_caching else 0.0
     dec = decode.replicas * capacity_bound_req_s(decode.step, mean_input_tokens, mean_output_tokens,
-                                                 decode.config.batch_cap, 0.0, decode.config.kv_pool_tokens)
+                                                 decode.config.batch_cap, shared, decode.config.kv_pool_tokens)
     return min(pre, dec)

@@ -1,22 +1,27 @@
-"""Aggregated or disaggregated: ``kvtune solve`` searches both kinds of deployment
-(``search.deployment``, default both) and recommends the better one for the objective.
+"""Aggregated or disaggregated, on every GPU type: ``kvtune solve`` searches both kinds of
+deployment (``search.deployment``, default both) on each GPU type ``hardware.gpu`` lists, and
+recommends the best of all of them under one order (``optimizer.objective``).
 
-An outer layer, as ``optimizer.gpu_choice`` is: the aggregated search runs as before
-(``optimizer.recommend.solve``; its answer is also the reference the other kind is measured
-against), then ``optimizer.disagg.search_disaggregated`` races disaggregated deployments (TP_p,
-TP_d, x:y, each pool's knobs, each KV dtype searched) on the same simulator, requests and seed,
-ranked by the objective:
+GPU type x deployment kind x config is one space raced on equal evidence: ``solve_deployments``
+runs, per GPU type (``optimizer.gpu_choice`` when there are several), the aggregated search
+(``optimizer.recommend.solve``) and the disaggregated one (``optimizer.disagg.search_disaggregated``:
+TP_p, TP_d, x:y, each pool's knobs, each KV dtype), on the same simulator, requests and seed. The
+disaggregated search ranks on short runs; its ``DISAGG_VERIFY`` best are then verified as an
+aggregated config is (``optimizer.disagg_verify``: the same requests per simulation, tolerance,
+draws and robust sizing), so the two kinds' figures, and the margin printed between them, are
+re-simulated numbers on equal evidence:
 
-    min_cost      units of (x prefill + y decode) replicas to serve the target rate, $/h
-    max_goodput   goodput per $ of one unit (replicated within hardware.max_nodes)
+    min_cost      units of (x prefill + y decode) replicas to serve the target rate, $/h robust
+                  to the draw; margin: $/h saved
+    max_goodput   goodput per $ of units replicated within hardware.max_nodes; margin: goodput
+                  per $ gained, both on the workload's own draw (the goodput configs are ranked on)
 
 The result keeps every key of the aggregated one. ``deployment`` says which kind won and by how
-much against the best of the other kind (``margin_pct``: $/h saved for min_cost, goodput per $
-gained for max_goodput), with both kinds' picks; when the disaggregated one wins,
-``recommendation`` describes it in the same keys (``tp``/``batch_cap`` of the decode pool,
-``chunk_tokens`` of the prefill pool, ``replicas`` and ``gpus`` of the whole deployment) plus
-``prefill`` and ``decode``, ``predicted`` and ``cost`` are its own, ``launch`` holds its
-disaggregated launch settings and ``launch_aggregated`` the aggregated pick's.
+much against the best of the other kind (``margin_pct``), with both kinds' picks; when the
+disaggregated one wins, ``recommendation`` describes it in the same keys (``tp``/``batch_cap`` of
+the decode pool, ``chunk_tokens`` of the prefill pool, ``replicas`` and ``gpus`` of the whole
+deployment) plus ``prefill`` and ``decode``, ``predicted`` and ``cost`` are its own, ``launch``
+holds its disaggregated launch settings and ``launch_aggregated`` the aggregated pick's.
 """
 
 from __future__ import annotations
@@ -26,28 +31,41 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from .disagg import DEFAULT_ENGINE, DisaggCandidate, PoolChoice, search_disaggregated
+from kvtune.costmodel.step import StepCost
+
+from .check import disaggregated_command
+from .disagg import DEFAULT_ENGINE, DisaggCandidate, PoolChoice, fork_map, search_disaggregated
+from .disagg_verify import UnitVerification, robust_unit, unit_rank, verify_unit
+from .objective import objective_rank
 from .result import (AggregatedSummary, Bottleneck, Cost, DeploymentChoice, DisaggregatedMiss,
                      DisaggregatedRecommendation, DisaggregatedSummary, JsonObject, Predicted, SolveResult)
 from .search import SolveContext
 from .workload import WorkloadSpec
 
-__all__ = ["solve_deployments", "disaggregated_answer", "DisaggregatedAnswer", "deployment_lines"]
+__all__ = ["solve_deployments", "disaggregated_answer", "DisaggregatedAnswer", "deployment_lines", "result_rank"]
 
 MAX_UNIT_GPUS = 16   # one disaggregated unit spans at most two 8-GPU nodes
+DISAGG_VERIFY = 3    # the disaggregated search's best candidates verified on the aggregated kind's evidence
 _SUMMARY_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "replicas")
 
 
 @dataclass(frozen=True)
 class DisaggregatedAnswer:
     """The disaggregated search's answer (``disaggregated_answer``): the best deployment or why
-    none qualifies, each KV dtype's search, and (found one) its simulation at the target load."""
+    none qualifies, each KV dtype's search, and (found one) its robust verification (``verified``)."""
 
     pick: DisaggregatedSummary | DisaggregatedMiss
     searches: tuple[JsonObject, ...] = ()      # {"kv_dtype": ..., **DisaggSearch.to_json()} per KV dtype
-    load_per_unit_req_s: float = math.nan
-    at_target: Mapping[str, Any] | None = None  # the simulated summary at load_per_unit_req_s per unit
-    usd_per_million_output_tokens: float = math.nan
+    verified: UnitVerification | None = None
+
+    @property
+    def load_per_unit_req_s(self) -> float:
+        return self.verified.load_per_unit_req_s if self.verified is not None else math.nan
+
+    @property
+    def at_target(self) -> Mapping[str, Any] | None:
+        """The first fresh draw's summary at the per-unit load (a complete verification)."""
+        return self.verified.at if self.verified is not None else None
 
 
 def _agg_summary(r: SolveResult) -> AggregatedSummary | None:
@@ -57,7 +75,8 @@ def _agg_summary(r: SolveResult) -> AggregatedSummary | None:
     return AggregatedSummary(gpus=rec["gpus"], usd_per_hour=r.cost.usd_per_hour,
                              goodput_req_s=r.predicted.goodput_req_s,
                              per_replica_goodput_req_s=r.predicted.per_replica_goodput_req_s,
-                             config={k: rec[k] for k in _SUMMARY_KEYS if k in rec})
+                             config={k: rec[k] for k in _SUMMARY_KEYS if k in rec},
+                             ranked_goodput_req_s=r.predicted.ranked_goodput_req_s)
 
 
 def _units(spec: WorkloadSpec, c: DisaggCandidate, max_total: int, rate: float) -> int:
@@ -66,12 +85,13 @@ def _units(spec: WorkloadSpec, c: DisaggCandidate, max_total: int, rate: float) 
     return max(1, max_total // c.gpus)
 
 
-def _score(spec: WorkloadSpec, max_total: int, rate: float, usd: float) -> Callable[[DisaggCandidate], tuple]:
+def _score(spec: WorkloadSpec, max_total: int, rate: float, usd: float,
+           usd_cap: float = math.inf) -> Callable[[DisaggCandidate], tuple]:
     def score(c: DisaggCandidate) -> tuple:
         if not c.goodput_req_s > 0:
             return (math.inf, 0.0)
         u = _units(spec, c, max_total, rate)
-        if u * c.gpus > max_total:
+        if u * c.gpus > max_total or (spec.objective == "min_cost" and u * c.gpus * usd > usd_cap * (1 + 1e-12)):
             return (math.inf, 0.0)
         if spec.objective == "min_cost":
             return (u * c.gpus * usd, -c.goodput_req_s)
@@ -80,13 +100,13 @@ def _score(spec: WorkloadSpec, max_total: int, rate: float, usd: float) -> Calla
 
 
 def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibration: str | None = None,
-                         engine: str | None = None, profile: str | None = None
-                         ) -> tuple[DisaggregatedAnswer, SolveContext | None]:
+                         engine: str | None = None, profile: str | None = None, jobs: int = 1,
+                         usd_cap: float = math.inf) -> tuple[DisaggregatedAnswer, SolveContext | None]:
     """The best disaggregated deployment for ``spec`` (or why none), and the solve context it was
-    searched in (None where skipped)."""
-    from kvtune.costmodel.deployment import Pool, kv_link, simulate_disaggregated
-    from kvtune.costmodel.step import StepCost
-
+    searched in (None where skipped). The search's ``DISAGG_VERIFY`` best candidates are verified
+    on the aggregated kind's evidence (``optimizer.disagg_verify``), ranked by the objective, and
+    the best made robust to the draw. ``usd_cap`` (min_cost): only deployments at or below it count
+    (another GPU type has one there)."""
     if spec.speculative is not None:
         return DisaggregatedAnswer(DisaggregatedMiss(
             status="skipped", reason="speculative decoding is searched for aggregated replicas only")), None
@@ -94,9 +114,8 @@ def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibratio
     h = spec.hardware
     max_total = h.max_nodes * h.gpus_per_node
     rate = ctx.rate_req_s
-    usd = h.usd_per_gpu_hour
     eng = ctx.engine.engine or DEFAULT_ENGINE
-    score = _score(spec, max_total, rate, usd)
+    score = _score(spec, max_total, rate, h.usd_per_gpu_hour, usd_cap)
 
     def make(r, n, s):
         return spec.requests(n, s, rate_req_s=r)
@@ -104,54 +123,79 @@ def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibratio
     def step_for(kv: str) -> Callable[[int], StepCost | Exception]:
         return lambda tp: ctx.step(tp, kv, 0)
 
-    best: DisaggCandidate | None = None
-    best_kv = ""
+    finals: list[tuple[tuple, int, str, DisaggCandidate]] = []
     searches = []
-    for kv in spec.search.kv_dtype:
+    for i, kv in enumerate(spec.search.kv_dtype):
         d = search_disaggregated(step_for(kv), ctx.engine.sim_config, make,
                                  spec.slo.attainment, tps=spec.search.tp, gpu=ctx.gpu,
                                  gpus_per_node=h.gpus_per_node, max_gpus=min(MAX_UNIT_GPUS, max_total),
-                                 engine=eng, seed=ctx.workload_seed, score=score)
+                                 engine=eng, seed=ctx.workload_seed, score=score, jobs=jobs)
         searches.append({"kv_dtype": kv, **d.to_json()})
-        if d.best is not None and (best is None or score(d.best) < score(best)):
-            best, best_kv = d.best, kv
+        finals += [(score(c), i, kv, c) for c in d.simulated if c.round == "final" and c.goodput_req_s > 0
+                   and math.isfinite(score(c)[0])]
+    finals.sort(key=lambda f: (f[0], f[1]))
+    top = [(kv, c) for _, _, kv, c in finals[:DISAGG_VERIFY]]
+    best = _best_unit(ctx, fork_map(lambda kc: verify_unit(ctx, kc[1], kc[0], eng), top, jobs), usd_cap)
     if best is None:
         return DisaggregatedAnswer(DisaggregatedMiss(
             status="infeasible", reason="no disaggregated deployment of single-node replicas met the SLOs"
                                         + (" within hardware.max_nodes" if searches else "")), tuple(searches)), ctx
-    units = _units(spec, best, max_total, rate)
-    # the deployment at the target load: each unit carries rate / units (max_goodput: its goodput)
-    load = rate / units if spec.objective == "min_cost" else best.goodput_req_s
+    return DisaggregatedAnswer(_summary(ctx, best), tuple(searches), best), ctx
 
-    def pool(p: PoolChoice) -> Pool:
-        step = ctx.step(p.tp, best_kv, 0)
-        assert not isinstance(step, Exception)   # the search simulated this pool
-        return Pool(step, ctx.engine.sim_config(p.batch_cap, p.chunk_tokens), p.replicas)
 
-    req = make(load, 400, ctx.workload_seed)
-    at = simulate_disaggregated(pool(best.prefill), pool(best.decode), req, kv_link(ctx.gpu, best.link == "nvlink"),
-                                "trace", ctx.workload_seed, engine=eng).result.summary()
-    gpus = units * best.gpus
-    goodput = units * best.goodput_req_s
-    out_tok_s = (rate if spec.objective == "min_cost" else goodput) * ctx.stats.mean_output_tokens
-    pick = DisaggregatedSummary(gpus=gpus, nodes=math.ceil(gpus / h.gpus_per_node), usd_per_hour=gpus * usd,
-                                goodput_req_s=goodput, units=units, unit=best, kv_dtype=best_kv, engine=eng,
-                                evidence="simulated")
-    return DisaggregatedAnswer(
-        pick, tuple(searches), load_per_unit_req_s=load, at_target=at,
-        usd_per_million_output_tokens=gpus * usd / (out_tok_s * 3600) * 1e6 if out_tok_s > 0 else math.inf), ctx
+def _best_unit(ctx: SolveContext, nominal: list[UnitVerification], usd_cap: float = math.inf
+               ) -> UnitVerification | None:
+    """The best of the nominal verifications under the objective, made robust to the draw: in
+    nominal rank order, each that could still beat the best (a nominal figure bounds its robust
+    one) is made robust (``robust_unit``); none dearer than ``usd_cap`` (min_cost)."""
+    cap = usd_cap if ctx.spec.objective == "min_cost" else math.inf
+
+    def ok(u: UnitVerification) -> bool:
+        return u.feasible and u.usd_per_hour <= cap * (1 + 1e-12)
+    best: UnitVerification | None = None
+    for u in sorted((u for u in nominal if ok(u)), key=lambda u: unit_rank(ctx, u)):
+        if best is not None and not unit_rank(ctx, u) < unit_rank(ctx, best):
+            break
+        r = robust_unit(ctx, u)
+        if ok(r) and (best is None or unit_rank(ctx, r) < unit_rank(ctx, best)):
+            best = r
+    return best
+
+
+def _summary(ctx: SolveContext, u: UnitVerification) -> DisaggregatedSummary:
+    return DisaggregatedSummary(gpus=u.gpus, nodes=u.nodes, usd_per_hour=u.usd_per_hour, goodput_req_s=u.goodput_req_s,
+                                units=u.units, unit=u.candidate(), kv_dtype=u.kv_dtype, engine=u.engine,
+                                evidence="simulated", ranked_goodput_req_s=u.ranked_goodput_req_s)
+
+
+def _ranked(x: AggregatedSummary | DisaggregatedSummary) -> float:
+    return x.ranked_goodput_req_s if x.ranked_goodput_req_s is not None else x.goodput_req_s
 
 
 def _margin(spec: WorkloadSpec, win: AggregatedSummary | DisaggregatedSummary,
             lose: AggregatedSummary | DisaggregatedSummary) -> float:
-    """How much better the winner is: $/h saved (min_cost) or goodput per $ gained (max_goodput)."""
+    """How much better the winner is: $/h saved (min_cost) or goodput per $ gained (max_goodput,
+    both on the workload's own draw)."""
     if spec.objective == "min_cost":
         return 100.0 * (lose.usd_per_hour / win.usd_per_hour - 1.0)
-    return 100.0 * ((win.goodput_req_s / win.usd_per_hour) / (lose.goodput_req_s / lose.usd_per_hour) - 1.0)
+    return 100.0 * ((_ranked(win) / win.usd_per_hour) / (_ranked(lose) / lose.usd_per_hour) - 1.0)
 
 
 def _better(spec: WorkloadSpec, d: DisaggregatedSummary, a: AggregatedSummary) -> bool:
-    return spec.objective_key(d.usd_per_hour, d.goodput_req_s) < spec.objective_key(a.usd_per_hour, a.goodput_req_s)
+    kvs = spec.search.kv_dtype
+    return (objective_rank(spec.objective, d.usd_per_hour, _ranked(d), d.kv_dtype, kvs)
+            < objective_rank(spec.objective, a.usd_per_hour, _ranked(a), str(a.config.get("kv_dtype", "bf16")), kvs))
+
+
+def result_rank(spec: WorkloadSpec, r: SolveResult) -> tuple:
+    """One solve's answer under the objective (``optimizer.objective``): what the GPU-type choice
+    compares; an answer that is not ok sorts last."""
+    if r.status != "ok" or r.cost is None or r.predicted is None or r.recommendation is None:
+        return (1,)
+    p = r.predicted
+    good = p.ranked_goodput_req_s if p.ranked_goodput_req_s is not None else p.goodput_req_s
+    return (0, *objective_rank(spec.objective, r.cost.usd_per_hour, good, r.recommendation.kv_dtype,
+                               spec.search.kv_dtype))
 
 
 def _disagg_recommendation(model: str, gpu: str, d: DisaggregatedSummary) -> DisaggregatedRecommendation:
@@ -181,36 +225,30 @@ def _launch(spec: WorkloadSpec, rec: DisaggregatedRecommendation, ctx: SolveCont
     return disaggregated_launch(pick(rec.prefill), pick(rec.decode), f"kvtune-{arch.name}", spec.engine)
 
 
-def _on_winning_gpu(spec: WorkloadSpec, agg: SolveResult) -> WorkloadSpec:
-    """With several GPU types (``optimizer.gpu_choice``), the disaggregated race runs on the type
-    the aggregated answer chose (the first type where none met the SLOs), at that type's price."""
-    h = spec.hardware
-    if not h.choices:
-        return spec
-    prices = dict(h.choices)
-    gpu = agg.recommendation.gpu if agg.status == "ok" and agg.recommendation is not None else None
-    gpu = gpu if gpu in prices else h.choices[0][0]
-    return dataclasses.replace(spec, hardware=dataclasses.replace(h, gpu=gpu, usd_per_gpu_hour=prices[gpu], choices=()))
-
-
 def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] | None = None,
                       **kwargs: Any) -> SolveResult:
-    """``solve_one(spec, **kwargs)`` (aggregated) and, when ``spec.search.deployment`` lists it, the
-    disaggregated search; the result of the better kind for the objective (module docstring)."""
+    """The whole answer: per GPU type (``optimizer.gpu_choice`` when ``hardware.gpu`` lists
+    several), ``solve_one(spec, **kwargs)`` (aggregated) and, when ``spec.search.deployment`` lists
+    it, the disaggregated search on that type; the best of everything for the objective (module
+    docstring)."""
     if solve_one is None:
         from .recommend import solve
         solve_one = solve
+    one = solve_one
+    if spec.hardware.choices:
+        from .gpu_choice import solve_gpu_choice
+        return solve_gpu_choice(spec, solve_one=lambda s, **kw: solve_deployments(s, one, **kw), **kwargs)
     kinds = tuple(spec.search.deployment)
     agg = solve_one(spec, **kwargs)
     if "disaggregated" not in kinds:
         return dataclasses.replace(agg, deployment=DeploymentChoice(searched=kinds, kind="aggregated"))
-    dspec = _on_winning_gpu(spec, agg)
-    dis, ctx = disaggregated_answer(dspec, kwargs.get("seed"), kwargs.get("calibration"), kwargs.get("engine"),
-                                    kwargs.get("profile"))
+    over = {k: kwargs.get(k) for k in ("calibration", "engine", "profile")}
+    dis, ctx = disaggregated_answer(spec, kwargs.get("seed"), over["calibration"], over["engine"], over["profile"],
+                                    int(kwargs.get("jobs") or 1), kwargs.get("usd_cap", math.inf))
     shown = _agg_summary(agg)
     a = shown if "aggregated" in kinds else None
-    block = DeploymentChoice(searched=kinds, kind=None, aggregated=shown, disaggregated=dis.pick, search=dis.searches)
     x = dis.pick
+    block = DeploymentChoice(searched=kinds, kind=None, aggregated=shown, disaggregated=x, search=dis.searches)
     if "aggregated" not in kinds and not isinstance(x, DisaggregatedSummary):
         return _no_disaggregated(agg, block, x, shown)
     if not isinstance(x, DisaggregatedSummary) or (a is not None and not _better(spec, x, a)):
@@ -219,22 +257,36 @@ def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] 
             block, kind="aggregated" if agg.status == "ok" else None,
             margin_pct=_margin(spec, a, x) if (a is not None and isinstance(x, DisaggregatedSummary)) else None,
             against="disaggregated" if d_ok else None))
-    assert ctx is not None and dis.at_target is not None   # a deployment was found, so searched and simulated
-    spec = dspec
+    assert ctx is not None and dis.verified is not None and dis.at_target is not None   # completed above
+    return _disaggregated_result(spec, agg, ctx, dis, x, a, block, over)
+
+
+def _disaggregated_result(spec: WorkloadSpec, agg: SolveResult, ctx: SolveContext, dis: DisaggregatedAnswer,
+                          x: DisaggregatedSummary, a: AggregatedSummary | None, block: DeploymentChoice,
+                          over: Mapping[str, Any]) -> SolveResult:
+    """The answer when the disaggregated deployment wins: its pools, its simulated figures (the
+    first fresh draw at the per-unit load), cost, launch settings and the check command."""
+    u = dis.verified
+    assert u is not None and u.at is not None and u.draws is not None
     rec = _disagg_recommendation(ctx.model.name, ctx.gpu.name, x)
-    at = dis.at_target
+    at = u.at
     tpot_mean = at["tpot_ms"].get("mean", float("nan"))
     rate = agg.target_rate_req_s
+    out_tok_s = (rate if spec.objective == "min_cost" else x.goodput_req_s) * ctx.stats.mean_output_tokens
+    usd = spec.hardware.usd_per_gpu_hour
+    check = disaggregated_command(spec, u.cand.prefill, u.cand.decode, u.kv_dtype, u.cand.link, u.units, u.engine,
+                                  u.fleet_rate_req_s, u.n_requests, u.draws.seeds[0], ctx.gpu.name, over)
     return dataclasses.replace(
         agg, status="ok", reason=None, closest=None, recommendation=rec,
-        predicted=Predicted(goodput_req_s=x.goodput_req_s, per_replica_goodput_req_s=x.unit.goodput_req_s,
+        predicted=Predicted(goodput_req_s=x.goodput_req_s, per_replica_goodput_req_s=u.per_unit_goodput_req_s,
                             slo_attainment=at["slo_attainment"], ttft_ms=at["ttft_ms"], tpot_ms=at["tpot_ms"],
                             output_tok_s=at["output_tok_s"] * x.units,
                             tok_s_per_user=1000.0 / tpot_mean if tpot_mean and tpot_mean > 0 else float("nan"),
-                            load_per_replica_req_s=dis.load_per_unit_req_s, evidence="simulated",
-                            per_replica_is="one unit of the disaggregated deployment (prefill + decode pools)"),
-        cost=Cost(usd_per_hour=x.usd_per_hour, usd_per_gpu_hour=spec.hardware.usd_per_gpu_hour,
-                  usd_per_million_output_tokens=dis.usd_per_million_output_tokens,
+                            load_per_replica_req_s=u.load_per_unit_req_s, evidence="simulated",
+                            per_replica_is="one unit of the disaggregated deployment (prefill + decode pools)",
+                            draws=u.draws.to_json(), check=check, ranked_goodput_req_s=u.ranked_goodput_req_s),
+        cost=Cost(usd_per_hour=x.usd_per_hour, usd_per_gpu_hour=usd,
+                  usd_per_million_output_tokens=x.gpus * usd / (out_tok_s * 3600) * 1e6 if out_tok_s > 0 else math.inf,
                   priced_at="target rate" if spec.objective == "min_cost" else "goodput"),
         headroom=x.goodput_req_s / rate - 1 if rate and rate > 0 else float("nan"),
         bottleneck=Bottleneck(term="disaggregated", batch_limit=None, operating_batch=None),

@@ -7,7 +7,8 @@ the screen only prunes):
 1. screen: every (TP_p, TP_d, x, y, prefill chunk budget, prefill batch cap, decode batch cap)
    within ``max_gpus`` gets its capacity bound (``costmodel.deployment.disaggregated_bound_req_s``:
    the prefill pool's full-chunk rate and the decode pool's KV/batch bound) and the score it would
-   get with that goodput (goodput per GPU; for ``kvtune solve``, $/h at the target rate). The bound
+   get with that goodput (goodput per GPU; for ``kvtune solve``, $/h at the target rate); the
+   prefill pool computes only the prompt tokens the prefix cache does not hold. The bound
    is an upper bound on goodput, so a candidate whose best possible score is worse than a score
    already simulated cannot win and is pruned; the rest go best possible score first;
 2. short simulations: goodput bisection with few requests and a loose tolerance for the
@@ -35,7 +36,8 @@ from kvtune.costmodel.goodput import goodput
 from kvtune.costmodel.simulate import SimConfig
 from kvtune.costmodel.step import StepCost
 
-__all__ = ["PoolChoice", "DisaggCandidate", "DisaggSearch", "search_disaggregated", "margin", "DEFAULT_ENGINE"]
+__all__ = ["PoolChoice", "DisaggCandidate", "DisaggSearch", "search_disaggregated", "margin", "DEFAULT_ENGINE",
+           "uncached_prompt_tokens", "fork_map"]
 
 DEFAULT_ENGINE = "vllm"     # the engine whose disaggregation rules apply when the workload names none
 PREFILL_CHUNKS = (2048, 8192)
@@ -127,7 +129,7 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
                          rel_tol: float = 0.05,
                          prefill_chunks=PREFILL_CHUNKS, prefill_caps=PREFILL_CAPS, decode_caps=DECODE_CAPS,
                          max_replicas: int = MAX_REPLICAS, time_budget_s: float | None = None,
-                         score: Callable[[DisaggCandidate], tuple] | None = None) -> DisaggSearch:
+                         score: Callable[[DisaggCandidate], tuple] | None = None, jobs: int = 1) -> DisaggSearch:
     """The best disaggregated deployment by simulated goodput per GPU (module docstring).
 
     ``step_for(tp)``: the step model of one replica at ``tp`` (None or an exception instance
@@ -135,7 +137,8 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
     ``SimConfig``; ``make_requests(rate, n, seed)``: the workload's requests; ``tps``: the TPs to
     try for either pool. ``time_budget_s`` stops round 2 early (the candidates not yet simulated
     are reported as pruned by time). ``score`` ranks simulated candidates, lowest first (default:
-    most goodput per GPU; ``kvtune solve`` passes the objective's: $/h at the target rate)."""
+    most goodput per GPU; ``kvtune solve`` passes the objective's: $/h at the target rate).
+    ``jobs`` > 1: round 2's bisections on that many forked processes (the same answer)."""
     wall0 = time.perf_counter()
     eng = engine or DEFAULT_ENGINE
     if score is None:
@@ -148,6 +151,7 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
             steps[tp] = s
     probe = make_requests(1.0, 200, seed)
     mean_in, mean_out = float(probe.input_tokens.mean()), float(probe.output_tokens.mean())
+    mean_todo = uncached_prompt_tokens(probe)
 
     # ---- 1. screen: the capacity bound of every candidate ---------------------------------------
     cands = []
@@ -164,14 +168,17 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
                             for dcap in decode_caps:
                                 pp = Pool(sp, sim_config(pcap, chunk), x)
                                 dp = Pool(sd, sim_config(dcap, DECODE_CHUNK), y)
-                                ub = disaggregated_bound_req_s(pp, dp, mean_in, mean_out)
+                                ub = disaggregated_bound_req_s(pp, dp, mean_in, mean_out, mean_todo)
                                 pc, dc = PoolChoice(tpp, x, pcap, chunk), PoolChoice(tpd, y, dcap, DECODE_CHUNK)
                                 # the best score this candidate could reach: its bound as its goodput
                                 lb = score(DisaggCandidate(pc, dc, link, ub, ub))
                                 cands.append((lb, ub, pc, dc, link, pp, dp))
+    screened = len(cands)
+    # a candidate whose best possible score is no score at all (its bound cannot serve the objective
+    # within the GPUs or the price allowed) cannot win at any rate: pruned unsimulated
+    cands = [c for c in cands if math.isfinite(c[0][0])]
     cands.sort(key=lambda c: (c[0], c[2].gpus + c[3].gpus, c[2].tp, c[3].tp, c[2].replicas, c[3].replicas,
                               c[2].chunk_tokens, c[3].batch_cap))
-    screened = len(cands)
 
     def run(c, n, tol) -> tuple[float, int, str]:
         _, ub, _, _, link, pp, dp = c
@@ -187,14 +194,19 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
     # ---- 2. short simulations, branch and bound on the bound per GPU ----------------------------
     short: list[tuple[Any, float, int, str]] = []
     sims = 0
-    for c in cands:
-        if len(short) >= short_keep:
-            break
-        if time_budget_s is not None and time.perf_counter() - wall0 > time_budget_s and short:
-            break
-        g, it, why = run(c, short_n, 0.1)
-        sims += it
-        short.append((c, g, it, why))
+    if time_budget_s is None and jobs > 1:   # independent bisections: on ``jobs`` processes, in order
+        todo = cands[:short_keep]
+        short = [(c, *r) for c, r in zip(todo, fork_map(lambda c: run(c, short_n, 0.1), todo, jobs))]
+        sims = sum(it for _, _, it, _ in short)
+    else:
+        for c in cands:
+            if len(short) >= short_keep:
+                break
+            if time_budget_s is not None and time.perf_counter() - wall0 > time_budget_s and short:
+                break
+            g, it, why = run(c, short_n, 0.1)
+            sims += it
+            short.append((c, g, it, why))
     pruned = screened - len(short)
     short.sort(key=lambda s: score(DisaggCandidate(s[0][2], s[0][3], s[0][4], s[0][1], s[1])))
 
@@ -223,6 +235,39 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
     ranked = tuple(finals + rest)
     best = finals[0] if finals and finals[0].goodput_req_s > 0 and math.isfinite(score(finals[0])[0]) else None
     return DisaggSearch(best, ranked, screened, pruned, sims, time.perf_counter() - wall0, eng)
+
+
+_FORKED: tuple | None = None   # (fn, items) the forked processes of ``fork_map`` read
+
+
+def _forked_call(i: int):
+    assert _FORKED is not None, "set by fork_map before the pool forks"
+    fn, items = _FORKED
+    return fn(items[i])
+
+
+def fork_map(fn: Callable[[Any], Any], items: list, jobs: int) -> list:
+    """``[fn(x) for x in items]`` on ``jobs`` forked processes (``fn`` and ``items`` reach them by the
+    fork, so closures work), results in order; in this process when ``jobs`` or the items are < 2."""
+    import multiprocessing as mp
+    global _FORKED
+    if jobs < 2 or len(items) < 2:
+        return [fn(x) for x in items]
+    _FORKED = (fn, items)
+    try:
+        with mp.get_context("fork").Pool(min(jobs, len(items))) as pool:
+            return pool.map(_forked_call, range(len(items)), chunksize=1)
+    finally:
+        _FORKED = None
+
+
+def uncached_prompt_tokens(req) -> float:
+    """Mean prompt tokens a prefill pool computes once the prefix cache is warm: a request of a
+    prefix group reads its shared prefix from the cache (steady state: the first request of each
+    group per replica is left out, so the bound stays an upper bound)."""
+    import numpy as np
+    shared = np.where(req.prefix_group >= 0, req.prefix_tokens, 0)
+    return float(np.maximum(req.input_tokens - shared, 0).mean())
 
 
 def margin(a_per_gpu: float, b_per_gpu: float) -> float:

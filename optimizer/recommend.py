@@ -26,7 +26,8 @@ from .result import (Bottleneck, Closest, Cost, ParetoPoint, Predicted, ProfileU
 from .search import (UNLAUNCHABLE, Evaluation, SolveContext, completed_evals, config_key, evaluate, grid_space,
                      make_storage, open_study, run_search)
 from .scaleout import StudyRunner
-from .simsearch import LocalRunner, Race, race, rank
+from .simsearch import LocalRunner, Race, race, ranked_goodput
+from .check import aggregated_command
 from .verify import Verification, sim_requests, verify
 
 __all__ = ["solve", "verify", "recommend", "pareto_front", "sim_requests", "VERIFY_TOP", "SolveResult"]
@@ -50,22 +51,24 @@ def pareto_front(items: list[ParetoPoint]) -> list[ParetoPoint]:
 
 def recommend(ctx: SolveContext, study: optuna.Study, sampler: str, verify_top: int = VERIFY_TOP,
               runner: LocalRunner | StudyRunner | None = None,
-              on_stage: Callable[[str, int], None] | None = None) -> SolveResult:
-    """The result (``status`` ok or infeasible): the race's best verified config. ``on_stage(name,
-    n)`` hears each stage of the race as it starts (a progress display)."""
+              on_stage: Callable[[str, int], None] | None = None, overrides: dict | None = None,
+              usd_cap: float = math.inf) -> SolveResult:
+    """The result (``status`` ok or infeasible): the race's best robust verification. ``on_stage(name,
+    n)`` hears each stage of the race as it starts (a progress display). ``overrides``: the
+    ``calibration``/``engine``/``profile`` the solve was given (the printed ``kvtune simulate``
+    command repeats them). ``usd_cap``: only deployments at or below it count (``optimizer.simsearch.race``)."""
     evals = completed_evals(study)
     own = runner is None
     runner = runner or LocalRunner(ctx)
     try:
-        r = race(ctx, runner, on_stage=on_stage, seeds=verify_top)
+        r = race(ctx, runner, on_stage=on_stage, seeds=verify_top, usd_cap=usd_cap)
     finally:
         if own:
             runner.close()
-    ok = [v for v in r.verified if v.feasible]
-    if not ok:
-        return _infeasible(ctx, study, evals, sampler, r)
-    pick = min(ok, key=lambda v: rank(ctx, v))
-    return _ok(ctx, study, evals, sampler, r, pick, evaluate(ctx, pick.params), _dtype_notes(ctx, pick, r))
+    pick = r.best
+    if pick is None:
+        return _infeasible(ctx, study, evals, sampler, r, usd_cap)
+    return _ok(ctx, study, evals, sampler, r, pick, evaluate(ctx, pick.params), _dtype_notes(ctx, pick, r), overrides)
 
 
 def _dtype_notes(ctx: SolveContext, pick: Verification, r: Race) -> list[str]:
@@ -75,6 +78,14 @@ def _dtype_notes(ctx: SolveContext, pick: Verification, r: Race) -> list[str]:
     if "bf16" not in kv:
         return []
     if pick.params["kv_dtype"] == "bf16":
+        # the preference is stated where it cost goodput: an fp8 config verified at the same $/h with more
+        more = [v for v in r.verified if v.feasible and v.params["kv_dtype"] != "bf16"
+                and v.usd_per_hour == pick.usd_per_hour and (v.goodput_req_s or 0.0) > (pick.goodput_req_s or 0.0)]
+        if more and ctx.spec.objective == "min_cost":
+            v = max(more, key=lambda v: v.goodput_req_s or 0.0)
+            return [f"bf16 KV preferred at equal $/h: {config_key(v.params)} (fp8 KV) costs the same "
+                    f"${v.usd_per_hour:.2f}/h with {v.goodput_req_s:.2f} req/s goodput against "
+                    f"{pick.goodput_req_s:.2f} (simulated); fp8 KV is never chosen unless cheaper"]
         return ["bf16 KV: FP8 KV buys no saving here (every fp8 config was raced for a cheaper deployment)"]
     return [f"FP8 KV: no bf16 config meets the target at ${pick.usd_per_hour:.2f}/h (simulated); "
             "check quality on your hardest evals"]
@@ -99,7 +110,7 @@ def _base(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampl
 
 
 def _ok(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler: str, r: Race,
-        pick: Verification, ev: Evaluation, notes: list[str]) -> SolveResult:
+        pick: Verification, ev: Evaluation, notes: list[str], overrides: dict | None = None) -> SolveResult:
     spec, p = ctx.spec, pick.params
     # feasible, so sized and simulated at its load: every figure is there
     assert pick.usd_per_hour is not None and pick.goodput_req_s is not None and pick.replicas is not None \
@@ -133,7 +144,10 @@ def _ok(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler
                             slo_attainment=pick.slo_attainment, ttft_ms=pick.ttft_ms, tpot_ms=pick.tpot_ms,
                             output_tok_s=pick.output_tok_s,
                             tok_s_per_user=1000.0 / tpot_mean if tpot_mean and tpot_mean > 0 else float("nan"),
-                            load_per_replica_req_s=pick.load_per_replica_req_s, evidence="simulated"),
+                            load_per_replica_req_s=pick.load_per_replica_req_s, evidence="simulated",
+                            draws=pick.draws.to_json() if pick.draws is not None else None,
+                            check=aggregated_command(spec, {**p, **layout}, pick, ctx.gpu.name, overrides),
+                            ranked_goodput_req_s=ranked_goodput(pick)),
         screened=Screened.from_json(ev.screened()),
         cost=Cost(usd_per_hour=usd, usd_per_gpu_hour=spec.hardware.usd_per_gpu_hour,
                   usd_per_million_output_tokens=usd / (out_tok_s * 3600) * 1e6 if out_tok_s > 0 else float("inf"),
@@ -165,7 +179,16 @@ def _verified_row(v: Verification) -> VerifiedRow:
                        simulations=v.simulations, reason=v.reason)
 
 
-def _infeasible(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler: str, r: Race) -> SolveResult:
+def _infeasible(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler: str, r: Race,
+                usd_cap: float = math.inf) -> SolveResult:
+    """No answer: ``infeasible`` with the reason and the closest miss, or, searched only up to
+    ``usd_cap`` (another GPU type has a deployment there) with configs that meet the SLOs at some
+    load, ``dearer``: nothing at or below that price (the search went no further)."""
+    alive = any(o.status not in ("zero_load", "never_fits") for o in r.outcomes)
+    if math.isfinite(usd_cap) and alive:
+        return SolveResult(**_base(ctx, study, evals, sampler, r), status="dearer", reason=(
+            f"no deployment at or below ${usd_cap:.2f}/h meets the SLOs (a cheaper GPU type was found first; "
+            f"searched no further)"))
     reason, closest = _why_infeasible(ctx, r)
     return SolveResult(**_base(ctx, study, evals, sampler, r), status="infeasible", reason=reason, closest=closest)
 
@@ -191,8 +214,19 @@ def _why_infeasible(ctx: SolveContext, r: Race) -> tuple[str, Closest | None]:
                   f"in every configuration (simulated); the closest, {pr.config}, meets the SLOs for "
                   f"{pr.attainment:.1%} of requests < {spec.slo.attainment:g}")
         return reason, Closest(config=o.config, miss=pr.reason, attainment=pr.attainment)
+    priced = [v for v in r.verified if v.gpus is not None and v.per_replica_goodput_req_s > 0]
+    if priced:
+        # the nearest miss by distance to the target: the fewest GPUs to serve the rate (then the
+        # most goodput per GPU); its reason says what it serves and how many nodes that takes
+        v = min(priced, key=lambda v: (v.gpus, -v.per_replica_goodput_req_s / gpus_per_replica(v.params),
+                                       config_key(v.params)))
+        h = spec.hardware
+        reason = (f"no configuration serves {ctx.rate_req_s:g} req/s within hardware.max_nodes {h.max_nodes} "
+                  f"({ctx.max_gpus} GPUs), simulated; the closest: {v.reason or 'simulated SLO attainment misses the target'}"
+                  if spec.objective == "min_cost" else v.reason or "simulated SLO attainment misses the target")
+        return reason, Closest(config=v.params, miss=v.reason or reason, usd_per_hour=v.usd_per_hour, priced=True)
     if r.verified:
-        v = max(r.verified, key=lambda v: (v.per_replica_goodput_req_s or 0.0) / gpus_per_replica(v.params))
+        v = max(r.verified, key=lambda v: (v.per_replica_goodput_req_s or 0.0, config_key(v.params)))
         reason = v.reason or "simulated SLO attainment misses the target"
         return reason, Closest(config=v.params, miss=reason, usd_per_hour=v.usd_per_hour, priced=True)
     o = alive[0]
@@ -206,7 +240,7 @@ def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str
           storage: str | None = None, study_name: str | None = None, verify_top: int = VERIFY_TOP,
           on_trial: Callable[[int, int], None] | None = None, calibration: str | None = None,
           engine: str | None = None, profile: str | None = None, jobs: int = 1,
-          on_stage: Callable[[str, int], None] | None = None) -> SolveResult:
+          on_stage: Callable[[str, int], None] | None = None, usd_cap: float = math.inf) -> SolveResult:
     """Search, verify and recommend: the whole ``kvtune solve`` for a loaded ``WorkloadSpec``.
     ``seed`` drives the sampler; the simulated request sample follows ``spec.search.seed``.
     ``calibration``/``engine``/``profile`` override the spec's (see ``SolveContext.build``).
@@ -225,7 +259,8 @@ def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str
         else:
             runner = LocalRunner(ctx, jobs)
         with runner:
-            return recommend(ctx, study, sampler, verify_top, runner, on_stage)
+            return recommend(ctx, study, sampler, verify_top, runner, on_stage,
+                             {"calibration": calibration, "engine": engine, "profile": profile}, usd_cap)
 
 
 @contextlib.contextmanager

@@ -41,7 +41,6 @@ __all__ = ["write_report", "latency_sample", "operating_point", "pick_context", 
 
 PLOTS = ("frontier.png", "pareto.png", "latency.png")
 _Rec = Recommendation | DisaggregatedRecommendation
-DISAGG_TARGET_REQUESTS = 400   # optimizer.deployment_choice.disaggregated_answer simulates its pick on these many
 
 
 def _plt() -> Any:
@@ -66,17 +65,18 @@ def pick_context(result: SolveResult, spec: WorkloadSpec, calibration: str | Non
 
 
 def latency_sample(ctx: SolveContext, result: SolveResult) -> Any:
-    """The simulation behind ``result.predicted``, run again (a ``SimResult``): an aggregated pick
-    as ``optimizer.verify.verify`` simulates it at its load per replica (its requests, seed and
-    scheduler), a disaggregated one as ``optimizer.deployment_choice.disaggregated_answer`` does
-    at its load per unit. Its percentiles are ``predicted``'s (tests/test_report.py holds them)."""
+    """The simulation behind ``result.predicted``, run again (a ``SimResult``): the pick's first
+    fresh draw (``predicted.draws``: its seed and size) at its load per replica, as
+    ``optimizer.verify.simulate_at`` (aggregated) and ``optimizer.disagg_verify.simulate_unit_at``
+    (disaggregated, per unit) run it. Its percentiles are ``predicted``'s (tests/test_report.py
+    holds them)."""
     from kvtune.costmodel.simulate import simulate
 
-    from .verify import config_requests, sim_config
+    from .verify import sim_config
     rec, p = result.recommendation, result.predicted
-    assert rec is not None and p is not None   # an ok result
-    seed = ctx.workload_seed
-    load = p.load_per_replica_req_s
+    assert rec is not None and p is not None and p.draws   # an ok result: verified on fresh draws
+    seed, n, load = p.draws["seeds"][0], p.draws["n_requests"], p.draws["load_req_s"]
+    req = ctx.spec.requests(n, seed, rate_req_s=load)
     if isinstance(rec, DisaggregatedRecommendation):
         from kvtune.costmodel.deployment import Pool, kv_link, simulate_disaggregated
 
@@ -86,13 +86,11 @@ def latency_sample(ctx: SolveContext, result: SolveResult) -> Any:
         def pool(pc: Any) -> Pool:
             step = ctx.fitting_step({"tp": pc.tp, "kv_dtype": rec.kv_dtype, "spec_k": 0})
             return Pool(step, ctx.engine.sim_config(pc.batch_cap, pc.chunk_tokens), pc.replicas // units)
-        req = ctx.spec.requests(DISAGG_TARGET_REQUESTS, seed, rate_req_s=load)
         return simulate_disaggregated(pool(rec.prefill), pool(rec.decode), req, kv_link(ctx.gpu, rec.link == "nvlink"),
-                                      "trace", seed, engine=ctx.engine.engine or DEFAULT_ENGINE).result
+                                      "trace", seed, None, engine=ctx.engine.engine or DEFAULT_ENGINE).result
     params = pick_params(result)
     assert params is not None   # an aggregated pick is a verified row
-    return simulate(ctx.fitting_step(params), ctx.spec.requests(config_requests(ctx, params), seed + 1, rate_req_s=load),
-                    sim_config(ctx, params), arrival="trace", seed=seed)
+    return simulate(ctx.fitting_step(params), req, sim_config(ctx, params), arrival="trace", seed=seed)
 
 
 def operating_point(result: SolveResult) -> tuple[float, float, int]:

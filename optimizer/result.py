@@ -207,7 +207,7 @@ class Predicted(_Flat):
     """The pick's figures, all simulated: goodput, and the latency percentiles (``mean``, ``p50``,
     ``p90``, ``p99``, in ms) at its real load per replica (per unit, for a disaggregated one)."""
 
-    _OMIT_NONE = ("per_replica_is",)
+    _OMIT_NONE = ("per_replica_is", "draws", "check", "ranked_goodput_req_s")
 
     goodput_req_s: float
     per_replica_goodput_req_s: float
@@ -219,6 +219,9 @@ class Predicted(_Flat):
     load_per_replica_req_s: float
     evidence: str
     per_replica_is: str | None = None   # what "per replica" means, where not one replica
+    draws: Mapping[str, Any] | None = None  # the fresh draws the pick was verified on (optimizer.verify.Draws)
+    check: str | None = None            # the ``kvtune simulate`` command that reproduces these figures
+    ranked_goodput_req_s: float | None = None   # goodput on the workload's own draw, which ranks deployments
 
 
 @dataclass(frozen=True)
@@ -358,11 +361,14 @@ class GpuChoiceRow:
 class AggregatedSummary(_Flat):
     """The best aggregated deployment, as the deployment choice compares it."""
 
+    _OMIT_NONE = ("ranked_goodput_req_s",)
+
     gpus: int
     usd_per_hour: float
     goodput_req_s: float
     per_replica_goodput_req_s: float | None
     config: JsonObject
+    ranked_goodput_req_s: float | None = None   # on the workload's own draw (what deployments are ranked on)
 
 
 @dataclass(frozen=True)
@@ -378,16 +384,21 @@ class DisaggregatedSummary:
     kv_dtype: str
     engine: str
     evidence: str
+    ranked_goodput_req_s: float | None = None   # on the workload's own draw (what deployments are ranked on)
 
     def to_json(self) -> JsonObject:
-        return {"gpus": self.gpus, "nodes": self.nodes, "usd_per_hour": self.usd_per_hour,
-                "goodput_req_s": self.goodput_req_s, "units": self.units, "unit": self.unit.to_json(),
-                "kv_dtype": self.kv_dtype, "engine": self.engine, "evidence": self.evidence}
+        out = {"gpus": self.gpus, "nodes": self.nodes, "usd_per_hour": self.usd_per_hour,
+               "goodput_req_s": self.goodput_req_s, "units": self.units, "unit": self.unit.to_json(),
+               "kv_dtype": self.kv_dtype, "engine": self.engine, "evidence": self.evidence}
+        if self.ranked_goodput_req_s is not None:
+            out["ranked_goodput_req_s"] = self.ranked_goodput_req_s
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> DisaggregatedSummary:
         return cls(d["gpus"], d["nodes"], d["usd_per_hour"], d["goodput_req_s"], d["units"],
-                   DisaggCandidate.from_json(d["unit"]), d["kv_dtype"], d["engine"], d["evidence"])
+                   DisaggCandidate.from_json(d["unit"]), d["kv_dtype"], d["engine"], d["evidence"],
+                   _num(d.get("ranked_goodput_req_s")))
 
 
 @dataclass(frozen=True)

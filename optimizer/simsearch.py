@@ -8,24 +8,36 @@ recommended is decided by the simulator. Stages, each a batch of independent sim
    attainment bounds attainment at every rate, so a group that misses the target here is out,
    with the reason (which SLO, by how much; requests that can never fit the KV pool). When every
    group misses, that is the answer to "infeasible": no config meets the SLOs even at vanishing load.
-2. seeds: the ``SEEDS`` best configs by screened objective, one per structure, fully verified
-   (``optimizer.verify.verify``: goodput bisected by the simulator, then sized).
+   A short probe decides alone only where its exact binomial interval (requests are independent at
+   a trickle) lies wholly on one side of the target.
+2. seeds (max_goodput): the ``SEEDS`` best configs by screened objective, one per structure, verified.
 3. the race, in prior order, ``BATCH`` configs at a time: each config gets the per-replica rate it
    would have to serve to beat the best verified deployment (``bar_req_s``), then
       - pruned without simulating when its decode-bound capacity x ``CAPACITY_SLACK`` is below
         the bar, or when it cannot beat the best at any rate (needs fewer GPUs than its TP);
-      - a short simulation (``SHORT_SHARE`` of the requests) at the bar: out if its attainment is
-        ``SHORT_MARGIN`` below the target (overload only worsens over a longer run);
+      - a short simulation (``SHORT_SHARE`` of the requests) at the bar: out only if the upper
+        confidence bound of its attainment (``upper_attainment``: batch means over stretches of
+        the measured requests, one-sided ``CONFIDENCE``) is below the target, so a burst in a short
+        run cannot drop a config that a full run would keep;
       - a full simulation at the bar, on the very requests verification would use there;
-      - if it meets: it is fully verified (goodput bisected, replicas sized) and becomes the best
-        if its verification says so. With no best yet, the bar is the rate on the most replicas
-        the config could need (``replicas_bound``) or max_nodes allows, whichever is fewer.
+      - if it meets: verified (``optimizer.verify.verify``, draw 0); the best if it beats the best.
+        With no best yet, the bar is the rate on the most replicas the config could need
+        (``replicas_bound``) or max_nodes allows, whichever is fewer.
+   Then the best is made robust to the request draw (``optimizer.verify.robust``: min_cost adds
+   replicas until every fresh draw meets, the draws that missed most often tried first). A robust
+   figure is never better than a nominal one, so the verified configs are made robust in rank
+   order until none can beat the robust best. min_cost: if that cost the best its rank, the configs
+   beaten or pruned against the nominal best are raced once more against the robust one, each
+   winner now made robust (checking no more replicas than could still beat the best) before it
+   becomes the best, so no config is dropped against figures that do not hold.
+4. closest (an infeasible min_cost answer): the ``CLOSEST`` configs that look nearest (screened
+   goodput per GPU) are verified, so the answer names the one that needs the fewest GPUs.
 
-"Beat" is the recommendation's order (``rank``): min_cost by $/h, then bf16 KV over fp8 at equal
-cost (when both are searched), then goodput by more than the bisection tolerance; max_goodput by
-goodput per $. Each stage's batch is a function of the earlier stages' results only, and every
-simulation is a function of (config, rate, requests) only, so the answer does not depend on
-which process ran which simulation (``optimizer.scaleout`` shares batches between processes).
+"Beat" is the recommendation's lexicographic order (``rank``, ``optimizer.objective``): min_cost by
+$/h, then bf16 KV over fp8 at equal cost (when both are searched), then goodput; max_goodput by
+goodput per $, then the least $/h. Each stage's batch is a function of the earlier stages'
+results only, and every simulation is a function of (config, rate, requests) only, so the answer
+does not depend on which process ran which simulation (``optimizer.scaleout`` shares batches).
 """
 
 from __future__ import annotations
@@ -37,14 +49,17 @@ from typing import Callable
 
 import numpy as np
 
-from kvtune.costmodel.goodput import capacity_bound_req_s
+from kvtune.costmodel.goodput import capacity_bound_req_s, completion_rate_req_s
 
 from .layouts import gpus_per_replica
+from .objective import objective_rank, prefers_bf16
 from .search import Evaluation, SolveContext, config_key, evaluate, grid_space
-from .verify import REL_TOL, Verification, config_requests, sim_config, sim_requests, verify_config
+from .verify import (REL_TOL, Verification, config_requests, draw_attainment, robust, robust_config, sim_config,
+                     sim_requests, verify_config)
 
 __all__ = ["Probe", "Outcome", "Race", "race", "candidates", "bar_req_s", "rank", "LocalRunner",
-           "ZERO_LOAD_SHARE", "SEEDS", "BATCH", "CAPACITY_SLACK", "SHORT_SHARE", "SHORT_MARGIN"]
+           "upper_attainment", "binomial_interval", "ZERO_LOAD_SHARE", "SEEDS", "BATCH", "CAPACITY_SLACK",
+           "SHORT_SHARE", "CONFIDENCE", "STRETCHES", "CLOSEST", "EQUAL_COST_MARGIN", "OVERLOAD"]
 
 ZERO_LOAD_SHARE = 1e-3  # zero-load probe rate, as a share of the decode-bound capacity (goodput's own)
 SEEDS = 4               # configs fully verified before the race (best screened of distinct structures)
@@ -53,7 +68,16 @@ CAPACITY_SLACK = 1.2    # decode-bound capacity x this below the bar: pruned uns
                         # simulated goodput / capacity bound: at most 0.71 over bench_oracle's workloads)
 SHORT_SHARE = 0.25      # short simulation: this share of the requests (at least SHORT_MIN)
 SHORT_MIN = 300
-SHORT_MARGIN = 0.10     # short attainment this far below the target: out without the full simulation
+CONFIDENCE = 0.99       # one-sided confidence of the bounds a short probe is judged by
+STRETCHES = 10          # batch means: a short probe's measured requests cut into this many stretches
+CLOSEST = 3             # an infeasible min_cost answer: configs verified to name the closest miss
+EQUAL_COST_MARGIN = 0.01  # min_cost: a config at the best's $/h must beat its goodput by this much to be raced
+                        # (twice the bisection tolerance: closer goodputs are not told apart; the pick's goodput
+                        # is then at least 1/1.01 of the best at its $/h)
+OVERLOAD = 0.8          # a full probe whose middle completions run below this share of its rate is overloaded:
+                        # the engine does not keep up, so its goodput (at most its saturated throughput, where the
+                        # SLOs are loose enough to hold anyway) is below the rate (Poisson noise on >= 667 middle
+                        # completions: ~4% sd)
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
 _LAYOUT_KEYS = ("layout", "pp", "ep", "dp_attention")
 
@@ -69,6 +93,9 @@ class Probe:
     meets: bool
     rejected: int = 0
     reason: str = ""     # why it misses, when it does (zero-load probes)
+    lower: float = 0.0   # confidence bounds on the attainment (CONFIDENCE, one-sided each): exact
+    upper: float = 1.0   # binomial at zero load, batch means under load (``upper_attainment``)
+    served_req_s: float = math.inf   # completions per second over the middle of the run (completion_rate_req_s)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -122,6 +149,7 @@ class Race:
     zero_load: tuple     # Probe per (tp, kv, k, chunk) group, in lattice order
     no_fit: tuple = ()   # (config key, why it does not fit in memory) for the rest of the lattice
     work_items: int = 0  # distinct simulation jobs (probes and verifications) the race ran
+    best: Verification | None = None  # the pick: the best robust verification (None: nothing qualifies)
 
     @property
     def verified(self) -> list[Verification]:
@@ -137,19 +165,27 @@ class Race:
 # ---- work items: what a runner executes ---------------------------------------------------------
 @dataclass(frozen=True)
 class Work:
-    """One simulation job: ``probe`` (one simulation at ``rate_req_s`` with ``n_requests``) or
-    ``verify`` (``optimizer.verify.verify_config``: a config verifies the same whichever stage asks)."""
+    """One simulation job: ``probe`` (one simulation at ``rate_req_s`` with ``n_requests``),
+    ``verify`` (``optimizer.verify.verify_config``: a config verifies the same whichever stage asks)
+    ``robust`` (``optimizer.verify.robust_config`` from the nominal goodput ``rate_req_s`` on
+    ``n_requests`` requests per simulation) or ``draw`` (one fresh draw, ``seed``, of ``n_requests``
+    at ``rate_req_s``: its attainment, ``optimizer.verify.draw_attainment``)."""
 
     kind: str
     params: tuple
     rate_req_s: float = 0.0
     n_requests: int = 0
+    seed: int = 0        # ``draw``: the fresh draw's seed
 
     @property
     def key(self) -> str:
         p = dict(self.params)
         if self.kind == "verify":
             return "verify:" + config_key(p)
+        if self.kind == "robust":
+            return f"robust:{config_key(p)}@{self.rate_req_s!r}x{self.n_requests}"
+        if self.kind == "draw":
+            return f"draw:{config_key(p)}@{self.rate_req_s!r}x{self.n_requests}s{self.seed}"
         return f"probe:{config_key(p)}@{self.rate_req_s:.9g}x{self.n_requests}"
 
     def to_json(self) -> dict:
@@ -161,10 +197,14 @@ class Work:
 
 
 def execute(ctx: SolveContext, w: Work) -> dict:
-    """Run one work item: a JSON-able result (a ``Probe``'s or ``verify``'s record)."""
+    """Run one work item: a JSON-able result (a ``Probe``'s or a ``Verification``'s record)."""
     p = dict(w.params)
     if w.kind == "verify":
         return verify_config(ctx, p).to_json()
+    if w.kind == "robust":
+        return robust_config(ctx, p, w.rate_req_s, w.n_requests).to_json()
+    if w.kind == "draw":
+        return {"attainment": draw_attainment(ctx, p, w.rate_req_s, w.n_requests, w.seed)}
     from kvtune.costmodel.simulate import simulate
     sm = _step(ctx, p)
     seed = ctx.workload_seed
@@ -172,8 +212,43 @@ def execute(ctx: SolveContext, w: Work) -> dict:
     res = simulate(sm, req, sim_config(ctx, p), "trace", seed=seed)
     a = ctx.spec.slo.attainment
     meets = bool(res.slo_attainment >= a)
+    order = np.argsort(req.arrival_s, kind="stable")
+    met = res.met_slo[order][res.measured[order]]
+    lo_b, hi_b = binomial_interval(int(met.sum()), int(met.size))
+    lo_s, hi_s = upper_attainment(met)
     return Probe(config_key(p), w.rate_req_s, w.n_requests, float(res.slo_attainment), meets, int(res.rejected),
-                 "" if meets else _miss_reason(res, req, a)).to_json()
+                 "" if meets else _miss_reason(res, req, a), min(lo_b, lo_s), max(hi_b, hi_s),
+                 completion_rate_req_s(res)).to_json()
+
+
+def binomial_interval(met: int, measured: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) one-sided bounds, each at ``confidence``, on the share of requests
+    meeting the SLOs, from ``met`` of ``measured`` independent requests (at a trickle they are)."""
+    from scipy.special import betaincinv   # the beta quantile (scipy.stats takes seconds to import)
+    if measured < 1:
+        return 0.0, 1.0
+    lo = float(betaincinv(met, measured - met + 1, 1 - confidence)) if met > 0 else 0.0
+    hi = float(betaincinv(met + 1, measured - met, confidence)) if met < measured else 1.0
+    return lo, hi
+
+
+def upper_attainment(met_in_arrival_order: np.ndarray, confidence: float = CONFIDENCE,
+                     stretches: int = STRETCHES) -> tuple[float, float]:
+    """One-sided bounds, each at ``confidence``, on the attainment a longer run would reach, from
+    one run's measured requests in arrival order (True: met its SLOs). Under load, neighbours share
+    a queue, so their outcomes are not independent samples: the run is cut into ``stretches``
+    consecutive stretches and their attainments are the samples (batch means; Student's t on
+    ``stretches`` - 1 degrees of freedom). A burst shows as stretches far below the rest, widening
+    the bounds; a steady overload, as stretches all below the target, does not."""
+    from scipy.special import stdtrit    # Student's t quantile
+    met = np.asarray(met_in_arrival_order, dtype=float)
+    b = min(int(stretches), met.size)
+    if b < 2:
+        return 0.0, 1.0
+    x = np.array([c.mean() for c in np.array_split(met, b)])
+    half = float(stdtrit(b - 1, confidence)) * float(x.std(ddof=1)) / math.sqrt(b)
+    mean = float(met.mean())
+    return max(0.0, mean - half), min(1.0, mean + half)
 
 
 def _miss_reason(res, req, attainment: float) -> str:
@@ -343,19 +418,21 @@ def _n(ctx: SolveContext, ev: Evaluation) -> int:
 
 # ---- what it takes to beat the best --------------------------------------------------------------
 def rank(ctx: SolveContext, v: Verification) -> tuple:
-    """Verified feasible configs, best first: min_cost by $/h, then bf16 KV over fp8 at equal cost
-    (when both are searched), then goodput; max_goodput by goodput per $. The config key last, so
-    the order never depends on which stage verified them."""
+    """Verified feasible configs, best first: ``optimizer.objective.objective_rank`` (min_cost by $/h,
+    then bf16 KV over fp8 at equal cost when both are searched, then goodput; max_goodput by goodput
+    per $, then $/h), then fewer GPUs per replica and the config key, so the order never depends on
+    which stage verified them. Goodput is compared on the workload's own draw (``ranked_goodput``:
+    every config on the same requests, a paired comparison); $/h is the deployment's as sized, robust
+    to the draw once ``optimizer.verify.robust`` has run."""
     p = v.params
-    if ctx.spec.objective == "max_goodput":
-        return (-v.per_replica_goodput_req_s / gpus_per_replica(p), v.usd_per_hour, config_key(p))
-    fp8_last = p["kv_dtype"] != "bf16" and _both_dtypes(ctx)
-    return (v.usd_per_hour, fp8_last, -(v.goodput_req_s or 0.0), gpus_per_replica(p), config_key(p))
+    return (*objective_rank(ctx.spec.objective, v.usd_per_hour or math.inf, ranked_goodput(v), p["kv_dtype"],
+                            ctx.spec.search.kv_dtype), gpus_per_replica(p), config_key(p))
 
 
-def _both_dtypes(ctx: SolveContext) -> bool:
-    kv = ctx.spec.search.kv_dtype
-    return "bf16" in kv and any(k != "bf16" for k in kv)
+def ranked_goodput(v: Verification) -> float:
+    """The goodput configs are ranked on: draw 0's per-replica goodput x the deployment's replicas."""
+    g = v.nominal_per_replica_goodput_req_s
+    return (v.per_replica_goodput_req_s if g is None else g) * (v.replicas or 0)
 
 
 def replicas_bound(ctx: SolveContext, p: dict) -> int:
@@ -369,66 +446,126 @@ def replicas_bound(ctx: SolveContext, p: dict) -> int:
     return max(1, math.ceil(ctx.rate_req_s / (ZERO_LOAD_SHARE * _capacity(ctx, p))))
 
 
-def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None) -> tuple[float | None, int, str]:
+def _replicas_to_beat(ctx: SolveContext, v: Verification, best: Verification | None,
+                      usd_cap: float = math.inf) -> int:
+    """min_cost: the most replicas of ``v``'s config that could still beat ``best`` (fewer GPUs; as
+    many with bf16 KV against fp8, or with more goodput on the workload's draw in the same KV class),
+    or with no best every replica max_nodes allows within ``usd_cap``; 0: none."""
+    gpr = gpus_per_replica(v.params)
+    if best is None:
+        return _gpus_within(ctx, usd_cap) // gpr
+    g = best.gpus or 0
+    cap = (g - 1) // gpr
+    if g % gpr == 0:
+        both = prefers_bf16(ctx.spec.search.kv_dtype)
+        mine, theirs = both and v.params["kv_dtype"] != "bf16", both and best.params["kv_dtype"] != "bf16"
+        per = v.nominal_per_replica_goodput_req_s or v.per_replica_goodput_req_s
+        if (theirs and not mine) or (mine == theirs and per * (g // gpr) > ranked_goodput(best)):
+            cap = max(cap, g // gpr)
+    return cap
+
+
+def _gpus_within(ctx: SolveContext, usd_cap: float) -> int:
+    """The GPUs max_nodes allows, at most as many as ``usd_cap`` pays for."""
+    if not math.isfinite(usd_cap):
+        return ctx.max_gpus
+    return min(ctx.max_gpus, int(usd_cap / ctx.spec.hardware.usd_per_gpu_hour * (1 + 1e-12)))
+
+
+def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None,
+              usd_cap: float = math.inf) -> tuple[float | None, int, str]:
     """(per-replica rate config ``p`` must serve to beat ``best``, the replicas it would then
     take, what it would beat); rate None: it cannot beat it at any rate.
 
-    min_cost: ``best`` holds ``params``, ``gpus`` and ``usd_per_hour``. ``p`` beats it on fewer
-    GPUs, or, bf16 KV against fp8 KV, on as many. With no best yet, the bar is the rate on the
-    most replicas max_nodes allows. max_goodput: ``best`` is a verification; ``p`` beats it with
-    more goodput per GPU (by the bisection tolerance)."""
+    min_cost: ``best`` holds ``params``, ``gpus``, ``usd_per_hour`` and ``goodput_req_s``. ``p``
+    beats it on fewer GPUs; on as many, with bf16 KV against fp8 KV (when both are searched), or
+    with more goodput (by ``EQUAL_COST_MARGIN``) in the same KV class. The lowest of those rates.
+    With no best yet, the bar is the rate on the most replicas max_nodes allows. max_goodput:
+    ``best`` is a verification; ``p`` beats it with more goodput per GPU (by the bisection
+    tolerance)."""
     tp = gpus_per_replica(p)    # GPUs per replica (TP x PP)
     if ctx.spec.objective == "max_goodput":
         if best is None:
             return None, 0, "no config verified yet"
-        q = best.per_replica_goodput_req_s / gpus_per_replica(best.params)
+        q = ranked_goodput(best) / (best.replicas or 1) / gpus_per_replica(best.params)
         return q * tp * (1 + REL_TOL), ctx.max_gpus // tp, f"{q:.3g} req/s per GPU of {config_key(best.params)}"
     rate = ctx.rate_req_s
     if best is None:
-        r = ctx.max_gpus // tp
+        r = _gpus_within(ctx, usd_cap) // tp
+        if r < 1 and math.isfinite(usd_cap) and ctx.max_gpus >= tp:
+            return None, 0, f"a replica of {tp} GPUs costs more than ${usd_cap:.2f}/h, found on another GPU type"
         if r < 1:
             return None, 0, (f"a replica needs {tp} GPUs > the {ctx.max_gpus} GPUs of hardware.max_nodes "
                              f"{ctx.spec.hardware.max_nodes}")
         need = replicas_bound(ctx, p)
         if need < r:   # max_nodes offers more than this config could use (replicas_bound)
             return rate / need, need, f"the most {tp}-GPU replicas it could need ({need})"
-        return rate / r, r, f"the most {tp}-GPU replicas hardware.max_nodes allows ({r})"
+        return rate / r, r, (f"the most {tp}-GPU replicas hardware.max_nodes allows ({r})" if not math.isfinite(usd_cap)
+                             else f"the most {tp}-GPU replicas within ${usd_cap:.2f}/h, found on another GPU type ({r})")
     gpus = best.gpus or 0  # a verified best: sized
     why = f"${best.usd_per_hour:.2f}/h ({gpus} GPUs) of {config_key(best.params)}"
+    options = []
     r = (gpus - 1) // tp
-    if (gpus % tp == 0 and p["kv_dtype"] == "bf16" and best.params["kv_dtype"] != "bf16"
-            and _both_dtypes(ctx)):
-        r = gpus // tp                                          # bf16 KV on as many GPUs wins
-    if r < 1:
+    if r >= 1:                                                  # fewer GPUs: cheaper
+        options.append((rate / r, r, why))
+    if gpus % tp == 0:                                          # as many GPUs: the same $/h
+        r = gpus // tp
+        both = prefers_bf16(ctx.spec.search.kv_dtype)
+        mine, theirs = both and p["kv_dtype"] != "bf16", both and best.params["kv_dtype"] != "bf16"
+        if theirs and not mine:                                 # bf16 KV on as many GPUs wins
+            options.append((rate / r, r, why + " (bf16 KV on as many GPUs)"))
+        elif mine == theirs:                                    # more goodput on as many GPUs
+            more = max(rate, ranked_goodput(best) * (1 + EQUAL_COST_MARGIN))
+            options.append((more / r, r, f"{ranked_goodput(best):.3g} req/s on {why}"))
+    if not options:
         return None, 0, f"{tp} GPUs per replica cannot beat {why}"
-    return rate / r, r, why
+    return min(options, key=lambda o: (o[0], o[1]))
 
 
 # ---- the race --------------------------------------------------------------------------------------
 def race(ctx: SolveContext, runner=None, on_stage: Callable[[str, int], None] | None = None,
-         seeds: int = SEEDS) -> Race:
+         seeds: int = SEEDS, usd_cap: float = math.inf) -> Race:
     """Zero-load probes, then the race (module docstring). ``runner.run(list[Work])`` returns
-    their results in order (``LocalRunner`` or ``optimizer.scaleout.StudyRunner``)."""
+    their results in order (``LocalRunner`` or ``optimizer.scaleout.StudyRunner``). ``usd_cap``
+    (min_cost): only deployments at or below this $/h count (another GPU type already has one
+    there, ``optimizer.gpu_choice``); nothing found is then no answer, without a closest miss."""
     runner = runner or LocalRunner(ctx)
-    st = _State(ctx, runner, on_stage)
+    st = _State(ctx, runner, on_stage, usd_cap if ctx.spec.objective == "min_cost" else math.inf)
     fit, nofit = candidates(ctx, runner)
     alive = st.zero_load(fit)
     alive.sort(key=lambda e: _prior(ctx, e))
     if ctx.spec.objective == "max_goodput":
         st.race_goodput(alive, seeds)
+        st.settle()             # goodput is ranked on draw 0: robust sizing never costs the best its rank
     else:
         st.race_cost(alive)
+        if st.best is None and not math.isfinite(st.usd_cap):
+            st.robust_now = True
+            st.closest(alive)
     order = {config_key(ev.params): i for i, ev in enumerate(fit)}
     outs = tuple(sorted(st.outcomes.values(), key=lambda o: order[config_key(o.config)]))
     return Race(outs, st.sims, tuple(st.zl), tuple((config_key(e.params), e.reason) for e in nofit),
-                len(st.keys))
+                len(st.keys), st.best)
+
+
+def _meets(pr: Probe) -> bool:
+    """A full probe meets the bar: the SLO attainment target, and the engine keeps up with the rate
+    (``OVERLOAD``): a finite run can meet loose SLOs while its queue only grows."""
+    return pr.meets and pr.served_req_s >= OVERLOAD * pr.rate_req_s
+
+
+def _beaten(pr: Probe, bar: float, why: str) -> str:
+    if pr.meets:
+        return (f"overloaded at {bar:.3g} req/s per replica (completes {pr.served_req_s:.3g} req/s in the middle of "
+                f"the run, < {OVERLOAD:g} x the rate): cannot beat {why}")
+    return f"attainment {pr.attainment:.3f} at {bar:.3g} req/s per replica: cannot beat {why}"
 
 
 class _State:
     """The race's bookkeeping: outcomes, the best so far, simulations spent."""
 
-    def __init__(self, ctx: SolveContext, runner, on_stage):
-        self.ctx, self.runner, self.on_stage = ctx, runner, on_stage
+    def __init__(self, ctx: SolveContext, runner, on_stage, usd_cap: float = math.inf):
+        self.ctx, self.runner, self.on_stage, self.usd_cap = ctx, runner, on_stage, usd_cap
         self.outcomes: dict[str, Outcome] = {}
         self.sims = 0
         self.zl: list[Probe] = []
@@ -436,31 +573,89 @@ class _State:
         self.spent: dict[str, int] = {}
         self.a = ctx.spec.slo.attainment
         self.keys: set[str] = set()
+        self.misses: dict[int, int] = {}   # fresh draw seed -> robust checks it missed (hardest first)
+        self.robust_now = False   # min_cost: winners made robust before they become the best (race_cost)
 
     def stage(self, name: str, n: int) -> None:
         if self.on_stage:
             self.on_stage(name, n)
 
-    def probe(self, items: list[tuple[dict, float, int]]) -> list[Probe]:
-        work = [Work("probe", _freeze(p), rate, n) for p, rate, n in items]
+    def _run(self, work: list[Work]) -> list[dict]:
         self.keys.update(w.key for w in work)
-        res = [Probe.from_json(r) for r in self.runner.run(work)]
+        return self.runner.run(work)
+
+    def probe(self, items: list[tuple[dict, float, int]]) -> list[Probe]:
+        res = [Probe.from_json(r) for r in self._run([Work("probe", _freeze(p), rate, n) for p, rate, n in items])]
         self.sims += len(res)
         for p, _, _ in items:
             self.spent[config_key(p)] = self.spent.get(config_key(p), 0) + 1
         return res
 
+    def _record(self, params: dict, v: Verification, sims: int) -> None:
+        k = config_key(params)
+        self.sims += sims
+        self.spent[k] = self.spent.get(k, 0) + sims
+        self.outcomes[k] = Outcome(_freeze(params), "verified", "" if v.feasible else v.reason, self.spent[k], v)
+
     def verify(self, evs: list[Evaluation]) -> list[Verification]:
-        work = [Work("verify", _freeze(ev.params)) for ev in evs]
-        self.keys.update(w.key for w in work)
-        res = [Verification.from_json(d) for d in self.runner.run(work)]
+        res = [Verification.from_json(d) for d in self._run([Work("verify", _freeze(ev.params)) for ev in evs])]
         for ev, v in zip(evs, res):
-            k = config_key(ev.params)
-            self.sims += v.simulations
-            self.spent[k] = self.spent.get(k, 0) + v.simulations
-            self.outcomes[k] = Outcome(_freeze(ev.params), "verified", "" if v.feasible else v.reason,
-                                       self.spent[k], v)
+            self._record(ev.params, v, v.simulations)
         return res
+
+    def robust(self, v: Verification, max_replicas: int | None = None) -> Verification:
+        """``v`` (nominal) made robust to the request draw (``optimizer.verify.robust``), its draws run
+        as work items (several at a time), the draws that missed most often so far tried first; its
+        simulations add to the nominal ones. ``max_replicas`` (min_cost): the most worth checking."""
+        p, n, a = _freeze(v.params), int(v.sim_requests or 0), self.a
+
+        def many(pairs: list[tuple[int, float]]) -> list[float]:
+            out = [d["attainment"] for d in self._run([Work("draw", p, rate, n, s) for s, rate in pairs])]
+            for (s, _), x in zip(pairs, out):
+                self.misses[s] = self.misses.get(s, 0) + (x < a)
+            return out
+        order = sorted(self.misses, key=lambda s: (-self.misses[s], s))
+        r = robust(self.ctx, v, many, max_replicas, order)
+        self._record(v.params, r, r.simulations - v.simulations)
+        return r
+
+    def consider(self, res: list[Verification]) -> None:
+        """Nominal verifications, in rank order, against the best: each that beats it becomes the
+        best, nominal until ``settle``; once ``robust_now`` (min_cost, after the best lost its rank
+        to robust sizing), each that could beat it is made robust first, checking no more replicas
+        than could still beat the best, and becomes the best only if its robust figures say so."""
+        for v in sorted((v for v in res if self._ok(v)), key=lambda v: rank(self.ctx, v)):
+            if self.best is not None and not rank(self.ctx, v) < rank(self.ctx, self.best):
+                continue
+            if self.ctx.spec.objective == "max_goodput" or not self.robust_now:
+                self.best = v
+                continue
+            r = self.robust(v, _replicas_to_beat(self.ctx, v, self.best, self.usd_cap))
+            if self._ok(r) and (self.best is None or rank(self.ctx, r) < rank(self.ctx, self.best)):
+                self.best = r
+
+    def _ok(self, v: Verification) -> bool:
+        """Feasible, and at or below the cost cap."""
+        return v.feasible and (v.usd_per_hour or 0.0) <= self.usd_cap * (1 + 1e-12)
+
+    def settle(self) -> bool:
+        """Make the best robust: in rank order, each verified config that could still beat the best
+        robust one so far (a nominal figure bounds its robust one) is made robust (min_cost: checking
+        no more replicas than could beat it). True if the best kept its rank: every config judged
+        against the nominal best was then judged as against the robust one."""
+        before = rank(self.ctx, self.best) if self.best is not None else None
+        pool = sorted((o.verification for o in self.outcomes.values() if o.status == "verified"
+                       and o.verification is not None and self._ok(o.verification)), key=lambda v: rank(self.ctx, v))
+        best = None
+        for v in pool:
+            if best is not None and not rank(self.ctx, v) < rank(self.ctx, best):
+                break
+            cap = _replicas_to_beat(self.ctx, v, best, self.usd_cap) if self.ctx.spec.objective == "min_cost" else None
+            r = v if v.robust else self.robust(v, cap)
+            if self._ok(r) and (best is None or rank(self.ctx, r) < rank(self.ctx, best)):
+                best = r
+        self.best = best
+        return best is None or rank(self.ctx, best) == before
 
     def out(self, ev: Evaluation, status: str, reason: str) -> None:
         k = config_key(ev.params)
@@ -477,21 +672,22 @@ class _State:
                 continue
             p = ev.params
             groups.setdefault((p["tp"], p.get("layout"), p["kv_dtype"], p["spec_k"], p["chunk_tokens"]), []).append(ev)
-        # a short probe first; the full one only where the short one is not clearly in or out
+        # a short probe first; the full one only where the short one's interval straddles the target
         n_zl = sim_requests(a, 1)
         n_short = min(n_zl, SHORT_MIN)
         reps = [max(g, key=lambda e: e.params["batch_cap"]).params for g in groups.values()]
         rates = [ZERO_LOAD_SHARE * _capacity(ctx, p) for p in reps]
         self.stage("zero load", len(reps))
         zl = self.probe([(p, r, n_short) for p, r in zip(reps, rates)])
-        again = [i for i, pr in enumerate(zl) if a - SHORT_MARGIN <= pr.attainment < 1.0 and n_short < n_zl]
+        again = [i for i, pr in enumerate(zl) if pr.lower < a <= pr.upper and n_short < n_zl]
         for i, pr in zip(again, self.probe([(reps[i], rates[i], n_zl) for i in again])):
             zl[i] = pr
         self.zl = zl
         alive = []
         for g, pr in zip(groups.values(), zl):
+            ok = pr.meets if pr.n_requests >= n_zl else pr.lower >= a   # a short probe decides only when clear
             for ev in g:
-                if pr.meets:
+                if ok:
                     alive.append(ev)
                 else:
                     self.out(ev, "zero_load", f"misses at zero load (attainment {pr.attainment:.3f} < {a:g}): {pr.reason}")
@@ -503,7 +699,7 @@ class _State:
         keep = []
         for ev in chunk:
             p = ev.params
-            bar, r, why = bar_req_s(self.ctx, p, self.best)
+            bar, r, why = bar_req_s(self.ctx, p, self.best, self.usd_cap)
             if bar is None:
                 self.out(ev, "pruned", why)
                 continue
@@ -516,7 +712,8 @@ class _State:
         return keep
 
     def meets_bar(self, cands: list[tuple[Evaluation, float, int, str]]) -> list[tuple[Evaluation, float, int, str]]:
-        """Short simulations at the bar, then full ones for the configs not clearly out: those that meet."""
+        """Short simulations at the bar, then full ones for the configs not clearly out (the short
+        run's upper confidence bound reaches the target): those that meet."""
         ctx, a = self.ctx, self.a
         ns = [max(SHORT_MIN, int(SHORT_SHARE * _n(ctx, ev))) for ev, _, _, _ in cands]
         short = self.probe([(ev.params, bar, n) for (ev, bar, _, _), n in zip(cands, ns)])
@@ -525,9 +722,9 @@ class _State:
             ev, bar, _, why = c
             if n >= _n(ctx, ev):
                 done[config_key(ev.params)] = pr
-            elif pr.attainment < a - SHORT_MARGIN:
-                self.out(ev, "beaten", f"attainment {pr.attainment:.3f} at {bar:.3g} req/s per replica "
-                                       f"({n} requests): cannot beat {why}")
+            elif pr.upper < a:
+                self.out(ev, "beaten", f"attainment {pr.attainment:.3f} (at most {pr.upper:.3f} at {CONFIDENCE:.0%} "
+                                       f"confidence) at {bar:.3g} req/s per replica ({n} requests): cannot beat {why}")
                 continue
             else:
                 full.append(c)
@@ -539,38 +736,45 @@ class _State:
             if got is None:
                 continue
             pr = got
-            if pr.meets:
+            if _meets(pr):
                 winners.append(c)
             else:
-                self.out(c[0], "beaten", f"attainment {pr.attainment:.3f} at {c[1]:.3g} req/s per replica: cannot beat {c[3]}")
+                self.out(c[0], "beaten", _beaten(pr, c[1], c[3]))
         return winners
 
     def race_cost(self, alive: list[Evaluation]) -> None:
-        """min_cost: every config against the cheapest verified deployment so far. A config that
-        meets the rate it needs is verified (goodput bisected, replicas sized), and becomes the
-        best if its verification says it is: the best is always a verified deployment, so no
-        config is ever judged against one that would not hold."""
+        """min_cost: every config against the best verified deployment so far (``_race_cost``),
+        then the best made robust (``settle``). Where robust sizing cost it its rank, the configs
+        beaten or pruned against the nominal figures are raced once more against the robust best,
+        every winner now made robust before it becomes the best: the answer is as if every config
+        had been judged against robust figures."""
+        self._race_cost(alive)
+        if self.settle():
+            return
+        self.robust_now = True
+        again = [ev for ev in alive if self.outcomes[config_key(ev.params)].status in ("beaten", "pruned")]
+        if again:
+            self.stage("race again", len(again))
+            self._race_cost(again)
+
+    def _race_cost(self, alive: list[Evaluation]) -> None:
+        """A config that meets the rate it needs (against the best as it stands after the batch's
+        earlier winners) is verified, and becomes the best if its verification says so."""
         ctx = self.ctx
         for i in range(0, len(alive), BATCH):
             self.stage("race", len(alive[i:i + BATCH]))
-            for ev, bar, r, _why in self.meets_bar(self.screen_bar(alive[i:i + BATCH])):
+            for ev, bar, _r, _why in self.meets_bar(self.screen_bar(alive[i:i + BATCH])):
                 p = ev.params
-                bar2, r2, why2 = bar_req_s(ctx, p, self.best)
+                bar2, _r2, why2 = bar_req_s(ctx, p, self.best, self.usd_cap)
                 if bar2 is None:                      # an earlier winner of this batch is cheaper
                     self.out(ev, "beaten", f"meets {bar:.3g} req/s per replica, but {why2}")
                     continue
-                if r2 < r:                            # ... so it must serve more per replica
+                if bar2 > bar:                        # ... so it must serve more per replica
                     pr = self.probe([(p, bar2, _n(ctx, ev))])[0]
-                    if not pr.meets:
-                        self.out(ev, "beaten", f"attainment {pr.attainment:.3f} at {bar2:.3g} req/s per replica: "
-                                               f"cannot beat {why2}")
+                    if not _meets(pr):
+                        self.out(ev, "beaten", _beaten(pr, bar2, why2))
                         continue
-                # no sizing by probes: the verification bisects the goodput and sizes the replicas
-                # (a probe per replica fewer cost a simulation per replica max_nodes offered beyond
-                # the need, and the count it found was not used)
-                v = self.verify([ev])[0]
-                if v.feasible and (self.best is None or rank(ctx, v) < rank(ctx, self.best)):
-                    self.best = v
+                self.consider(self.verify([ev]))
 
     def race_goodput(self, alive: list[Evaluation], n_seeds: int) -> None:
         """max_goodput: seeds verified, then every config against the best goodput per GPU."""
@@ -583,18 +787,34 @@ class _State:
             if len(seeds) >= n_seeds:
                 break
         self.stage("seeds", len(seeds))
-        self._take(seeds, self.verify(seeds))
+        self.consider(self.verify(seeds))
         rest = [ev for ev in alive if config_key(ev.params) not in self.outcomes]
         for i in range(0, len(rest), BATCH):
             chunk = rest[i:i + BATCH]
             self.stage("race", len(chunk))
             if self.best is None:                  # nothing to beat yet: each met the SLOs at zero load
-                self._take(chunk, self.verify(chunk))
+                self.consider(self.verify(chunk))
                 continue
             winners = [c[0] for c in self.meets_bar(self.screen_bar(chunk))]
-            self._take(winners, self.verify(winners))
+            self.consider(self.verify(winners))
 
-    def _take(self, evs: list[Evaluation], res: list[Verification]) -> None:
-        for v in res:
-            if v.feasible and (self.best is None or rank(self.ctx, v) < rank(self.ctx, self.best)):
-                self.best = v
+    # 4. nothing qualifies: verify the configs that look closest, so the answer names the nearest miss
+    def closest(self, alive: list[Evaluation]) -> None:
+        """The ``CLOSEST`` alive configs of distinct structures with the most screened goodput per
+        GPU, verified (one that turns out to qualify after all is considered as any winner)."""
+        picks, structs = [], set()
+        ranked = sorted(alive, key=lambda e: (-(e.per_replica_goodput_req_s or 0.0) / gpus_per_replica(e.params),
+                                              config_key(e.params)))
+        for ev in ranked:
+            p = ev.params
+            s = (p["tp"], p.get("layout"), p["kv_dtype"], p["spec_k"])
+            v = self.outcomes.get(config_key(p))
+            if s in structs or (v is not None and v.status == "verified"):
+                continue
+            structs.add(s)
+            picks.append(ev)
+            if len(picks) >= CLOSEST:
+                break
+        if picks:
+            self.stage("closest", len(picks))
+            self.consider(self.verify(picks))

@@ -130,3 +130,38 @@ def test_a_disaggregated_deployment_answers_where_no_aggregated_one_meets_the_sl
     assert r.status == "ok" and r.recommendation.deployment == "disaggregated"
     assert r.deployment.aggregated is None and r.deployment.margin_pct is None
     assert "Recommendation: disaggregated" in summary_text(r, None)
+
+
+@pytest.mark.slow
+def test_the_disaggregated_bound_counts_only_the_prompt_tokens_the_prefix_cache_does_not_hold():
+    """Issue 22: an agent workload whose prompts share a 4,000-token prefix. Charging every prompt
+    token to the prefill pool capped a unit's goodput at that bound, far below what it simulates to;
+    the bound over the uncached tokens is still an upper bound and no longer the limit."""
+    from kvtune.costmodel.deployment import Pool, disaggregated_bound_req_s, kv_link, simulate_disaggregated
+    from kvtune.costmodel.goodput import goodput
+    from kvtune.optimizer.disagg import uncached_prompt_tokens
+    from kvtune.optimizer.search import SolveContext
+    from kvtune.optimizer.workload import load_workload
+
+    spec = load_workload(str(Path(__file__).resolve().parents[1] / "bench/oracle/agent-prefix4k-llama3.1-8b-min-cost.yaml"))
+    ctx = SolveContext.build(spec)
+    step = ctx.step(1, "bf16", 0)
+    pre = Pool(step, ctx.engine.sim_config(16, 8192), 1)
+    dec = Pool(step, ctx.engine.sim_config(256, 8192), 1)
+    probe = spec.requests(2000, 0, rate_req_s=1.0)
+    mean_in, mean_out = float(probe.input_tokens.mean()), float(probe.output_tokens.mean())
+    todo = uncached_prompt_tokens(probe)
+    assert todo < 0.25 * mean_in                              # ~800 of ~4,800 prompt tokens are computed
+    old = disaggregated_bound_req_s(pre, dec, mean_in, mean_out)
+    new = disaggregated_bound_req_s(pre, dec, mean_in, mean_out, todo)
+    link = kv_link(ctx.gpu, True)
+
+    def sim(req, arrival, wf):
+        return simulate_disaggregated(pre, dec, req, link, arrival, 0, wf, engine="vllm").result
+
+    def make(r, n, s):
+        return spec.requests(n, s, rate_req_s=r)
+    capped = goodput(dec.step, make, dec.config, 0.9, n_requests=600, rel_tol=0.02, sim=sim, upper_bound_req_s=old)
+    free = goodput(dec.step, make, dec.config, 0.9, n_requests=600, rel_tol=0.02, sim=sim, upper_bound_req_s=new)
+    assert capped.capacity_limited and capped.goodput_req_s == pytest.approx(old)   # the old bound was the answer
+    assert free.goodput_req_s > 1.5 * old and free.goodput_req_s <= new

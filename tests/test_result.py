@@ -11,7 +11,6 @@ import pytest
 
 from kvtune.optimizer.cli._common import dumps
 from kvtune.optimizer.deployment_choice import solve_deployments
-from kvtune.optimizer.gpu_choice import solve_gpu_choice
 from kvtune.optimizer.recommend import solve
 from kvtune.optimizer.result import DisaggregatedRecommendation, Recommendation, SolveResult
 from kvtune.optimizer.workload import load_workload_dict
@@ -96,8 +95,8 @@ def test_a_disaggregated_answer_where_the_aggregated_search_found_none_round_tri
 
 def test_a_gpu_choice_round_trips_with_each_type_and_why(ok, infeasible):
     spec = _spec(gpu=["h100-sxm", "h200"], usd={"h100-sxm": 2.0, "h200": 3.0})
-    r = solve_deployments(spec, solve_one=lambda s, **kw: solve_gpu_choice(
-        s, solve_one=lambda one, **k: ok if one.hardware.gpu == "h100-sxm" else infeasible))
+    # every GPU type solved on its own (each with every deployment kind searched), the best wins
+    r = solve_deployments(spec, solve_one=lambda one, **k: ok if one.hardware.gpu == "h100-sxm" else infeasible)
     assert [(g.gpu, g.status, g.why) for g in r.gpu_choice] == [
         ("h100-sxm", "ok", "chosen"), ("h200", "infeasible", f"no config meets the SLOs: {infeasible.reason}")]
     assert _round_trips(r) == HEAD + OK + ["gpu_choice", "deployment", "engine"]

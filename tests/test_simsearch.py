@@ -7,7 +7,8 @@ import pytest
 
 from kvtune.optimizer.recommend import solve
 from kvtune.optimizer.search import Evaluation, SolveContext, config_key, evaluate
-from kvtune.optimizer.simsearch import (Outcome, Probe, Work, LocalRunner, bar_req_s, lattice_configs, race, rank)
+from kvtune.optimizer.simsearch import (EQUAL_COST_MARGIN, Outcome, Probe, Work, LocalRunner, bar_req_s, lattice_configs,
+                                        race, rank)
 from kvtune.optimizer.verify import REL_TOL, Verification, verify_config
 from kvtune.optimizer.workload import load_workload_dict
 
@@ -56,16 +57,24 @@ def test_bars_hand_cases():
     p = {"tp": 1, "batch_cap": 16, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 1024}
     # nothing yet: the rate on the most replicas one node holds
     assert bar_req_s(ctx, p, None)[:2] == (30 / 8, 8)
-    best = Verification(dict(p, tp=2, kv_dtype="fp8"), 0.0, 0, True, gpus=4, usd_per_hour=8.0)
+    best = Verification(dict(p, tp=2, kv_dtype="fp8"), 16.0, 0, True, replicas=2, gpus=4, usd_per_hour=8.0,
+                        goodput_req_s=32.0)
     # TP1 bf16 against 4 GPUs of fp8: on 4 GPUs (bf16 wins a tie), 7.5 req/s each
     assert bar_req_s(ctx, p, best)[:2] == (30 / 4, 4)
-    # TP1 fp8 must be cheaper: 3 replicas
-    assert bar_req_s(ctx, dict(p, kv_dtype="fp8"), best)[:2] == (10.0, 3)
-    # TP2 on fewer than 4 GPUs: one replica
-    assert bar_req_s(ctx, dict(p, tp=2, kv_dtype="fp8"), best)[:2] == (30.0, 1)
-    assert bar_req_s(ctx, dict(p, tp=4), Verification(p, 0.0, 0, True, gpus=4, usd_per_hour=8.0))[0] is None
+    # TP1 fp8 (the same KV class): on 4 GPUs with more goodput (32 req/s by EQUAL_COST_MARGIN), or
+    # cheaper on 3 (10 req/s each): the lower bar
+    assert bar_req_s(ctx, dict(p, kv_dtype="fp8"), best)[:2] == (pytest.approx(32 * (1 + EQUAL_COST_MARGIN) / 4), 4)
+    # TP2 fp8: one replica cheaper (30 req/s) or two with more goodput (16.08 each)
+    assert bar_req_s(ctx, dict(p, tp=2, kv_dtype="fp8"), best)[:2] == (pytest.approx(32 * (1 + EQUAL_COST_MARGIN) / 2), 2)
+    # TP4: no fewer GPUs; as many (one replica) with more goodput
+    assert bar_req_s(ctx, dict(p, tp=4, kv_dtype="fp8"), best)[:2] == (pytest.approx(32 * (1 + EQUAL_COST_MARGIN)), 1)
+    # fp8 against a bf16 best on as many GPUs never wins (bf16 first at equal cost): only cheaper
+    bf = Verification(p, 8.0, 0, True, replicas=4, gpus=4, usd_per_hour=8.0, goodput_req_s=32.0)
+    assert bar_req_s(ctx, dict(p, kv_dtype="fp8"), bf)[:2] == (10.0, 3)
+    assert bar_req_s(ctx, dict(p, tp=4, kv_dtype="fp8"), bf)[0] is None
+    assert bar_req_s(ctx, dict(p, tp=8), bf)[0] is None
     gctx = SolveContext.build(tiny_spec("max_goodput"))
-    v = Verification(dict(p, tp=2), 10.0, 0, True)
+    v = Verification(dict(p, tp=2), 10.0, 0, True, replicas=4)
     assert bar_req_s(gctx, p, v)[0] == pytest.approx(5.0 * (1 + REL_TOL))
 
 
@@ -145,3 +154,10 @@ def test_requests_that_never_fit_the_pool_rule_a_config_out_with_the_reason():
     if ok:
         pick = min(ok, key=lambda v: rank(ctx, v))
         assert config_key(pick.params) not in {config_key(o.config) for o in never}
+
+
+def at_capacity_spec(objective="max_goodput"):
+    """tiny_spec asked for far more than one node serves: max_goodput's load is then its goodput."""
+    return tiny_spec(objective, workload={"rate_req_s": 1000, "classes": [
+        {"name": "c", "share": 1.0, "input_tokens": 3000,
+         "output_tokens": {"dist": "lognormal", "mean": 200, "sigma": 0.5, "max": 800}}]})

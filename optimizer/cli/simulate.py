@@ -1,4 +1,10 @@
-"""``kvtune simulate`` and ``kvtune goodput``: one serving config run through the simulator."""
+"""``kvtune simulate`` and ``kvtune goodput``: one serving config run through the simulator.
+
+``simulate`` takes any deployment ``kvtune solve`` can print: aggregated replicas (``--tp`` with
+``--pp``/``--ep``/``--dp-attention`` for a multi-node layout), a disaggregated deployment
+(``--prefill-*``/``--decode-*``, ``--link``, ``--units``) and the GPU type (``--gpu``). Given the
+pick's exact settings (solve prints the command), it runs the very simulation solve reported, so
+its percentiles and attainment are solve's (``optimizer.check``)."""
 
 from __future__ import annotations
 
@@ -96,6 +102,13 @@ def _config_options(f):
     opts = [
         click.argument("workload", type=click.Path(dir_okay=False)),
         click.option("--tp", type=_Int(1), default=1, show_default=True, help="Tensor-parallel size (GPUs per replica)."),
+        click.option("--pp", type=_Int(1), default=1, show_default=True,
+                     help="Pipeline stages per replica (a multi-node layout: GPUs per replica = TP x PP)."),
+        click.option("--ep", type=_Int(1), default=1, show_default=True,
+                     help="Expert parallelism: 1 (experts sliced across the TP group) or equal to --tp."),
+        click.option("--dp-attention", is_flag=True, help="Data-parallel attention across the TP group (MLA models)."),
+        click.option("--gpu", default=None,
+                     help="GPU type from the catalog (default: the workload's hardware.gpu, the first of a list)."),
         click.option("--batch-cap", type=_Int(1), default=128, show_default=True, help="Max running sequences."),
         click.option("--kv-dtype", type=_Choice(DTYPE_NAMES), default="bf16", show_default=True),
         click.option("--spec-k", type=_Int(0, MAX_SPEC_K), default=0, show_default=True, help="Speculative draft length (0 = off)."),
@@ -129,44 +142,156 @@ def engine_choice(spec, calibration, engine, profile) -> tuple:
     return cal, engine or spec.engine, profile or getattr(spec, "profile", None)
 
 
-def _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile):
+def _given(*names: str) -> bool:
+    """Whether any of these options was given on the command line (not left at its default)."""
+    from click.core import ParameterSource
+    ctx = click.get_current_context()
+    return any(ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE for n in names)
+
+
+def _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile, gpu_name=None,
+           pp=1, ep=1, dp_attention=False, layout=False):
     from kvtune.costmodel.hardware import resolve_gpu
+    from kvtune.costmodel.parallel import Parallel
     from kvtune.optimizer.step_factory import StepFactory
     from kvtune.optimizer.workload import load_workload
 
     spec = load_workload(workload)
     model = get_model(spec.model)
-    gpu = resolve_gpu(spec.hardware.gpu, spec.hardware.gpu_file)
+    gpu = resolve_gpu(gpu_name) if gpu_name else resolve_gpu(spec.hardware.gpu, spec.hardware.gpu_file)
     cal, eng, prof = engine_choice(spec, calibration, engine, profile)
     em = StepFactory.build(gpu, mode, cal, eng, prof)
-    sc = None
-    if spec_k:
-        if spec_alpha is None and spec.speculative is None:
-            raise InputError(f"--spec-k {spec_k}: {workload} has no speculative: section; give --spec-alpha")
-        s = spec.speculative
-        method = s.method if s else SPEC_METHOD
-        try:   # the drafter resident beside the model (costmodel.draft)
-            draft = draft_footprint(method, model, spec.weights or "bf16", s.draft_model if s else None)
-        except InputError as exc:
-            raise InputError(f"{workload}: {exc}") from None
-        sc = SpecConfig(spec_k, spec_alpha if spec_alpha is not None else s.acceptance,
-                        s.draft_cost if s else DRAFT_COST, method, draft)
-    step = em.step(model, tp, spec.weights, kv_dtype, sc, spec.gpu_mem_util)
+    sc = _speculation(workload, spec, model, spec_k, spec_alpha)
+    par = None   # a multi-node layout (optimizer.layouts), as solve builds one
+    if layout or pp > 1 or ep > 1 or dp_attention or tp > spec.hardware.gpus_per_node:
+        par = Parallel(tp=tp, pp=pp, ep=ep, dp_attention=dp_attention, gpus_per_node=spec.hardware.gpus_per_node)
+    step = em.step(model, tp, spec.weights, kv_dtype, sc, spec.gpu_mem_util, parallel=par)
     return spec, step, em
 
 
+def _speculation(workload, spec, model, spec_k, spec_alpha):
+    if not spec_k:
+        return None
+    if spec_alpha is None and spec.speculative is None:
+        raise InputError(f"--spec-k {spec_k}: {workload} has no speculative: section; give --spec-alpha")
+    s = spec.speculative
+    method = s.method if s else SPEC_METHOD
+    try:   # the drafter resident beside the model (costmodel.draft)
+        draft = draft_footprint(method, model, spec.weights or "bf16", s.draft_model if s else None)
+    except InputError as exc:
+        raise InputError(f"{workload}: {exc}") from None
+    return SpecConfig(spec_k, spec_alpha if spec_alpha is not None else s.acceptance,
+                      s.draft_cost if s else DRAFT_COST, method, draft)
+
+
+def _sim_config(spec, em, batch_cap, chunk_tokens, block_tokens, prefix, spec_k):
+    """The engine's scheduler, as solve simulates it (``optimizer.verify.sim_config``): SGLang
+    schedules prefill first under NGRAM/STANDALONE speculation."""
+    from kvtune.optimizer.launch import scheduling
+    cfg = em.sim_config(batch_cap, chunk_tokens, block_tokens, prefix)
+    s = spec.speculative
+    if scheduling(em.engine, s.method if s else None, spec_k) == "prefill_first":
+        cfg = dataclasses.replace(cfg, prefill_first=True)
+    return cfg
+
+
 def _config_dict(spec, step, tp, batch_cap, kv_dtype, spec_k, chunk_tokens, block_tokens, prefix, replicas, mode):
-    return {"model": step.model.name, "gpu": step.gpu.name, "tp": tp, "weights": spec.weights, "kv_dtype": kv_dtype,
+    par = getattr(step, "parallel", None)
+    layout = {} if par is None else {"pp": par.pp, "ep": par.ep, "dp_attention": par.dp_attention}
+    return {"model": step.model.name, "gpu": step.gpu.name, "tp": tp, **layout, "weights": spec.weights,
+            "kv_dtype": kv_dtype,
             "batch_cap": batch_cap, "chunk_tokens": chunk_tokens, "block_tokens": block_tokens,
             "prefix_caching": prefix, "spec_k": spec_k,
             "spec_acceptance": step.speculation.acceptance if step.speculation else None, "replicas": replicas,
-            "gpus": tp * replicas, "kv_pool_tokens": step.memory.kv_pool_tokens,
+            "gpus": tp * (par.pp if par is not None else 1) * replicas, "kv_pool_tokens": step.memory.kv_pool_tokens,
             "mode": "ideal" if step.eff.name == "ideal" else mode}
 
 
 def _tails(s: dict) -> str:
     return "  ".join(f"{k} p50/p90/p99 {s[k]['p50']:.1f}/{s[k]['p90']:.1f}/{s[k]['p99']:.1f}"
                      for k in ("ttft_ms", "tpot_ms", "e2e_ms"))
+
+
+def _disaggregated_options(f):
+    from kvtune.optimizer.disagg import DECODE_CHUNK, PREFILL_CAPS
+    opts = [
+        click.option("--prefill-tp", type=_Int(1), default=None,
+                     help="Disaggregated: TP of each prefill replica (with --decode-tp: simulate a prefill and a "
+                          "decode pool, as solve prints a disaggregated pick)."),
+        click.option("--prefill-replicas", type=_Int(1, MAX_REPLICAS), default=1, show_default=True,
+                     help="Disaggregated: prefill replicas per unit."),
+        click.option("--prefill-batch-cap", type=_Int(1), default=PREFILL_CAPS[0], show_default=True),
+        click.option("--prefill-chunk-tokens", type=_Int(1), default=8192, show_default=True),
+        click.option("--decode-tp", type=_Int(1), default=None, help="Disaggregated: TP of each decode replica."),
+        click.option("--decode-replicas", type=_Int(1, MAX_REPLICAS), default=1, show_default=True,
+                     help="Disaggregated: decode replicas per unit."),
+        click.option("--decode-batch-cap", type=_Int(1), default=128, show_default=True),
+        click.option("--decode-chunk-tokens", type=_Int(1), default=DECODE_CHUNK, show_default=True),
+        click.option("--link", type=_Choice(("nvlink", "network")), default=None,
+                     help="Disaggregated: the KV link between the pools (default: NVLink when a unit fits one node)."),
+        click.option("--units", type=_Int(1, MAX_REPLICAS), default=1, show_default=True,
+                     help="Disaggregated: units (prefill + decode pools) behind a random load balancer."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _simulate_disaggregated(workload, kv_dtype, gpu, block_tokens, no_prefix_caching, seed, mode, calibration,
+                            engine, profile, as_json, rate, concurrency, n_requests, **d):
+    """``--prefill-*``/``--decode-*``: one disaggregated deployment (``costmodel.deployment``), each unit
+    at ``rate / units``, as solve verifies one (``optimizer.disagg_verify.simulate_unit_at``)."""
+    from kvtune.costmodel.deployment import Pool, kv_link, simulate_disaggregated
+    from kvtune.optimizer.disagg import DEFAULT_ENGINE
+    prefix = not no_prefix_caching
+    spec, sp, em = _build(workload, d["prefill_tp"], kv_dtype, 0, None, mode, calibration, engine, profile, gpu)
+    _, sd, _ = _build(workload, d["decode_tp"], kv_dtype, 0, None, mode, calibration, engine, profile, gpu)
+    pre = Pool(sp, em.sim_config(d["prefill_batch_cap"], d["prefill_chunk_tokens"], block_tokens, prefix),
+               d["prefill_replicas"])
+    dec = Pool(sd, em.sim_config(d["decode_batch_cap"], d["decode_chunk_tokens"], block_tokens, prefix),
+               d["decode_replicas"])
+    units = d["units"]
+    link = d["link"] or ("nvlink" if pre.gpus + dec.gpus <= spec.hardware.gpus_per_node else "network")
+    eng = em.engine or DEFAULT_ENGINE
+    rate_used = rate if rate is not None else spec.workload.mean_rate_req_s
+    if rate_used is None or math.isinf(rate_used):
+        raise InputError(f"{workload}: a disaggregated deployment is simulated at a finite Poisson rate "
+                         f"(workload.rate_req_s or the rate option)")
+    t0 = time.perf_counter()
+    req = spec.requests(n_requests, seed, rate_used / units)
+    res = simulate_disaggregated(pre, dec, req, kv_link(sp.gpu, link == "nvlink"), "trace", seed, None,
+                                 engine=eng).result
+    wall = time.perf_counter() - t0
+    if res.rejected:
+        raise Infeasible(f"{workload}: disaggregated TP{d['prefill_tp']}/TP{d['decode_tp']}, KV {kv_dtype}: "
+                         f"{res.reject_reason}")
+    out = res.summary()
+    out["output_tok_s"] = out["output_tok_s"] * units
+    out = {**out, "sim_wall_s": wall, "arrival": "trace", "rate_req_s": rate_used, "concurrency": None,
+           "excluded": {"warmup_frac": res.warmup_frac,
+                        "rule": "the first warmup_frac of requests in arrival order are left out of the statistics"},
+           "config": {"deployment": "disaggregated", "model": sp.model.name, "gpu": sp.gpu.name, "kv_dtype": kv_dtype,
+                      "weights": spec.weights, "engine": eng, "link": link, "units": units,
+                      "prefill": {"tp": d["prefill_tp"], "replicas": d["prefill_replicas"],
+                                  "batch_cap": d["prefill_batch_cap"], "chunk_tokens": d["prefill_chunk_tokens"]},
+                      "decode": {"tp": d["decode_tp"], "replicas": d["decode_replicas"],
+                                 "batch_cap": d["decode_batch_cap"], "chunk_tokens": d["decode_chunk_tokens"]},
+                      "gpus": units * (pre.gpus + dec.gpus), "block_tokens": block_tokens, "prefix_caching": prefix},
+           "slo": {"ttft_ms": spec.slo.ttft_ms, "tpot_ms": spec.slo.tpot_ms, "attainment": spec.slo.attainment},
+           **em.record()}
+    if as_json:
+        click.echo(dumps(out))
+        return
+    click.echo(f"{sp.model.name} disaggregated on {sp.gpu.name}: {units} x [{d['prefill_replicas']} prefill x "
+               f"TP{d['prefill_tp']} (batch cap {d['prefill_batch_cap']}, chunk {d['prefill_chunk_tokens']}) + "
+               f"{d['decode_replicas']} decode x TP{d['decode_tp']} (batch cap {d['decode_batch_cap']})], KV "
+               f"{kv_dtype} over {'NVLink' if link == 'nvlink' else 'the network'}; engine rules {eng}  [{out['source']}]")
+    click.echo(f"  {out['requests']} requests at {rate_used:g} req/s (trace, {rate_used / units:g} per unit); "
+               f"{out['measured_requests']} measured after warm-up")
+    click.echo(f"  {_tails(out)}")
+    click.echo(f"  SLO attainment {out['slo_attainment']:.3f} (target {spec.slo.attainment:g})   "
+               f"{out['output_tok_s']:,.0f} output tok/s   preemptions {out['preemptions']}   "
+               f"simulated in {wall * 1e3:.0f} ms")
 
 
 @click.command("simulate", cls=_OneLineCommand)
@@ -180,15 +305,28 @@ def _tails(s: dict) -> str:
                    "staggered (spread over one request's lifetime). Default: the engine's rule, as the calibration "
                    "simulates its benchmarks (staggered for vLLM/TensorRT-LLM, burst for SGLang/llama.cpp).")
 @click.option("--requests", "n_requests", type=_Int(1, MAX_REQUESTS), default=2000, show_default=True)
-def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tokens, block_tokens, no_prefix_caching,
-                 replicas, seed, mode, calibration, engine, profile, as_json, rate, concurrency, clients, n_requests):
+@_disaggregated_options
+def simulate_cmd(workload, tp, pp, ep, dp_attention, gpu, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tokens,
+                 block_tokens, no_prefix_caching, replicas, seed, mode, calibration, engine, profile, as_json, rate,
+                 concurrency, clients, n_requests, **disagg):
     """Simulate one serving config on a workload: latency tails, SLO attainment, throughput."""
     if rate is not None and concurrency is not None:
         raise InputError("give --rate or --concurrency, not both")
     if clients is not None and concurrency is None:
         raise InputError("--clients applies to a closed loop: give --concurrency")
-    spec, step, em = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile)
-    cfg = em.sim_config(batch_cap, chunk_tokens, block_tokens, not no_prefix_caching)
+    if disagg["prefill_tp"] is not None or disagg["decode_tp"] is not None:
+        if disagg["prefill_tp"] is None or disagg["decode_tp"] is None:
+            raise InputError("a disaggregated deployment needs both --prefill-tp and --decode-tp")
+        if concurrency is not None:
+            raise InputError("--concurrency: a disaggregated deployment is simulated at a Poisson --rate")
+        if _given("tp", "pp", "ep", "dp_attention", "batch_cap", "chunk_tokens", "replicas", "spec_k", "spec_alpha"):
+            raise InputError("--prefill-tp and --decode-tp describe a disaggregated deployment: give its pools' "
+                             "options, not --tp/--batch-cap/--chunk-tokens/--replicas/--spec-k")
+        return _simulate_disaggregated(workload, kv_dtype, gpu, block_tokens, no_prefix_caching, seed, mode,
+                                       calibration, engine, profile, as_json, rate, concurrency, n_requests, **disagg)
+    spec, step, em = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile, gpu,
+                            pp, ep, dp_attention, _given("pp", "ep"))
+    cfg = _sim_config(spec, em, batch_cap, chunk_tokens, block_tokens, not no_prefix_caching, spec_k)
     closed = None
     if concurrency is not None:
         arrival, rate_used = "closed", None
@@ -261,11 +399,13 @@ def simulate_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_to
 @click.option("--attainment", type=_Float(0.0, 1.0), default=None, help="Target share (default: the workload's slo.attainment).")
 @click.option("--requests", "n_requests", type=_Int(1, MAX_REQUESTS), default=None, help="Requests per simulation (default: 100 in the tail).")
 @click.option("--rel-tol", type=_Float(0.0, 0.5), default=0.02, show_default=True)
-def goodput_cmd(workload, tp, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tokens, block_tokens, no_prefix_caching,
-                replicas, seed, mode, calibration, engine, profile, as_json, attainment, n_requests, rel_tol):
+def goodput_cmd(workload, tp, pp, ep, dp_attention, gpu, batch_cap, kv_dtype, spec_k, spec_alpha, chunk_tokens,
+                block_tokens, no_prefix_caching, replicas, seed, mode, calibration, engine, profile, as_json, attainment,
+                n_requests, rel_tol):
     """The highest Poisson rate this config serves with SLO attainment at target."""
-    spec, step, em = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile)
-    cfg = em.sim_config(batch_cap, chunk_tokens, block_tokens, not no_prefix_caching)
+    spec, step, em = _build(workload, tp, kv_dtype, spec_k, spec_alpha, mode, calibration, engine, profile, gpu,
+                            pp, ep, dp_attention, _given("pp", "ep"))
+    cfg = _sim_config(spec, em, batch_cap, chunk_tokens, block_tokens, not no_prefix_caching, spec_k)
     target = attainment if attainment is not None else spec.slo.attainment
 
     def make(r, n, s):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import subprocess
 import sys
 import tempfile
@@ -190,22 +189,18 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     disaggregated_next = "disaggregated" in spec.search.deployment and spec.speculative is None
 
-    types_left = [len(spec.hardware.choices) or 1]   # aggregated searches still to run (one per GPU type)
-
     def aggregated(one: Any, **kw: Any) -> SolveResult:
         """The aggregated search of one GPU type, its trials and race on the progress line."""
         progress.start(one.hardware.gpu if spec.hardware.choices else None)
         r = solve_aggregated(one, on_stage=progress.stage, **kw)
-        types_left[0] -= 1
-        if disaggregated_next and types_left[0] == 0:   # what deployment_choice runs next
-            progress.phase("disaggregated search: prefill and decode pools, simulated")
+        if disaggregated_next:   # what deployment_choice runs next, on this GPU type
+            progress.phase("disaggregated search: prefill and decode pools, simulated"
+                           + (f" ({one.hardware.gpu})" if spec.hardware.choices else ""))
         return r
 
+    # every GPU type hardware.gpu lists x aggregated and/or disaggregated deployments (search.deployment):
+    # one space, the best under the objective wins (optimizer.deployment_choice, optimizer.gpu_choice)
     solve_one: Callable[..., SolveResult] = aggregated
-    if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
-        from kvtune.optimizer.gpu_choice import solve_gpu_choice
-        solve_one = functools.partial(solve_gpu_choice, solve_one=aggregated)
-    # aggregated and/or disaggregated deployments (search.deployment; optimizer.deployment_choice)
     from kvtune.optimizer.deployment_choice import solve_deployments
     try:
         with _workers(n_workers, storage, workload, sys.argv) as shared:
@@ -340,6 +335,8 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
     lines.append(f"  TTFT p50/p90/p99 {p.ttft_ms['p50']:.0f}/{p.ttft_ms['p90']:.0f}/{p.ttft_ms['p99']:.0f} ms   "
                  f"TPOT p50/p90/p99 {p.tpot_ms['p50']:.1f}/{p.tpot_ms['p90']:.1f}/{p.tpot_ms['p99']:.1f} ms   "
                  f"{p.tok_s_per_user:.0f} tok/s per user  {p.output_tok_s:,.0f} output tok/s")
+    from kvtune.optimizer.check import check_lines
+    lines += check_lines(r)
     if b.step is not None:
         st = b.step
         lines.append(f"  bottleneck (analytic screen): {b.term} (batch limited by {b.batch_limit} at "
@@ -353,7 +350,7 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
     for g in rows:
         kind = f" ({g.deployment})" if len(kinds) > 1 and g.deployment else ""
         cost = f"${g.usd_per_hour:.2f}/h  goodput {g.goodput_req_s:.2f} req/s on {g.gpus} GPUs{kind}" \
-            if g.status == "ok" else "infeasible"
+            if g.status == "ok" else g.status   # infeasible, or dearer (searched only up to the pick's price)
         lines.append(f"  gpu {g.gpu} (${g.usd_per_gpu_hour:g}/GPU-h): {cost}: {g.why}")
     pareto = r.pareto or ()
     if len(pareto) > 1:
