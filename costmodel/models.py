@@ -27,7 +27,7 @@ from .files import load_yaml, path_kind, profiles_path, read_text, reading
 from .dtypes import BYTES_PER_ELEMENT
 from .errors import InputError
 
-__all__ = ["ModelArch", "get_model", "list_models", "model_from_config", "DTYPE_BYTES"]
+__all__ = ["ModelArch", "get_model", "list_models", "model_from_config", "catalog_entry", "DTYPE_BYTES"]
 
 # Bytes per element of the formats kvtune models (bf16/fp16: 2 bytes; fp8 e4m3/e5m2: 1 byte; GGUF
 # block formats fractional): one home, costmodel.dtypes.
@@ -411,6 +411,16 @@ def _lookup(name: str) -> str | None:
         if _normalise(key) == short:
             return short
     return None
+
+
+def catalog_entry(name: str) -> tuple[str, dict] | None:
+    """(short name, row) of the catalog model ``name`` (a short name or Hugging Face id, as
+    ``get_model`` resolves them), or None if the catalog has no such model. The row holds its
+    ``hf_id`` and, where published, other checkpoints (``costmodel.checkpoints`` reads them)."""
+    if not isinstance(name, str) or not name.strip():
+        return None
+    short = _lookup(name)
+    return None if short is None else (short, _catalog()[short])
 
 
 def _read_config(path: Path) -> dict:

@@ -207,6 +207,8 @@ def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] 
     a = shown if "aggregated" in kinds else None
     block = DeploymentChoice(searched=kinds, kind=None, aggregated=shown, disaggregated=dis.pick, search=dis.searches)
     x = dis.pick
+    if "aggregated" not in kinds and not isinstance(x, DisaggregatedSummary):
+        return _no_disaggregated(agg, block, x, shown)
     if not isinstance(x, DisaggregatedSummary) or (a is not None and not _better(spec, x, a)):
         d_ok = isinstance(x, DisaggregatedSummary)
         return dataclasses.replace(agg, deployment=dataclasses.replace(
@@ -236,6 +238,22 @@ def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] 
         deployment=dataclasses.replace(block, kind="disaggregated",
                                        margin_pct=_margin(spec, x, a) if a is not None else None,
                                        against="aggregated" if a is not None else None))
+
+
+def _no_disaggregated(agg: SolveResult, block: DeploymentChoice, miss: DisaggregatedMiss,
+                      shown: AggregatedSummary | None) -> SolveResult:
+    """``search.deployment`` asked for disaggregated deployments only and none exists or meets the
+    SLOs: an infeasible answer with the reason (never the aggregated pick in its place), naming the
+    best aggregated deployment as the nearest alternative when there is one."""
+    reason = f"search.deployment lists disaggregated only, and {miss.reason}"
+    if shown is not None:
+        n = shown.gpus
+        reason += (f" (the best aggregated deployment: {n} GPU{'s' if n != 1 else ''} at ${shown.usd_per_hour:.2f}/h, "
+                   f"TP{shown.config['tp']}; list aggregated in search.deployment to allow it)")
+    return dataclasses.replace(agg, status="infeasible", reason=reason, closest=None, recommendation=None,
+                               predicted=None, screened=None, cost=None, bottleneck=None, headroom=None, pareto=None,
+                               launch=None, launch_aggregated=None, notes=None,
+                               deployment=dataclasses.replace(block, kind=None))
 
 
 def deployment_lines(r: SolveResult) -> list[str]:

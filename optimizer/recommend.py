@@ -23,8 +23,8 @@ from .launch import launch_settings
 from .layouts import gpus_per_replica, layout_params
 from .result import (Bottleneck, Closest, Cost, ParetoPoint, Predicted, ProfileUse, RaceRow, Recommendation, Screened,
                      SolveResult, StepTerms, TrialCounts, VerificationCounts, VerifiedRow)
-from .search import (Evaluation, SolveContext, completed_evals, config_key, evaluate, grid_space, make_storage,
-                     open_study, run_search)
+from .search import (UNLAUNCHABLE, Evaluation, SolveContext, completed_evals, config_key, evaluate, grid_space,
+                     make_storage, open_study, run_search)
 from .scaleout import StudyRunner
 from .simsearch import LocalRunner, Race, race, rank
 from .verify import Verification, sim_requests, verify
@@ -167,6 +167,8 @@ def _why_infeasible(ctx: SolveContext, r: Race) -> tuple[str, Closest | None]:
     alive = [o for o in r.outcomes if o.status not in ("zero_load", "never_fits")]
     if not r.outcomes:
         why = r.no_fit[0][1] if r.no_fit else "the search space is empty"
+        if UNLAUNCHABLE in ctx.memo:   # the layouts that would hold it are ones the engine cannot launch
+            why += f"; {ctx.memo[UNLAUNCHABLE]}"
         return (f"no configuration of the search space fits in GPU memory: {why}",
                 Closest(config=None, miss=why) if r.no_fit else None)
     if not alive and not r.zero_load:

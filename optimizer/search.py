@@ -42,6 +42,7 @@ from optuna.trial import TrialState
 from kvtune.costmodel import SpecConfig, get_model
 from kvtune.costmodel.draft import DraftFootprint
 from kvtune.costmodel.efficiency import Efficiency
+from kvtune.costmodel.engines import capabilities_for
 from kvtune.costmodel.errors import DoesNotFit, InputError
 from kvtune.costmodel.hardware import GPU, resolve_gpu
 from kvtune.costmodel.models import ModelArch
@@ -55,7 +56,7 @@ from .screen import WorkloadStats, screen
 from .workload import WorkloadSpec
 
 __all__ = ["SolveContext", "Evaluation", "evaluate", "make_storage", "open_study", "run_search", "grid_space",
-           "SAMPLERS", "STALE_S", "config_key"]
+           "SAMPLERS", "STALE_S", "config_key", "UNLAUNCHABLE"]
 
 SAMPLERS = ("tpe", "grid", "nsga2")
 JOURNAL_LOCK_GRACE_S = 5  # seconds after which a journal lock left by a killed process is broken
@@ -64,6 +65,7 @@ UNCLAIMED_S = 10.0     # a RUNNING trial that never wrote its host/pid this long
 N_SCREEN_REQUESTS = 2000  # requests sampled to describe the workload's lengths and SLOs
 GOODPUT_BONUS = 0.01   # share of $/h a config with 100% screened headroom gains in the objective
 PARSIMONY = 2e-5       # share of $/h the largest batch cap and chunk budget lose in the objective
+UNLAUNCHABLE = "unlaunchable_layouts"  # memo key: why the layouts that hold the model cannot be launched
 SEEDER_ATTR = "kvtune_seeder"  # study user attribute: the process that created the study (and seeds it)
 PROCESS_TOKEN = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # this process, unique
 
@@ -118,9 +120,14 @@ class SolveContext:
         h = spec.hardware
         layouts = search_layouts(model, gpu, weight_dtype, spec.search.tp, h.gpus_per_node,
                                  h.max_nodes, spec.gpu_mem_util, em.efficiency.activation_reserve_bytes)
+        # only layouts the engine can launch (a replica over nodes: not on TensorRT-LLM or llama.cpp)
+        caps = capabilities_for(engine or spec.engine)
+        why = {k: caps.replica_error(gpus_per_replica(v), h.gpus_per_node) for k, v in layouts.items()}
+        memo = {UNLAUNCHABLE: next(iter(why.values()))} if why and all(why.values()) else {}
         return cls(spec=spec, seed=spec.search.seed if seed is None else seed, workload_seed=spec.search.seed,
                    model=model, gpu=gpu, eff=em.efficiency, stats=WorkloadStats.from_requests(req, spec.slo.attainment),
-                   rate_req_s=float(rate), engine=em, layouts=layouts, draft=draft)
+                   rate_req_s=float(rate), engine=em, layouts={k: v for k, v in layouts.items() if not why[k]},
+                   draft=draft, memo=memo)
 
     @property
     def weight_dtype(self) -> str:

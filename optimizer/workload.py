@@ -3,7 +3,8 @@
 
     model: meta-llama/Llama-3.1-70B-Instruct   # catalog name, HF id, or path to config.json
     weights: bf16                              # bf16 | fp8
-    engine: vllm                               # optional: vllm | sglang | trtllm
+    engine: vllm                               # optional: vllm | sglang | trtllm | llamacpp (default vLLM's
+                                               # rules: the search holds what it can launch)
     calibration: h100-sxm                      # optional: calibration file or shipped name
     profile: tables/my-engine.csv              # optional: measured step times (a profile table)
     gpu_mem_util: 0.9                          # optional
@@ -54,6 +55,7 @@ from kvtune.costmodel.requests import Requests
 from kvtune.costmodel.step import DRAFT_COST, SPEC_METHOD, SpecConfig
 from kvtune.costmodel.traffic import DISTS, MAX_LENGTH_TOKENS, SLO, SLO_ATTAINMENT, LengthDist, RequestClass, Workload
 
+from .engine_space import for_engine
 from .traces import read_trace
 
 __all__ = ["load_workload", "load_workload_dict", "WorkloadSpec", "HardwareSpec", "SearchSpec",
@@ -174,6 +176,9 @@ class WorkloadSpec:
     speculative: SpeculativeSpec | None = None
     objective: str = "min_cost"
     search: SearchSpec = field(default_factory=SearchSpec)
+    # what reading the workload changed and why (options the engine cannot launch, a draft filled
+    # in from the catalog: optimizer.engine_space); solve prints them and writes them to the JSON
+    notes: tuple[str, ...] = field(default=(), repr=False)
 
     def objective_key(self, usd_per_hour: float, goodput_req_s: float) -> tuple[float, ...]:
         """Order of two answers under the objective, smaller first: min_cost by $/h, then more
@@ -544,16 +549,14 @@ def _speculative(r: _Reader, v) -> SpeculativeSpec:
 
 
 # defaults a llama.cpp target changes: its server runs a few slots (-np), so its batch caps start at
-# 1; its KV is fp16 (--cache-type-k f16, the server's default), and FP8 is searched only where the
-# hardware has FP8 arithmetic (not on a CPU)
+# 1; its KV is fp16 (--cache-type-k f16, the server's default); it has no FP8 KV cache at all
 SMALL_BATCH_ENGINES = ("llamacpp",)
 
 
 def _search_defaults(hw: HardwareSpec, engine: str | None) -> SearchSpec:
-    gpu = load_gpu_file(hw.gpu_file) if hw.gpu_file else get_gpu(hw.gpu)
     kv: tuple[str, ...] = KV_DTYPES
     if engine == "llamacpp":
-        kv = ("fp16",) if gpu.fp8_flops_per_s <= 0 else ("fp16", "fp8")
+        kv = ("fp16",)   # llama-server's default cache type (f16); it has no fp8 (engines.capabilities)
     lo = 1 if engine in SMALL_BATCH_ENGINES else SearchSpec().batch_cap[0]
     return SearchSpec(kv_dtype=kv, batch_cap=(lo, SearchSpec().batch_cap[1]))
 
@@ -678,15 +681,17 @@ def _profile(r: _Reader, v) -> str:
 
 # ---- entry points ------------------------------------------------------------------------------
 
-def load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
+def load_workload_dict(data, path: str = "<dict>", engine: str | None = None) -> WorkloadSpec:
     """Check a parsed workload document; ``path`` names it in errors and anchors relative paths.
+    ``engine`` (``--engine``) replaces the document's ``engine:`` as the engine whose launchable
+    space the search is cut to (``optimizer.engine_space``).
     A fault the checks did not foresee is still one line (``costmodel.files.reading``).
     """
     with reading(path, "workload"):
-        return _load_workload_dict(data, path)
+        return _load_workload_dict(data, path, engine)
 
 
-def _load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
+def _load_workload_dict(data, path: str = "<dict>", engine_override: str | None = None) -> WorkloadSpec:
     r = _Reader(str(path))
     if not isinstance(data, dict):
         raise InputError(f"{path}: must be a mapping with keys {', '.join(_TOP)}")
@@ -694,6 +699,8 @@ def _load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
     model, arch = _model(r, data["model"])
     weights = r.choice(data.get("weights", "bf16"), "weights", WEIGHT_DTYPES)
     engine = r.choice(data["engine"], "engine", ENGINES) if data.get("engine") is not None else None
+    if engine_override is not None and engine_override not in ENGINES:
+        raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine_override!r}")
     gpu_mem_util = r.num(data.get("gpu_mem_util", GPU_MEM_UTIL), "gpu_mem_util", 0, 1, lo_open=True)
     hardware = _hardware(r, data["hardware"], weights)
     calibration = _calibration(r, data["calibration"], hardware.gpu, engine) \
@@ -702,24 +709,25 @@ def _load_workload_dict(data, path: str = "<dict>") -> WorkloadSpec:
     objective = r.choice(data.get("objective", "min_cost"), "objective", OBJECTIVES)
     slo = _slo(r, data["slo"])
     speculative = _speculative(r, data["speculative"]) if data.get("speculative") is not None else None
-    search = _search(r, data.get("search"), hardware, speculative, engine)
+    search = _search(r, data.get("search"), hardware, speculative, engine_override or engine)
     workload = _workload(r, data["workload"], slo, objective)
     _check_context(r, workload, arch, data["workload"].get("trace"))
-    return WorkloadSpec(path=str(path), model=model, weights=weights, engine=engine, calibration=calibration,
-                        profile=profile, gpu_mem_util=gpu_mem_util, hardware=hardware, workload=workload, slo=slo,
-                        speculative=speculative, objective=objective, search=search)
+    spec = WorkloadSpec(path=str(path), model=model, weights=weights, engine=engine_override or engine,
+                        calibration=calibration, profile=profile, gpu_mem_util=gpu_mem_util, hardware=hardware,
+                        workload=workload, slo=slo, speculative=speculative, objective=objective, search=search)
+    return for_engine(spec, arch, data.get("search"), r.bad, r.bad_key)
 
 
-def load_workload(path: str | Path) -> WorkloadSpec:
-    """Read and check a workload YAML file.
+def load_workload(path: str | Path, engine: str | None = None) -> WorkloadSpec:
+    """Read and check a workload YAML file (``engine``: as ``load_workload_dict``).
     A fault the checks did not foresee is still one line (``costmodel.files.reading``).
     """
     with reading(path, "workload file"):
-        return _load_workload(path)
+        return _load_workload(path, engine)
 
 
-def _load_workload(path: str | Path) -> WorkloadSpec:
+def _load_workload(path: str | Path, engine: str | None = None) -> WorkloadSpec:
     data = parse_yaml(read_text(path, "workload file"), str(path))
     if data is None:
         raise InputError(f"{path}: empty workload file")
-    return load_workload_dict(data, str(path))
+    return load_workload_dict(data, str(path), engine)

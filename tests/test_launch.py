@@ -101,12 +101,14 @@ def test_vllm_speculation_methods_are_vllms():
     assert sc(L8, "draft")["method"] == "draft_model"                       # not "draft"
     assert sc(L8, "ngram") == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 5,
                                "prompt_lookup_max": 5}
-    assert "not one vLLM 0.33.0 runs" in sc(L8, "medusa")                 # dropped from SpeculativeMethod
+    assert "on vLLM 0.33.0: vLLM 0.33.0 dropped Medusa" in sc(L8, "medusa")    # not in SpeculativeMethod
     assert sc(L8, "eagle") == {"method": "eagle", "num_speculative_tokens": 3, "model": "org/draft"}
-    assert "needs its draft model" in sc(L8, "eagle", draft=None)
+    # no draft_model: the catalog's published EAGLE head for Llama-3.1-8B; none is known for 3.1-70B
+    assert sc(L8, "eagle", draft=None)["model"] == "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"
+    assert "knows no published one" in sc(L70, "eagle", draft=None)
     assert "multi-token-prediction heads" in sc(L8, "mtp")                 # Llama has no MTP heads
     assert sc(DSV3, "mtp") == {"method": "mtp", "num_speculative_tokens": 3}  # DeepSeek-V3: num_nextn_predict_layers 1
-    assert "not one vLLM 0.33.0 runs" in sc(L8, "lookahead")
+    assert "cannot launch speculative method 'lookahead' on vLLM 0.33.0" in sc(L8, "lookahead")
 
 
 def test_unknown_method_is_refused_everywhere_instead_of_printed():
@@ -158,7 +160,7 @@ def test_sglang_scheduling_follows_what_the_algorithm_allows(method, algo, mixed
 
 def test_sglang_has_no_medusa():
     r = _run(L8, CFG, {"method": "medusa", "draft_model": "org/medusa"})
-    assert "no such algorithm" in r["unsupported"]["sglang"]
+    assert "SpeculativeAlgorithm has no Medusa" in r["unsupported"]["sglang"]
     assert "EAGLE3" not in r["sglang"]
 
 
@@ -199,7 +201,7 @@ def test_trtllm_speculation(method, expect):
     r = _run(DSV3 if method == "mtp" else L8, dict(CFG, tp=8) if method == "mtp" else CFG,
              {"method": method, "draft_model": "org/draft"})
     if expect is None:
-        assert "PyTorch backend" in r["unsupported"]["trtllm"]
+        assert "need the TensorRT engine backend" in r["unsupported"]["trtllm"]
     else:
         assert yaml.safe_load(r["trtllm"]["config_yaml"])["speculative_config"] == expect
 

@@ -3,7 +3,9 @@
 Each engine (``Engine``) carries its name (``--engine``, the workload's ``engine:``, profile rows),
 its display name, the engine version its rules follow, its scheduling and admission policies (what
 the simulator's replica asks: ``costmodel.engines.policies``) and how ``kvtune calibrate`` fits its
-rows. The step models, ``fit``, ``calibrate``, ``optimizer.step_factory`` and the CLI read this
+rows, and what kvtune can launch on the engine version its launch settings target
+(``capabilities``: KV dtypes, speculative methods, weight formats, deployment kinds, multi-node;
+one table in ``capabilities.py``). The step models, ``fit``, ``calibrate``, ``optimizer.step_factory`` and the CLI read this
 registry; to add an engine, add a module beside ``vllm.py`` and list it in ``_ALL``.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from ..errors import InputError
 from .base import Engine
+from .capabilities import CAPABILITIES, DEFAULT_ENGINE, Capabilities, capabilities_for
 from .policies import (Admission, MixedChunkedPrefill, OutputReserveAdmission, PrefillFirst, PromptAdmission,
                        Scheduling)
 from .llamacpp import LLAMACPP
@@ -18,7 +21,7 @@ from .sglang import SGLANG
 from .trtllm import TRTLLM
 from .vllm import VLLM
 
-__all__ = ["Engine", "REGISTRY", "ENGINE_NAMES", "get_engine", "scheduling_for", "admission_for",
+__all__ = ["Engine", "Capabilities", "CAPABILITIES", "DEFAULT_ENGINE", "capabilities_for", "REGISTRY", "ENGINE_NAMES", "get_engine", "scheduling_for", "admission_for",
            "Scheduling", "Admission", "MixedChunkedPrefill", "PrefillFirst", "PromptAdmission",
            "OutputReserveAdmission"]
 

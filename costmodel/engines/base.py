@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .capabilities import Capabilities
 from .policies import Admission, Scheduling
 
 __all__ = ["Engine"]
@@ -28,6 +29,9 @@ class Engine:
     # decode replica computes it in one step of its batch, recomputing the last prompt token)
     kv_sent_per_chunk: bool = False
     first_token_from_prefill: bool = True
+    # what kvtune can launch on the version its launch settings target (KV dtypes, speculative
+    # methods, weight formats, deployment kinds, multi-node): costmodel.engines.capabilities
+    capabilities: Capabilities | None = None
 
     @property
     def prefill_first(self) -> bool:

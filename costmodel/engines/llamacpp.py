@@ -6,7 +6,9 @@ that start together stay in lock-step on a CPU (``costmodel.closed_loop``: burst
 from __future__ import annotations
 
 from .base import Engine
+from .capabilities import CAPABILITIES
 from .policies import MixedChunkedPrefill, PromptAdmission
 
 LLAMACPP = Engine(name="llamacpp", display_name="llama.cpp llama-server", version="ggml-org/llama.cpp@0c1e57098",
-                  scheduling=MixedChunkedPrefill(), admission=PromptAdmission())
+                  scheduling=MixedChunkedPrefill(), admission=PromptAdmission(),
+                  capabilities=CAPABILITIES["llamacpp"])

@@ -6,6 +6,7 @@ SGLang 0.4 to 0.5.x (``costmodel.engines.policies``)."""
 from __future__ import annotations
 
 from .base import Engine
+from .capabilities import CAPABILITIES
 from .policies import OutputReserveAdmission, PrefillFirst
 
 SGLANG = Engine(name="sglang", display_name="SGLang", version="0.4-0.5.x",
@@ -15,4 +16,5 @@ SGLANG = Engine(name="sglang", display_name="SGLang", version="0.4-0.5.x",
                 # goes to the decode server while the next one computes, the last with the first
                 # output token (python/sglang/srt/disaggregation/prefill.py process_prefill_chunk
                 # -> send_kv_chunk; "token_id is the first output token")
-                kv_sent_per_chunk=True, first_token_from_prefill=True)
+                kv_sent_per_chunk=True, first_token_from_prefill=True,
+                capabilities=CAPABILITIES["sglang"])

@@ -5,6 +5,7 @@ prompt's KV blocks, as for vLLM (its shipped calibration was fitted under these 
 from __future__ import annotations
 
 from .base import Engine
+from .capabilities import CAPABILITIES
 from .policies import MixedChunkedPrefill, PromptAdmission
 
 TRTLLM = Engine(name="trtllm", display_name="TensorRT-LLM", version="1.0 (trtllm-serve)",
@@ -14,4 +15,5 @@ TRTLLM = Engine(name="trtllm", display_name="TensorRT-LLM", version="1.0 (trtllm
                 # sends the KV once the context phase is done and returns the first token, which the
                 # generation server starts from (tensorrt_llm/disaggregated_params.py
                 # first_gen_tokens)
-                kv_sent_per_chunk=False, first_token_from_prefill=True)
+                kv_sent_per_chunk=False, first_token_from_prefill=True,
+                capabilities=CAPABILITIES["trtllm"])

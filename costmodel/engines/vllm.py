@@ -6,6 +6,7 @@ preempt admits nothing (the V1 scheduler, vllm/v1/core/sched/scheduler.py)."""
 from __future__ import annotations
 
 from .base import Engine
+from .capabilities import CAPABILITIES
 from .policies import MixedChunkedPrefill, PromptAdmission
 
 VLLM = Engine(name="vllm", display_name="vLLM", version="V1 engine (0.8 and later)",
@@ -16,4 +17,5 @@ VLLM = Engine(name="vllm", display_name="vLLM", version="V1 engine (0.8 and late
               # then recomputes the last prompt token for its first output token
               # (vllm/v1/core/sched/scheduler.py _update_waiting_for_remote_kv:
               # "if num_computed_tokens == request.num_tokens: num_computed_tokens -= 1")
-              kv_sent_per_chunk=False, first_token_from_prefill=False)
+              kv_sent_per_chunk=False, first_token_from_prefill=False,
+              capabilities=CAPABILITIES["vllm"])

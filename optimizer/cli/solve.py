@@ -93,7 +93,7 @@ def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str,
         check_output_path(json_path, "--json")
     if report_dir and Path(report_dir).exists() and not Path(report_dir).is_dir():
         raise InputError(f"--report {report_dir}: exists and is not a folder")
-    spec = load_workload(workload)
+    spec = load_workload(workload, engine)   # its search space cut to what the engine can launch
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     solve_one: Callable[..., SolveResult] = solve_aggregated
     if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
@@ -105,6 +105,8 @@ def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str,
         result = solve_deployments(spec, solve_one, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
                                    study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
                                    profile=profile, jobs=n_jobs, **extra)
+    if spec.notes:   # what reading the workload dropped or filled in for the engine (optimizer.engine_space)
+        result = dataclasses.replace(result, notes=tuple(spec.notes) + tuple(result.notes or ()))
     if report_dir:
         from kvtune.optimizer.report import write_report
         result = dataclasses.replace(result, report=write_report(result, spec, report_dir))
@@ -168,6 +170,7 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
         if r.closest is not None and r.closest.config:
             lines.append(f"  closest: {_cfg(r.closest.config)}: {r.closest.miss}")
         lines += deployment_lines(r)
+        lines += [f"  note: {n}" for n in r.notes or ()]
         return "\n".join(lines)
     if isinstance(rec, DisaggregatedRecommendation):  # prefill and decode pools (optimizer.deployment_choice)
         q, d = rec.prefill, rec.decode

@@ -50,7 +50,7 @@ def _memory_lines(p: LaunchPick) -> list[str]:
     m = p.memory
     if m is None:
         return []
-    w = ("FP8 (1-byte GEMM weights, bf16 embeddings and LM head)" if p.weights == "fp8" else "bf16")
+    w = ("FP8 (1-byte GEMM weights, bf16 embeddings and LM head)" if p.weights == "fp8" else p.weights)
     return [f"kvtune planned per GPU: weights {w} {_gb(m.weight_bytes_per_gpu)} "
             f"(of {_gb(m.weight_bytes_total)} at TP {p.tp} x PP {p.pp}), "
             + (f"draft ({m.draft}) {_gb(m.draft_weight_bytes_per_gpu)} + "
@@ -66,6 +66,8 @@ def _header(engine: str, p: LaunchPick, notes: list[str]) -> str:
     lines = [f"{v.label}" + (f" (image {v.image})" if v.image else "")]
     if p.model_note:
         lines.append(p.model_note)
+    if p.draft_note and p.speculating:
+        lines.append(p.draft_note)
     if p.weights == "bf16" and native_fp8(p.model):
         lines.append(f"weights: {p.model} is published in FP8; kvtune planned bf16 weights, more memory than "
                      f"this checkpoint uses (set weights: fp8 to plan for it)")

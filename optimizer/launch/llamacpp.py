@@ -9,26 +9,53 @@ share (``-kvu``), the paged pool kvtune simulated: per-slot context = kvtune's p
 
 from __future__ import annotations
 
+from kvtune.costmodel.checkpoints import GGUF_TYPES, Checkpoint, gguf_file, local_copy
+
 from .pick import NGRAM_MATCH_TOKENS, LaunchPick, Unsupported
 
-__all__ = ["llamacpp_argv", "PORT"]
+__all__ = ["llamacpp_argv", "llamacpp_model", "PORT"]
 
 PORT = 8000   # set explicitly (llama-server's default is 8080)
 
 
-def _spec(p: LaunchPick) -> list[str]:
+def llamacpp_model(c: Checkpoint, flag: str, hub_flag: str) -> tuple[list[str], list[str]]:
+    """(argv, notes) that load GGUF ``c``: a published repository by ``hub_flag`` (``-hf repo:TYPE``:
+    llama-server downloads the file named *TYPE.gguf, common/download.cpp find_best_model), else a
+    local file by ``flag`` with the llama.cpp commands that make it."""
+    t = GGUF_TYPES[c.weights]
+    if c.kind == "gguf_hub":
+        return [hub_flag, c.id], [f"model: {c.repo} publishes {t} GGUF files ({c.source})"]
+    return [flag, c.id], [f"model: make {c.id} ({t}) from {c.made_from} with llama.cpp's tools: "
+                          + " && ".join(c.recipe)]
+
+
+def _draft(p: LaunchPick, eagle3: bool) -> tuple[list[str], list[str]]:
+    """The draft's GGUF (-md FILE or -hfd repo:TYPE): drafts run bf16 (costmodel.draft); an EAGLE-3
+    head converts with the target's metadata (convert_hf_to_gguf.py --target-model-dir)."""
+    draft = p.require_draft("llama.cpp")
+    c = gguf_file(draft, "bf16")
+    if eagle3:   # convert_hf_to_gguf.py --target-model-dir: an EAGLE-3 head needs the target's metadata
+        (src, get), (tdir, tget) = local_copy(draft), local_copy(p.model)
+        c = Checkpoint(c.id, "gguf_file", "bf16", made_from=draft, recipe=get + tget + (
+            f"python convert_hf_to_gguf.py {src} --target-model-dir {tdir} --outtype bf16 --outfile {c.id}",))
+    argv, notes = llamacpp_model(c, "-md", "-hfd")
+    return argv, [n.replace("model: ", "draft: ", 1) for n in notes]
+
+
+def _spec(p: LaunchPick) -> tuple[list[str], list[str]]:
     if not p.speculating:
-        return []
+        return [], []
     m, k = p.spec_method, str(int(p.spec_k))
     if m in ("draft", "eagle3"):
         kind = "draft-simple" if m == "draft" else "draft-eagle3"
-        return ["--spec-type", kind, "-md", f"<{p.require_draft('llama.cpp')} as GGUF>", "--spec-draft-n-max", k]
+        argv, notes = _draft(p, m == "eagle3")
+        return ["--spec-type", kind, *argv, "--spec-draft-n-max", k], notes
     if m == "mtp":
         p.require_mtp()
-        return ["--spec-type", "draft-mtp", "--spec-draft-n-max", k]
+        return ["--spec-type", "draft-mtp", "--spec-draft-n-max", k], []
     if m == "ngram":
         return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(NGRAM_MATCH_TOKENS),
-                "--spec-ngram-simple-size-m", k]
+                "--spec-ngram-simple-size-m", k], []
     raise Unsupported(f"speculative method {m!r}: llama-server (0c1e57098) drafts with draft-simple, draft-eagle3, "
                       f"draft-mtp and the n-gram types; it has no {m} heads")
 
@@ -37,13 +64,11 @@ def llamacpp_argv(p: LaunchPick) -> tuple[list[str], list[str]]:
     if p.gpus_per_replica > 1 or p.multi_node:
         raise Unsupported(f"TP {p.tp} x PP {p.pp}: llama.cpp's --split-mode splits layers or rows across GPUs, "
                           f"which is not the tensor parallelism kvtune simulated; use one GPU (or the CPU) per server")
-    if p.weights == "fp8":
-        raise Unsupported("FP8 weights: GGUF has no FP8 format (Q8_0 is 8.5 bits per weight with block scales, "
-                          "not what kvtune planned)")
-    if p.kv_dtype == "fp8":
-        raise Unsupported("FP8 KV cache: llama-server's --cache-type-k/v offer f32, f16, bf16, q8_0, q4_0, ... and "
-                          "no fp8")
-    notes = []
+    p.require_launchable("llamacpp")   # weights, KV dtype, speculation: costmodel.engines.capabilities
+    ckpt = p.weights_checkpoint("llamacpp")
+    if ckpt is None:
+        raise Unsupported(f"{p.weights} weights: no GGUF file type holds them")
+    notes: list[str] = []
     slots = p.batch_cap
     if p.memory is not None:
         per_slot = p.memory.kv_pool_tokens // slots
@@ -58,11 +83,14 @@ def llamacpp_argv(p: LaunchPick) -> tuple[list[str], list[str]]:
     if per_slot < 1:
         held = f"the KV pool ({p.memory.kv_pool_tokens} tokens)" if p.memory is not None else "the request length"
         raise Unsupported(f"{held} holds less than one token per slot at {slots} slots")
-    argv = ["llama-server", "-m", f"<{p.model} as a BF16 GGUF>", "-np", str(slots), "-c", str(slots * per_slot),
-            "-kvu", "-b", str(p.chunk_tokens), "-ub", str(p.chunk_tokens), "-cb", "-ngl", "all",
-            "--cache-prompt" if p.prefix_caching else "--no-cache-prompt", *_spec(p),
+    model_argv, model_notes = llamacpp_model(ckpt, "-m", "-hf")
+    spec_argv, spec_notes = _spec(p)
+    # the KV cache type kvtune modelled (common/arg.cpp kv_cache_types; f16 is the server's default)
+    kv = [] if p.kv_dtype == "fp16" else ["-ctk", GGUF_TYPES[p.kv_dtype].lower(), "-ctv", GGUF_TYPES[p.kv_dtype].lower()]
+    argv = ["llama-server", *model_argv, "-np", str(slots), "-c", str(slots * per_slot),
+            "-kvu", "-b", str(p.chunk_tokens), "-ub", str(p.chunk_tokens), "-cb", "-ngl", "all", *kv,
+            "--cache-prompt" if p.prefix_caching else "--no-cache-prompt", *spec_argv,
             "--host", "0.0.0.0", "--port", str(PORT)]
-    notes.insert(0, f"model: llama-server loads GGUF; convert {p.model} with llama.cpp's convert_hf_to_gguf.py "
-                    f"--outtype bf16 (the 2-byte weights kvtune planned)")
+    notes[:0] = model_notes + spec_notes
     notes.append(f"context: -c {slots * per_slot} = {slots} slots x {per_slot} tokens per slot")
     return argv, notes

@@ -14,11 +14,14 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtune.costmodel.checkpoints import Checkpoint, native_format, resolve_draft, resolve_weights
+from kvtune.costmodel.engines import CAPABILITIES
+from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.memory import GPU_MEM_UTIL
 from kvtune.costmodel.step import SPEC_METHOD
 
 __all__ = ["LaunchPick", "MemoryFacts", "Unsupported", "SPEC_METHODS", "NGRAM_MATCH_TOKENS",
-           "model_reference", "fp8_checkpoint", "build_pick"]
+           "model_reference", "fp8_checkpoint", "build_pick", "native_fp8", "LOADERS", "draft_reference"]
 
 # speculative.method values kvtune's launch knows (optimizer/workload.py SpeculativeSpec lists them)
 SPEC_METHODS = ("eagle3", "eagle", "medusa", "mtp", "ngram", "draft")
@@ -30,22 +33,9 @@ PLACEHOLDER = "<hf-org/model-or-local-folder>"
 # Hugging Face organisations whose models need the licence accepted and a token (gated repositories)
 _GATED_ORGS = ("meta-llama/", "mistralai/", "google/")
 
-# Published FP8 checkpoints of catalog models (Hugging Face model cards). ``modelopt`` ones are
-# NVIDIA ModelOpt checkpoints, the kind TensorRT-LLM's PyTorch backend loads.
-_FP8_CHECKPOINTS: dict[str, dict[str, str]] = {
-    "meta-llama/Llama-3.1-8B-Instruct": {"any": "RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8",
-                                         "modelopt": "nvidia/Llama-3.1-8B-Instruct-FP8"},
-    "meta-llama/Llama-3.1-70B-Instruct": {"any": "RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8",
-                                          "modelopt": "nvidia/Llama-3.1-70B-Instruct-FP8"},
-    "meta-llama/Llama-3.1-405B-Instruct": {"any": "meta-llama/Llama-3.1-405B-Instruct-FP8",
-                                           "modelopt": "nvidia/Llama-3.1-405B-Instruct-FP8"},
-    "meta-llama/Llama-3.3-70B-Instruct": {"modelopt": "nvidia/Llama-3.3-70B-Instruct-FP8"},
-    "Qwen/Qwen3-32B": {"any": "Qwen/Qwen3-32B-FP8"},
-    "Qwen/Qwen3-30B-A3B": {"any": "Qwen/Qwen3-30B-A3B-FP8"},
-    # DeepSeek-V3's own checkpoint is FP8 (block-scaled): the "bf16" pick has no published checkpoint
-    "deepseek-ai/DeepSeek-V3": {"any": "deepseek-ai/DeepSeek-V3", "modelopt": "deepseek-ai/DeepSeek-V3"},
-}
-_NATIVE_FP8 = ("deepseek-ai/DeepSeek-V3",)
+# which checkpoints each engine's launch loads (costmodel.checkpoints: published FP8 and GGUF ids
+# live in the model catalog, profiles/models.yaml, with their sources)
+LOADERS = {"vllm": "hf", "sglang": "hf", "trtllm": "modelopt", "llamacpp": "gguf"}
 
 
 class Unsupported(Exception):
@@ -92,7 +82,9 @@ class LaunchPick:
     weights: str = "bf16"
     spec_k: int = 0
     spec_method: str | None = None
-    draft_model: str | None = None
+    draft_model: str | None = None      # the draft checkpoint to load (costmodel.checkpoints.resolve_draft)
+    draft_error: str = ""               # why there is none to load, when speculation needs one
+    draft_note: str = ""                # where draft_model came from, when not as the workload gave it
     prefix_caching: bool = True
     gpu_mem_util: float = GPU_MEM_UTIL
     replicas: int = 1
@@ -130,10 +122,21 @@ class LaunchPick:
         return self.gpus_per_replica // self.nodes
 
     def require_draft(self, engine: str) -> str:
+        if self.draft_error:
+            raise Unsupported(self.draft_error)
         if not self.draft_model:
             raise Unsupported(f"speculative method {self.spec_method!r} needs its draft model: set "
                               f"speculative.draft_model in the workload ({engine} loads it separately)")
         return self.draft_model
+
+    def require_launchable(self, engine: str) -> None:
+        """``Unsupported`` with the capability table's reason (``costmodel.engines.capabilities``)
+        when ``engine``'s version cannot launch these weights, this KV dtype or this speculation."""
+        caps = CAPABILITIES[engine]
+        why = caps.weights_error(self.weights) or caps.kv_error(self.kv_dtype) \
+            or (caps.spec_error(self.spec_method) if self.speculating and self.spec_method else None)
+        if why:
+            raise Unsupported(why)
 
     def require_mtp(self) -> None:
         if self.mtp_layers < 1:
@@ -147,14 +150,20 @@ class LaunchPick:
             return self.model
         return fp8_checkpoint(self.model, kind)
 
+    def weights_checkpoint(self, engine: str) -> Checkpoint | None:
+        """What ``engine`` loads for these weights (``costmodel.checkpoints.resolve_weights``)."""
+        return resolve_weights(self.model, self.weights, LOADERS[engine])
+
 
 def fp8_checkpoint(model: str, kind: str = "any") -> str:
-    row = _FP8_CHECKPOINTS.get(model, {})
-    return row.get(kind) or (row.get("any", "") if kind == "any" else "")
+    """The published FP8 checkpoint of ``model`` (``kind`` 'modelopt': a ModelOpt one), '' if none."""
+    c = resolve_weights(model, "fp8", "modelopt" if kind == "modelopt" else "hf")
+    return c.id if c is not None else ""
 
 
 def native_fp8(model: str) -> bool:
-    return model in _NATIVE_FP8
+    """Whether ``model`` is published in FP8 only (no bf16 checkpoint exists: DeepSeek-V3)."""
+    return native_format(model) == "fp8"
 
 
 def _looks_like_hf_id(s) -> bool:
@@ -181,6 +190,26 @@ def model_reference(model_arg: str, hf_id: str = "") -> tuple[str, str]:
         return PLACEHOLDER, (f"model given as {model_arg} (a config.json): replace {PLACEHOLDER} with the "
                              f"Hugging Face id or the folder holding the weights")
     return model_arg, ""
+
+
+def draft_reference(method: str | None, draft_model: str | None, arch) -> tuple[str | None, str, str]:
+    """(the draft checkpoint to load, why there is none, where it came from) for ``method``: a
+    catalog name becomes its Hugging Face id, a config.json the id it names (``model_reference``),
+    a missing EAGLE head the catalog's published one (``costmodel.checkpoints.resolve_draft``)."""
+    if not method or arch is None:
+        return draft_model, "", ""
+    try:
+        c = resolve_draft(method, draft_model, arch)
+    except InputError as exc:
+        return None, str(exc), ""
+    if c is None:
+        return None, "", ""
+    ref, note = model_reference(c.id)
+    if ref == PLACEHOLDER:
+        return None, f"speculative.draft_model {draft_model!r}: {note}", ""
+    if draft_model and ref == draft_model:
+        return ref, "", ""
+    return ref, "", (f"draft: {ref}" + (f" ({c.source})" if c.source else "") + (f"; {note}" if note else ""))
 
 
 def gated(model: str) -> bool:
@@ -226,10 +255,12 @@ def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, specul
     gpn = int(cfg.get("gpus_per_node", gpus_per_node))
     spec_k = int(cfg.get("spec_k") or 0)
     method = speculative.get("method", SPEC_METHOD) if speculative else None
+    draft, draft_error, draft_note = draft_reference(method if spec_k else None, (speculative or {}).get("draft_model"),
+                                                     arch)
     return LaunchPick(
         model=ref, model_note=note, tp=tp, batch_cap=int(cfg["batch_cap"]), chunk_tokens=int(cfg["chunk_tokens"]),
         kv_dtype=str(cfg.get("kv_dtype", "bf16")), weights=weights, spec_k=spec_k if method else 0,
-        spec_method=method if spec_k else None, draft_model=(speculative or {}).get("draft_model"),
+        spec_method=method if spec_k else None, draft_model=draft, draft_error=draft_error, draft_note=draft_note,
         prefix_caching=prefix_caching, gpu_mem_util=float(gpu_mem_util), replicas=int(replicas), pp=pp,
         ep=int(cfg.get("ep", 1)), dp_attention=bool(cfg.get("dp_attention", False)),
         nodes_per_replica=int(cfg.get("nodes_per_replica", 1)), gpus_per_node=gpn,

@@ -58,6 +58,7 @@ def _spec(p: LaunchPick) -> list[str]:
 
 def sglang_argv(p: LaunchPick, node_rank: str | None = None, dist_addr: str | None = None,
                 nnodes: str | None = None) -> tuple[list[str], list[str]]:
+    p.require_launchable("sglang")   # weights, KV dtype, speculation: costmodel.engines.capabilities
     notes = []
     ckpt = p.model
     qflags: list[str] = []

@@ -67,6 +67,7 @@ def _checkpoint(p: LaunchPick) -> tuple[str, str]:
 
 
 def trtllm_api(p: LaunchPick) -> tuple[dict, list[str]]:
+    p.require_launchable("trtllm")   # weights, KV dtype, speculation: costmodel.engines.capabilities
     if p.multi_node:
         raise Unsupported(f"a replica over {p.nodes} nodes: TensorRT-LLM starts it under MPI "
                           f"(trtllm-llmapi-launch), which kvtune does not generate")
@@ -99,6 +100,7 @@ def trtllm_api(p: LaunchPick) -> tuple[dict, list[str]]:
 
 
 def trtllm_argv(p: LaunchPick) -> tuple[list[str], dict, list[str]]:
+    p.require_launchable("trtllm")
     ckpt, qnote = _checkpoint(p)
     api, notes = trtllm_api(p)
     argv = ["trtllm-serve", ckpt, "--tp_size", str(p.tp)]

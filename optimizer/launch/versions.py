@@ -159,6 +159,9 @@ FLAGS: dict[str, dict[str, str]] = {
     },
     "llamacpp": {
         "-m": f"{_L} (Common params: -m, --model FNAME)",
+        "-hf": f"{_L} (-hf, -hfr, --hf-repo <user>/<model>[:quant]: downloads that repository's file of the type; "
+               "common/download.cpp find_best_model)",
+        "-hfd": f"{_L} (-hfd, -hfrd, --hf-repo-draft <user>/<model>[:quant]: the same for the draft model)",
         "-np": f"{_L} (Server-specific params: -np, --parallel N, server slots)",
         "-c": f"{_L} (-c, --ctx-size N)",
         "-b": f"{_L} (-b, --batch-size N, logical batch)",

@@ -19,6 +19,9 @@ MASTER_PORT = 29501  # vllm/config/parallel.py ParallelConfig.master_port defaul
 # kvtune method -> vLLM 0.33.0 SpeculativeConfig.method (vllm/config/speculative.py SpeculativeMethod:
 # ngram, draft_model, suffix, custom_class, eagle/eagle3/mtp..., ngram_gpu, dspark; medusa is gone)
 _METHOD = {"eagle3": "eagle3", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram", "draft": "draft_model"}
+# kvtune KV dtype -> vLLM 0.33.0 --kv-cache-dtype (vllm/config/cache.py CacheDType); bf16 is "auto",
+# the model's own dtype
+_KV_DTYPE = {"fp8": "fp8", "fp16": "float16"}
 
 
 def vllm_speculative_config(p: LaunchPick) -> dict | None:
@@ -26,6 +29,7 @@ def vllm_speculative_config(p: LaunchPick) -> dict | None:
         return None
     m = p.spec_method
     if m not in _METHOD:
+        p.require_launchable("vllm")   # the capability table's reason (costmodel.engines.capabilities)
         raise Unsupported(f"speculative method {m!r} is not one vLLM 0.33.0 runs ({', '.join(sorted(_METHOD))})")
     sc: dict = {"method": _METHOD[m], "num_speculative_tokens": int(p.spec_k)}
     if m == "ngram":
@@ -38,7 +42,9 @@ def vllm_speculative_config(p: LaunchPick) -> dict | None:
 
 
 def vllm_quantization(p: LaunchPick) -> tuple[str, list[str], str]:
-    """(checkpoint, extra flags, note) for the pick's weights."""
+    """(checkpoint, extra flags, note) for the pick's weights (bf16, fp16: the model's own
+    checkpoint, 2 bytes a weight either way; fp8; anything else is refused by ``require_launchable``)."""
+    p.require_launchable("vllm")
     if p.weights != "fp8":
         return p.model, [], ""
     ckpt = p.checkpoint("any")
@@ -82,7 +88,7 @@ def vllm_argv(p: LaunchPick, node_rank: str | None = None, master_addr: str | No
     argv = ["vllm", "serve", ckpt, *_parallel(p),
             "--max-num-seqs", str(p.batch_cap),
             "--max-num-batched-tokens", str(p.chunk_tokens), "--enable-chunked-prefill",
-            "--kv-cache-dtype", "fp8" if p.kv_dtype == "fp8" else "auto",
+            "--kv-cache-dtype", _KV_DTYPE.get(p.kv_dtype, "auto"),
             "--gpu-memory-utilization", f"{p.gpu_mem_util:g}", *qflags]
     if sc is not None:
         argv += ["--speculative-config", json.dumps(sc, separators=(",", ":"))]
