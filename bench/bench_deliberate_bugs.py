@@ -91,7 +91,7 @@ def run_bug(bug: Bug, timeout_s: int) -> dict:
                f"--timeout={timeout_s}", "-rfE", *tests]
         env = dict(os.environ, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
         r = subprocess.run(["nice", "-n", "19", *cmd], cwd=copy, env=env, capture_output=True, text=True)
-        failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", r.stdout, re.M)))
+        failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", r.stdout, re.M)))
         summary = (r.stdout.strip().splitlines() or [""])[-1]
         caught_by = [t for t in failed if not t.startswith("tests/test_sim_golden.py")]
         return dict(key=bug.key, what=bug.what, applied=True, tests=tests, failed=failed, caught_by=caught_by,
@@ -119,8 +119,11 @@ def main() -> int:
             continue
         verdict = "CAUGHT" if r["caught"] else ("only by golden hashes" if r["only_goldens"] else "NOT CAUGHT")
         print(f"    {verdict} ({r['summary']}; {r['wall_s']} s)")
-        for t in r["failed"][:12]:
+        for t in r["caught_by"][:10]:
             print(f"      {t}")
+        goldens = len(r["failed"]) - len(r["caught_by"])
+        if len(r["caught_by"]) > 10 or goldens:
+            print(f"      ... {max(len(r['caught_by']) - 10, 0)} more, and {goldens} golden hash(es)")
     if args.json:
         args.json.write_text(json.dumps(dict(load_average=os.getloadavg()[0], bugs=out), indent=1) + "\n")
     return 0
