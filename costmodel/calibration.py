@@ -40,20 +40,50 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def load_calibration(path: str | Path) -> Efficiency:
+def load_calibration(path: str | Path, gpu: str | None = None) -> Efficiency:
     """A calibration file loaded into ``Efficiency``; every fault is one line naming the file (one
-    the checks did not foresee too: ``costmodel.files.reading``)."""
+    the checks did not foresee too: ``costmodel.files.reading``). With ``gpu``, a file fitted for
+    another GPU (its ``gpu:`` key) is refused: efficiencies belong to one GPU."""
     with reading(path, "calibration file"):
-        return _load_calibration(path)
+        return _load_calibration(path, gpu)
 
 
-def _load_calibration(path: str | Path) -> Efficiency:
+def _same_gpu(a: str, b: str) -> bool:
+    from .hardware import get_gpu
+
+    def canonical(name: str) -> str:
+        try:
+            return get_gpu(name).name
+        except InputError:  # a machine of a hardware file (cpu-2core): its own name
+            return name.strip().lower()
+
+    return canonical(a) == canonical(b)
+
+
+def _check_target(p: Path, data: dict, gpu: str | None) -> None:
+    """The file's ``engine`` is a known one (or ``any``), and its ``gpu`` the one it is used on."""
+    engine = data.get("engine")
+    if engine is not None and (not isinstance(engine, str) or engine not in (*ENGINES, "any")):
+        raise InputError(f"calibration {p}: engine = {engine!r}: unknown engine; one of {', '.join(ENGINES)} or any")
+    cal_gpu = data.get("gpu")
+    if cal_gpu is None:
+        return
+    if not isinstance(cal_gpu, str) or not cal_gpu.strip():
+        raise InputError(f"calibration {p}: gpu = {cal_gpu!r}: must name the GPU the file was fitted on")
+    if gpu is not None and not _same_gpu(cal_gpu, gpu):
+        raise InputError(f"calibration {p}: gpu = {cal_gpu!r}: fitted for {cal_gpu}, but this run is on {gpu}; a "
+                         f"calibration holds one GPU's efficiencies (use {gpu}'s, derive one from it with "
+                         f"bench/derive_calibrations.py, or set its gpu: to {gpu} to reuse it on purpose)")
+
+
+def _load_calibration(path: str | Path, gpu: str | None = None) -> Efficiency:
     p = Path(path)
     if not path_kind(p):
         raise InputError(f"calibration {path}: no such file")
     data = load_yaml(p, "calibration file")
     if not isinstance(data, dict) or not isinstance(data.get("params"), dict):
         raise InputError(f"calibration {p}: missing key 'params'")
+    _check_target(p, data, gpu)
     params = data["params"]
     unknown = [str(k) for k in params if k not in PARAM_BOUNDS]
     if unknown:
@@ -148,7 +178,7 @@ def lookup_calibration(mode: str, gpu: str, calibration: str | Path | None = Non
     if engine is not None and engine not in ENGINES:
         raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     p = calibration_path(gpu, calibration, engine)
-    return CalibrationChoice(load_calibration(p), p, _sha256(p))
+    return CalibrationChoice(load_calibration(p, gpu), p, _sha256(p))
 
 
 def efficiency_for(mode: str, gpu: str, calibration: str | Path | None = None,

@@ -52,6 +52,10 @@ _PROBE_ADD = {"step_overhead_s": 2e-3, "prefill_overhead_s": 2e-3, "allreduce_la
 _VISIBLE_REL = 2e-3  # a parameter is visible if the probe moves some prediction by more than 0.2%
 
 METRICS = ("step_ms", "ttft_ms", "tpot_ms", "output_tok_s")
+# The most requests one row's simulation may hold: a closed loop of C clients runs max(4 C, 64)
+# requests, so 100,000 is 25,000 clients (the shipped tables' largest row: 144 clients, 1,024
+# requests at once). Above it a row is refused, not simulated (concurrency 1e9 would allocate 30 GiB).
+MAX_ROW_REQUESTS = 100_000
 
 
 def measured_metrics(row: ProfileRow) -> dict[str, float]:
@@ -151,6 +155,23 @@ class RowPredictor:
         return SimConfig(batch_cap=cap, chunk_tokens=self.row_chunk_tokens(row), prefill_first=first,
                          output_reserve=engine in OUTPUT_RESERVE_ENGINES, kv_pool_tokens=row.kv_pool_tokens)
 
+    def simulated_requests(self, row: ProfileRow) -> int:
+        """How many requests a request row is simulated with (0 for a step row); a row beyond
+        ``MAX_ROW_REQUESTS`` is refused here, before anything is allocated."""
+        if row.kind != "request":
+            return 0
+        if row.rate_req_s is not None and math.isinf(row.rate_req_s):
+            n = row.num_requests or row.concurrency or 0
+            what = f"num_requests {n:,}"
+        else:
+            c = row.concurrency or 0
+            n = max(self.requests_per_client * c, self.min_requests)
+            what = f"concurrency {c:,} ({self.requests_per_client} requests per client)"
+        if n > MAX_ROW_REQUESTS:
+            raise InputError(f"row {row.id}: {what} would simulate {n:,} requests; kvtune simulates at most "
+                             f"{MAX_ROW_REQUESTS:,} per row")
+        return n
+
     def closed_loop_requests(self, row: ProfileRow):
         """The requests a closed-loop row is simulated with: ``max(requests_per_client x C,
         min_requests)`` identical ones."""
@@ -159,7 +180,7 @@ class RowPredictor:
         c, isl, osl = row.concurrency, row.input_tokens, row.output_tokens
         if c is None or isl is None or osl is None:
             raise InputError(f"row {row.id}: a closed-loop row needs concurrency, input_tokens and output_tokens")
-        return Requests.uniform(max(self.requests_per_client * c, self.min_requests), isl, osl)
+        return Requests.uniform(self.simulated_requests(row), isl, osl)
 
     def _simulate(self, sm, row: ProfileRow) -> dict[str, float]:
         from .requests import Requests
@@ -172,6 +193,7 @@ class RowPredictor:
             n = row.num_requests or row.concurrency
             if not n:
                 raise InputError(f"row {row.id}: an all-at-once row (rate_req_s inf) needs num_requests")
+            self.simulated_requests(row)
             res = simulate(sm, Requests.uniform(n, isl, osl), self.sim_config(row, min(row.batch_cap or n, n)),
                            arrival="inf", seed=self.seed)
             ttft, tpot = np.asarray(res.ttft_s), np.asarray(res.tpot_s)

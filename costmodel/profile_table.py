@@ -28,11 +28,13 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
-from .files import load_yaml, path_kind, read_text, reading
+from .files import MAX_TABLE_BYTES, load_yaml, path_kind, read_text, reading
 from .errors import InputError
 
-__all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS", "check_value", "contradictions"]
+__all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS", "check_value", "contradictions", "row_content",
+           "first_repeat"]
 
 METADATA_COLUMNS = ("gpu", "engine", "engine_version", "model", "weight_dtype", "kv_dtype", "tp", "date", "source")
 STEP_COLUMNS = ("phase", "batch", "context_tokens", "chunk_tokens", "spec_k", "step_ms")
@@ -163,7 +165,7 @@ def _read_table(path: str | Path) -> list[ProfileRow]:
     for k, v in meta.items():
         if k in COLUMNS and not (isinstance(v, (str, int, float)) and not isinstance(v, bool)):
             raise InputError(f"{meta_path}: {k} = {v!r}: expected a single value")
-    text = read_text(p, "profile table")
+    text = read_text(p, "profile table", MAX_TABLE_BYTES)
     try:
         return _read_rows(p, text, meta)
     except csv.Error as exc:
@@ -177,12 +179,21 @@ def _read_rows(p: Path, text: str, meta: dict) -> list[ProfileRow]:
     unknown = [c for c in reader.fieldnames if c not in COLUMNS]
     if unknown:
         raise InputError(f"{p}: unknown column {unknown[0]!r} (columns: {', '.join(COLUMNS)})")
+    for n, c in enumerate(reader.fieldnames):
+        if c in reader.fieldnames[:n]:  # csv.DictReader would keep the last cell silently
+            raise InputError(f"{p}: line 1: column {c} given twice (columns {reader.fieldnames.index(c) + 1} "
+                             f"and {n + 1})")
     for c in ("kind",):
         if c not in reader.fieldnames:
             raise InputError(f"{p}: missing column '{c}'")
     rows = []
+    ids: dict[str, int] = {}            # id -> the line that gave it
+    contents: dict[tuple, int] = {}     # every cell but the id -> the line that gave them
     for raw in reader:
         i = reader.line_num
+        if None in raw:  # cells beyond the header: DictReader files them under None
+            raise InputError(f"{p}: line {i}: {len(reader.fieldnames) + len(raw[None])} cells, the header names "
+                             f"{len(reader.fieldnames)}")
         vals = {}
         for key in COLUMNS:
             cell = (raw.get(key) or "").strip()
@@ -214,10 +225,45 @@ def _read_rows(p: Path, text: str, meta: dict) -> list[ProfileRow]:
         for key in need:
             if key not in vals:
                 raise InputError(f"{p}: line {i}: missing value for column {key}")
-        rows.append(ProfileRow(**vals))
+        pool = vals.get("kv_pool_tokens")
+        if kind == "request" and pool is not None and pool < vals["input_tokens"] + vals["output_tokens"]:
+            raise InputError(f"{p}: line {i}: column kv_pool_tokens = {pool:,} cannot hold one request of this row "
+                             f"({vals['input_tokens']:,} input + {vals['output_tokens']:,} output tokens); the engine "
+                             f"could not have served it (the pool is the engine's KV cache in tokens)")
+        row = ProfileRow(**vals)
+        _check_unique(p, i, row, ids, contents)
+        rows.append(row)
     if not rows:
         raise InputError(f"{p}: no rows")
     return rows
+
+
+def row_content(row: ProfileRow) -> tuple:
+    """Every field of a row but its id: two rows with equal content are one measurement twice."""
+    return tuple(getattr(row, c) for c in COLUMNS if c != "id")
+
+
+def first_repeat(rows: Sequence[ProfileRow]) -> tuple[ProfileRow, ProfileRow] | None:
+    """The first row whose content repeats an earlier row's, with that earlier row (None: none)."""
+    seen: dict[tuple, ProfileRow] = {}
+    for r in rows:
+        earlier = seen.setdefault(row_content(r), r)
+        if earlier is not r:
+            return r, earlier
+    return None
+
+
+def _check_unique(p: Path, line: int, row: ProfileRow, ids: dict[str, int], contents: dict[tuple, int]) -> None:
+    """A row's id names one row (validate and calibrate report by id), and a row is not a copy of
+    another (every cell but the id equal): a fit would count the copy's measurement twice."""
+    if row.id in ids:
+        raise InputError(f"{p}: line {line}: id {row.id!r} already names the row on line {ids[row.id]}")
+    ids[row.id] = line
+    key = row_content(row)
+    if key in contents:
+        raise InputError(f"{p}: line {line}: row {row.id!r} repeats line {contents[key]} in every column but id "
+                         f"(a fit would count the same measurement twice); remove one")
+    contents[key] = line
 
 
 # Columns that say what was measured (the rest of a row, less its id, date and provenance).

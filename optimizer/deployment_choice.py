@@ -166,14 +166,18 @@ def _disagg_recommendation(model: str, gpu: str, d: DisaggregatedSummary) -> Dis
 
 def _launch(spec: WorkloadSpec, rec: DisaggregatedRecommendation, ctx: SolveContext) -> dict:
     from .launch import LaunchPick, build_pick, disaggregated_launch
+    from .launch.context import request_lengths
     arch, gpu = ctx.model, ctx.gpu
+    n = request_lengths(spec.workload)
 
     def pick(pool: PoolChoice) -> LaunchPick:
         cfg = {"tp": pool.tp, "batch_cap": pool.batch_cap, "kv_dtype": rec.kv_dtype, "spec_k": 0,
                "chunk_tokens": pool.chunk_tokens}
         return build_pick(arch.hf_id or str(spec.model), cfg, pool.replicas, spec.gpu_mem_util, None, arch=arch,
                           gpu=gpu, weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
-                          gpus_per_node=spec.hardware.gpus_per_node)
+                          gpus_per_node=spec.hardware.gpus_per_node,
+                          max_request_tokens=None if n is None else n.total_tokens,
+                          max_prompt_tokens=None if n is None else n.prompt_tokens)
     return disaggregated_launch(pick(rec.prefill), pick(rec.decode), f"kvtune-{arch.name}", spec.engine)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from .result import GpuChoiceRow, SolveResult
 from .workload import WorkloadSpec
 
-__all__ = ["solve_gpu_choice"]
+__all__ = ["solve_gpu_choice", "why_text"]
 
 _CONFIG_KEYS = ("tp", "pp", "ep", "dp_attention", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "replicas")
 
@@ -48,13 +48,20 @@ def _why(spec: WorkloadSpec, r: SolveResult, chosen: bool, best_gpu: str, best: 
     if chosen:
         return "chosen"
     assert best.cost is not None and best.predicted is not None   # sorted first: ok whenever r is
-    if spec.objective == "max_goodput":
-        mine = r.predicted.goodput_req_s / r.cost.usd_per_hour
-        top = best.predicted.goodput_req_s / best.cost.usd_per_hour
-        return f"{mine:.4g} req/s per $/h against {best_gpu}'s {top:.4g}"
-    d = r.cost.usd_per_hour - best.cost.usd_per_hour
-    return (f"${d:.2f}/h more than {best_gpu} (${best.cost.usd_per_hour:.2f}/h)" if d > 1e-9 else
-            f"same ${r.cost.usd_per_hour:.2f}/h as {best_gpu}, less goodput")
+    return why_text(spec.objective, r.cost.usd_per_hour, r.predicted.goodput_req_s, best_gpu,
+                    best.cost.usd_per_hour, best.predicted.goodput_req_s)
+
+
+def why_text(objective: str, usd_per_hour: float, goodput_req_s: float, best_gpu: str, best_usd_per_hour: float,
+             best_goodput_req_s: float) -> str:
+    """How a type that met the SLOs lost to the best type (its $/h and goodput against the best's);
+    also used to restate the rows once the pick is settled (``optimizer.facts``)."""
+    if objective == "max_goodput":
+        return (f"{goodput_req_s / usd_per_hour:.4g} req/s per $/h against {best_gpu}'s "
+                f"{best_goodput_req_s / best_usd_per_hour:.4g}")
+    d = usd_per_hour - best_usd_per_hour
+    return (f"${d:.2f}/h more than {best_gpu} (${best_usd_per_hour:.2f}/h)" if d > 1e-9 else
+            f"same ${usd_per_hour:.2f}/h as {best_gpu}, less goodput")
 
 
 def solve_gpu_choice(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] | None = None,

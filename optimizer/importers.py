@@ -41,7 +41,7 @@ import numpy as np
 
 from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.files import FLOAT_MAX, read_text, reading
-from kvtune.costmodel.profile_table import COLUMNS, METADATA_COLUMNS, ProfileRow, check_value
+from kvtune.costmodel.profile_table import COLUMNS, METADATA_COLUMNS, ProfileRow, check_value, first_repeat
 
 __all__ = ["FORMATS", "Metadata", "detect_format", "import_file", "import_files", "latency_summary",
            "rows_to_csv"]
@@ -495,6 +495,11 @@ def _import_file(path: str | Path, fmt: str | None = None, meta: Metadata | None
         vals = {k: (check_value(rec.where, k, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
                 for k, v in vals.items()}
         rows.append(ProfileRow(id=f"{p.stem}:{i}", kind="request", **m.row_fields(), **vals))
+    repeat = first_repeat(rows)  # the table reader refuses a measurement given twice; so does the import
+    if repeat is not None:
+        later, earlier = (r.id.rpartition(":")[2] for r in repeat)
+        raise InputError(f"{p}: record {later} repeats record {earlier} in every field (the same result appended "
+                         f"twice?); a fit would count it twice")
     return rows
 
 
@@ -511,4 +516,9 @@ def import_files(paths: Sequence[str | Path], fmt: str | None = None, meta: Meta
                 rid, k = f"{stem}~{k}:{n}", k + 1
             seen.add(rid)
             rows.append(r if rid == r.id else replace(r, id=rid))
+    repeat = first_repeat(rows)  # the table reader refuses a measurement twice; so does the import
+    if repeat is not None:
+        later, earlier = repeat
+        raise InputError(f"row {later.id} repeats row {earlier.id} in every column (the same benchmark result "
+                         f"given twice?); a fit would count it twice")
     return rows

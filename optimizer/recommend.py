@@ -49,13 +49,15 @@ def pareto_front(items: list[ParetoPoint]) -> list[ParetoPoint]:
 
 
 def recommend(ctx: SolveContext, study: optuna.Study, sampler: str, verify_top: int = VERIFY_TOP,
-              runner: LocalRunner | StudyRunner | None = None) -> SolveResult:
-    """The result (``status`` ok or infeasible): the race's best verified config."""
+              runner: LocalRunner | StudyRunner | None = None,
+              on_stage: Callable[[str, int], None] | None = None) -> SolveResult:
+    """The result (``status`` ok or infeasible): the race's best verified config. ``on_stage(name,
+    n)`` hears each stage of the race as it starts (a progress display)."""
     evals = completed_evals(study)
     own = runner is None
     runner = runner or LocalRunner(ctx)
     try:
-        r = race(ctx, runner, seeds=verify_top)
+        r = race(ctx, runner, on_stage=on_stage, seeds=verify_top)
     finally:
         if own:
             runner.close()
@@ -144,9 +146,17 @@ def _ok(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler
                                pick.replicas, spec.gpu_mem_util, sdict,
                                name=f"kvtune-{ctx.model.name}", arch=ctx.model, gpu=ctx.gpu,
                                weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
-                               gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine),
+                               gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine,
+                               **_lengths(spec)),
         notes=tuple(notes),
     )
+
+
+def _lengths(spec) -> dict:
+    """The workload's longest prompt and request, which size each engine's context (launch/context.py)."""
+    from .launch.context import request_lengths
+    n = request_lengths(spec.workload)
+    return {} if n is None else {"max_request_tokens": n.total_tokens, "max_prompt_tokens": n.prompt_tokens}
 
 
 def _verified_row(v: Verification) -> VerifiedRow:
@@ -195,10 +205,12 @@ def _why_infeasible(ctx: SolveContext, r: Race) -> tuple[str, Closest | None]:
 def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str = "tpe",
           storage: str | None = None, study_name: str | None = None, verify_top: int = VERIFY_TOP,
           on_trial: Callable[[int, int], None] | None = None, calibration: str | None = None,
-          engine: str | None = None, profile: str | None = None, jobs: int = 1) -> SolveResult:
+          engine: str | None = None, profile: str | None = None, jobs: int = 1,
+          on_stage: Callable[[str, int], None] | None = None) -> SolveResult:
     """Search, verify and recommend: the whole ``kvtune solve`` for a loaded ``WorkloadSpec``.
     ``seed`` drives the sampler; the simulated request sample follows ``spec.search.seed``.
-    ``calibration``/``engine``/``profile`` override the spec's (see ``SolveContext.build``)."""
+    ``calibration``/``engine``/``profile`` override the spec's (see ``SolveContext.build``).
+    ``on_trial(done, total)`` hears the screen's trials, ``on_stage(name, n)`` the race's stages."""
     with _quiet_optuna():
         ctx = SolveContext.build(spec, seed, calibration, engine, profile)
         study = open_study(ctx, sampler, storage, study_name)
@@ -213,7 +225,7 @@ def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str
         else:
             runner = LocalRunner(ctx, jobs)
         with runner:
-            return recommend(ctx, study, sampler, verify_top, runner)
+            return recommend(ctx, study, sampler, verify_top, runner, on_stage)
 
 
 @contextlib.contextmanager

@@ -319,7 +319,8 @@ class Closest:
 @dataclass(frozen=True)
 class GpuChoiceRow:
     """One GPU type of a ``hardware.gpu`` list (``optimizer.gpu_choice``): its best config (status
-    ok) or why none met the SLOs, and ``why`` it was chosen or lost."""
+    ok) or why none met the SLOs, and ``why`` it was chosen or lost. ``deployment`` (once the
+    answer is settled, ``optimizer.facts``): the kind of deployment the figures describe."""
 
     gpu: str
     usd_per_gpu_hour: float
@@ -332,12 +333,15 @@ class GpuChoiceRow:
     nodes: int | None = None
     config: JsonObject | None = None
     reason: str | None = None
+    deployment: str | None = None   # which kind this type's figures are: aggregated | disaggregated
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {"gpu": self.gpu, "usd_per_gpu_hour": self.usd_per_gpu_hour, "status": self.status,
                            "source": self.source, "usd_per_hour": self.usd_per_hour, "goodput_req_s": self.goodput_req_s}
         if self.status == "ok":
             out |= {"gpus": self.gpus, "nodes": self.nodes, "config": self.config}
+            if self.deployment is not None:
+                out["deployment"] = self.deployment
         else:
             out["reason"] = self.reason
         return out | {"why": self.why}
@@ -346,7 +350,8 @@ class GpuChoiceRow:
     def from_json(cls, d: Mapping[str, Any]) -> GpuChoiceRow:
         return cls(gpu=d["gpu"], usd_per_gpu_hour=d["usd_per_gpu_hour"], status=d["status"], source=d["source"],
                    why=d["why"], usd_per_hour=d["usd_per_hour"], goodput_req_s=d["goodput_req_s"],
-                   gpus=d.get("gpus"), nodes=d.get("nodes"), config=d.get("config"), reason=d.get("reason"))
+                   gpus=d.get("gpus"), nodes=d.get("nodes"), config=d.get("config"), reason=d.get("reason"),
+                   deployment=d.get("deployment"))
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,11 @@ per-replica goodput and the replica count follows:
     --sampler nsga2  replicas searched too (as nodes); objectives ($/h, goodput): the Pareto front
 
 Infeasible trials (does not fit, misses SLOs, over the node budget) carry a constraint vector
-in ``user_attrs['constraint']`` (every entry <= 0: feasible), set with ``Trial.set_constraint``
-(optuna >= 5) or read through the samplers' ``constraints_func`` (optuna 4). Each trial stores
-its whole evaluation in ``user_attrs['eval']``.
+(every entry <= 0: feasible) under optuna's own key, the trial system attribute ``constraints``,
+which the samplers and optuna-dashboard read (so the dashboard marks infeasible trials, whose
+value is the penalty), and in ``user_attrs['constraint']`` with ``constraint_names``. The study's
+``metric_names`` say what its values are (``metric_names``). Each trial stores its whole
+evaluation in ``user_attrs['eval']``.
 
 Several processes may share one storage: before each ask a process counts the study's finished
 and live trials, and a trial that turns out to be surplus after a race (more than ``n_trials``
@@ -33,10 +35,12 @@ import os
 import socket
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import optuna
+from optuna.samplers._base import _CONSTRAINTS_KEY
 from optuna.trial import TrialState
 
 from kvtune.costmodel import SpecConfig, get_model
@@ -362,13 +366,34 @@ def _constraints(t) -> list[float]:
     return list(t.user_attrs.get("constraint", [1.0, 1.0, 1.0]))
 
 
-# optuna >= 5 reads constraints stored with ``Trial.set_constraint``; older ones need constraints_func
-_NATIVE_CONSTRAINTS = hasattr(optuna.trial.Trial, "set_constraint")
-_CONSTRAINT_NAMES = ("memory_gb", "slo_share", "nodes_over")
+# Constraints live where optuna and optuna-dashboard both read them: the trial's system attribute
+# ``constraints`` (optuna.samplers._base._CONSTRAINTS_KEY), a list, every entry <= 0 feasible. The
+# dashboard reads only that list (optuna_dashboard/_serializer.py: system_attrs["constraints"]), so
+# a trial marked infeasible there is one the samplers treat as infeasible too. Optuna 4's samplers
+# write it from ``constraints_func`` after each trial; optuna 5 deprecates constraints_func (its
+# ``Trial.set_constraint`` writes "constraints:<name>" keys the dashboard does not read) and reads
+# the list from the trial, so the objective writes it for every sampler (GridSampler has no
+# constraints_func) and optuna 4's samplers get constraints_func as well.
+_OPTUNA_5 = hasattr(optuna.trial.Trial, "set_constraint")
+_CONSTRAINT_NAMES = ("memory_shortfall_gb", "slo_share_shortfall", "nodes_over_budget")
+
+
+def _store_constraints(trial: optuna.Trial, constraint: tuple[float, ...]) -> None:
+    # no public setter for a trial's system attributes: the trial's own storage, as the samplers do
+    trial.storage.set_trial_system_attr(trial._trial_id, _CONSTRAINTS_KEY, [float(c) for c in constraint])
+
+
+def metric_names(sampler: str, objective: str) -> list[str]:
+    """What the screen's study values are (``study.set_metric_names``; optuna-dashboard shows them)."""
+    if sampler == "nsga2":
+        return ["usd_per_hour", "screened_goodput_req_s"]
+    if objective == "max_goodput":
+        return ["screened_neg_goodput_req_s_per_usd_hour"]
+    return ["screened_usd_per_hour_ranked"]   # $/h, less a bounded headroom bonus; infeasible: 2 x the max-nodes $/h
 
 
 def make_sampler(name: str, ctx: SolveContext, seed: int) -> optuna.samplers.BaseSampler:
-    cf = None if _NATIVE_CONSTRAINTS else _constraints
+    cf = None if _OPTUNA_5 else _constraints
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10, constraints_func=cf)
     if name == "grid":
@@ -443,6 +468,10 @@ def open_study(ctx: SolveContext, sampler: str, storage_url: str | None, study_n
     # one storage do not both enqueue the structure screen: the study's own record says which
     if created:
         study.set_user_attr(SEEDER_ATTR, PROCESS_TOKEN)
+    if study.metric_names is None:   # a study of an earlier version is named on resume
+        with warnings.catch_warnings():   # experimental since optuna 3.2, stable in use since
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(metric_names(sampler, ctx.spec.objective))
     have = study.user_attrs.get("digest")
     if have is None:
         study.set_user_attr("digest", digest)
@@ -453,13 +482,8 @@ def open_study(ctx: SolveContext, sampler: str, storage_url: str | None, study_n
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    from .liveness import pid_alive   # a zombie (a killed --workers child not yet reaped) is dead
+    return pid_alive(pid)
 
 
 def _is_stale(t) -> bool:
@@ -525,9 +549,8 @@ def run_search(ctx: SolveContext, study: optuna.Study, n_trials: int, sampler: s
         ev = evaluate(ctx, params, nodes)
         trial.set_user_attr("eval", ev.to_json())
         trial.set_user_attr("constraint", list(ev.constraint))
-        if _NATIVE_CONSTRAINTS:
-            for k, v in zip(_CONSTRAINT_NAMES, ev.constraint):
-                trial.set_constraint(k, float(v))
+        trial.set_user_attr("constraint_names", list(_CONSTRAINT_NAMES))
+        _store_constraints(trial, ev.constraint)
         ran += 1
         if nsga2:
             worst = 2 * ctx.max_gpus * ctx.spec.hardware.usd_per_gpu_hour
@@ -550,6 +573,13 @@ def run_search(ctx: SolveContext, study: optuna.Study, n_trials: int, sampler: s
                 # two processes popped the same enqueued trial (SQLite cannot lock the row between
                 # reading WAITING and writing RUNNING); the other one finished it with the same
                 # params and so the same evaluation: keep theirs and go on
+                continue
+            except ValueError as exc:
+                # the same race, when the other process finished the trial after this one's last
+                # write but before its tell: optuna's tell refuses a finished trial with a
+                # ValueError ("Cannot tell a COMPLETE trial."), not UpdateFinishedTrialError
+                if not str(exc).startswith("Cannot tell a "):
+                    raise
                 continue
             if ran == before:   # only surplus trials (another process holds the rest) or the grid is done
                 break

@@ -17,8 +17,9 @@ recommended is decided by the simulator. Stages, each a batch of independent sim
       - a short simulation (``SHORT_SHARE`` of the requests) at the bar: out if its attainment is
         ``SHORT_MARGIN`` below the target (overload only worsens over a longer run);
       - a full simulation at the bar, on the very requests verification would use there;
-      - if it meets: ``min_cost`` sizes it with probes (fewer replicas while it still meets),
-        then it is fully verified and becomes the best if its verification says so.
+      - if it meets: it is fully verified (goodput bisected, replicas sized) and becomes the best
+        if its verification says so. With no best yet, the bar is the rate on the most replicas
+        the config could need (``replicas_bound``) or max_nodes allows, whichever is fewer.
 
 "Beat" is the recommendation's order (``rank``): min_cost by $/h, then bf16 KV over fp8 at equal
 cost (when both are searched), then goodput by more than the bisection tolerance; max_goodput by
@@ -30,6 +31,7 @@ which process ran which simulation (``optimizer.scaleout`` shares batches betwee
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -356,6 +358,17 @@ def _both_dtypes(ctx: SolveContext) -> bool:
     return "bf16" in kv and any(k != "bf16" for k in kv)
 
 
+def replicas_bound(ctx: SolveContext, p: dict) -> int:
+    """The most replicas config ``p`` could need for the target rate (min_cost): its group met
+    the SLOs at zero load, simulated at ``ZERO_LOAD_SHARE`` x the decode-bound capacity of its
+    largest batch cap, which is at least that share of ``p``'s own (capacity does not fall with
+    the batch cap); attainment only falls with load, so each of ``rate / (ZERO_LOAD_SHARE x
+    capacity)`` replicas serves at a rate already shown to meet. Its cheapest deployment needs
+    no more, so no bar is set below that rate, however many more GPUs hardware.max_nodes offers:
+    the race is the same for max_nodes 10,000 and 100,000 (``tests/test_search_cost.py``)."""
+    return max(1, math.ceil(ctx.rate_req_s / (ZERO_LOAD_SHARE * _capacity(ctx, p))))
+
+
 def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None) -> tuple[float | None, int, str]:
     """(per-replica rate config ``p`` must serve to beat ``best``, the replicas it would then
     take, what it would beat); rate None: it cannot beat it at any rate.
@@ -376,6 +389,9 @@ def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None) -> tuple[fl
         if r < 1:
             return None, 0, (f"a replica needs {tp} GPUs > the {ctx.max_gpus} GPUs of hardware.max_nodes "
                              f"{ctx.spec.hardware.max_nodes}")
+        need = replicas_bound(ctx, p)
+        if need < r:   # max_nodes offers more than this config could use (replicas_bound)
+            return rate / need, need, f"the most {tp}-GPU replicas it could need ({need})"
         return rate / r, r, f"the most {tp}-GPU replicas hardware.max_nodes allows ({r})"
     gpus = best.gpus or 0  # a verified best: sized
     why = f"${best.usd_per_hour:.2f}/h ({gpus} GPUs) of {config_key(best.params)}"
@@ -531,9 +547,9 @@ class _State:
 
     def race_cost(self, alive: list[Evaluation]) -> None:
         """min_cost: every config against the cheapest verified deployment so far. A config that
-        meets the rate it needs is sized by probes (fewer replicas while it still meets), then
-        verified, and becomes the best if its verification says it is: the best is always a
-        verified deployment, so no config is ever judged against one that would not hold."""
+        meets the rate it needs is verified (goodput bisected, replicas sized), and becomes the
+        best if its verification says it is: the best is always a verified deployment, so no
+        config is ever judged against one that would not hold."""
         ctx = self.ctx
         for i in range(0, len(alive), BATCH):
             self.stage("race", len(alive[i:i + BATCH]))
@@ -549,12 +565,9 @@ class _State:
                         self.out(ev, "beaten", f"attainment {pr.attainment:.3f} at {bar2:.3g} req/s per replica: "
                                                f"cannot beat {why2}")
                         continue
-                    r = r2
-                while r > 1:                          # fewer replicas?
-                    pr = self.probe([(p, ctx.rate_req_s / (r - 1), _n(ctx, ev))])[0]
-                    if not pr.meets:
-                        break
-                    r -= 1
+                # no sizing by probes: the verification bisects the goodput and sizes the replicas
+                # (a probe per replica fewer cost a simulation per replica max_nodes offered beyond
+                # the need, and the count it found was not used)
                 v = self.verify([ev])[0]
                 if v.feasible and (self.best is None or rank(ctx, v) < rank(ctx, self.best)):
                     self.best = v

@@ -8,10 +8,18 @@ damaged file is never written to.
   partial last line may also be another process's append in flight, so a damaged end is checked
   again under the journal's own lock before it is reported.
 - ``sqlite:///PATH``: the folder must exist; an existing file must be an SQLite database that
-  passes ``PRAGMA quick_check`` (opened read-only, so the check writes nothing).
+  passes ``PRAGMA quick_check`` (opened read-only, so the check writes nothing). A read-only URL
+  (``?mode=ro``, ``?immutable=1``) is refused: optuna writes every trial into its storage, so a
+  run cannot keep its promise not to write.
+- Both: optuna writes there, so the file and its folder must be writable (a read-only mount, an
+  immutable file, a folder without permission is one line before the run; the journal's lock and
+  SQLite's rollback journal are files beside the storage).
+- ``sqlite:///:memory:`` lives inside one process: with ``--workers`` above 1 the workers would
+  share nothing (``check_shared_storage``).
 - While a run goes on, ``journal_backend``'s appends check the journal's end under the lock: if
   another process was killed mid-record since, the append is refused (one line) rather than
-  glued onto the partial record.
+  glued onto the partial record. An append that fails (a full disk) is cut back off, so the
+  journal ends with a whole record, and the run stops with one line.
 - Other RDB URLs are left to optuna and SQLAlchemy (``optimizer.search.make_storage`` turns
   their failures into one line).
 """
@@ -19,14 +27,16 @@ damaged file is never written to.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import urllib.parse
 from pathlib import Path
 
 from kvtune.costmodel.files import path_kind
-from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.errors import InputError, KvtuneError
 
-__all__ = ["check_storage_url", "check_journal", "check_sqlite", "SQLITE_HEADER", "journal_backend"]
+__all__ = ["check_storage_url", "check_shared_storage", "check_journal", "check_sqlite", "SQLITE_HEADER",
+           "journal_backend", "StorageWriteError"]
 
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 file (sqlite.org/fileformat.html)
 _LOCK_GRACE_S = 5  # as optimizer.search.JOURNAL_LOCK_GRACE_S: a lock older than this was left by a killed process
@@ -47,6 +57,23 @@ def check_storage_url(url: str | None) -> None:
             check_sqlite(path, url)
 
 
+class StorageWriteError(KvtuneError):
+    """The storage could not be written while a run went on (a full disk): one line, exit 2."""
+
+    exit_code = 2
+
+
+def check_shared_storage(url: str | None, workers: int) -> None:
+    """``--workers N`` share one storage; an in-memory SQLite database is private to one process."""
+    if workers > 1 and url and url.startswith("sqlite:") and _sqlite_path(url) is None:
+        raise InputError(f"--storage {url!r} with --workers {workers}: an in-memory SQLite database lives inside "
+                         f"one process, so the workers would share nothing; give a file (sqlite:///kvtune.db), a "
+                         f"journal (journal:kvtune.log), or no --storage (a temporary journal)")
+
+
+_READ_ONLY_QUERY = {"mode": ("ro",), "immutable": ("1", "true", "yes", "on")}
+
+
 def _sqlite_path(url: str) -> Path | None:
     """The file of ``sqlite:///rel.db`` or ``sqlite:////abs.db`` (None: in memory)."""
     rest = url[len("sqlite:"):]
@@ -54,12 +81,35 @@ def _sqlite_path(url: str) -> Path | None:
         raise InputError(f"--storage {url!r}: an SQLite URL is sqlite:///FILE (relative) or sqlite:////FILE (absolute)")
     rest = rest[2:]
     host, _, path = rest.partition("/")
-    path = urllib.parse.unquote(path.split("?", 1)[0])
+    path, _, query = path.partition("?")
+    path = urllib.parse.unquote(path)
     if host:
         raise InputError(f"--storage {url!r}: an SQLite URL names no host; use sqlite:///FILE")
+    for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if value.lower() in _READ_ONLY_QUERY.get(key.lower(), ()):
+            raise InputError(f"--storage {url!r}: {key}={value} opens the database read-only, but optuna writes every "
+                             f"trial into its storage; give a copy to write to (a read-only study can be browsed "
+                             f"with optuna-dashboard)")
     if path in ("", ":memory:"):
         return None
     return Path(path)
+
+
+def _check_writable(path: Path, url: str) -> None:
+    """optuna writes the storage and files beside it (the journal's lock, SQLite's rollback journal)."""
+    folder = path.parent
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            raise InputError(f"--storage {url!r}: {folder} is on a read-only file system; optuna writes its trials "
+                             f"into the storage")
+    except OSError:
+        pass
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"--storage {url!r}: folder {folder} is not writable (permission denied); optuna writes "
+                         f"its trials into the storage and a lock file beside it")
+    if path_kind(path) == "file" and not os.access(path, os.W_OK):
+        raise InputError(f"--storage {url!r}: {path} cannot be written (read-only or immutable); optuna writes its "
+                         f"trials into the storage")
 
 
 def _check_folder(path: Path, url: str) -> None:
@@ -102,6 +152,7 @@ def _journal_fault(path: Path) -> str | None:
 
 def check_journal(path: Path, url: str) -> None:
     _check_folder(path, url)
+    _check_writable(path, url)
     fault = _journal_fault(path)
     if fault is None:
         return
@@ -123,6 +174,7 @@ def check_journal(path: Path, url: str) -> None:
 
 def check_sqlite(path: Path, url: str) -> None:
     _check_folder(path, url)
+    _check_writable(path, url)
     try:
         with path.open("rb") as f:
             head = f.read(len(SQLITE_HEADER))
@@ -151,8 +203,6 @@ def check_sqlite(path: Path, url: str) -> None:
 def journal_backend(path: str, lock):
     """optuna's journal file backend whose every append first checks, under the journal's lock,
     that the file ends with a whole record (see the module docstring)."""
-    import os
-
     from optuna.storages.journal import JournalFileBackend
 
     class _CheckedJournalFileBackend(JournalFileBackend):
@@ -170,10 +220,22 @@ def journal_backend(path: str, lock):
                                              f"nothing appended")
                 # the record format of optuna's JournalFileBackend.append_logs (optuna 4.x)
                 text = "\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n"
-                with open(path, "ab") as f:
-                    f.write(text.encode("utf-8"))
-                    f.flush()
-                    os.fsync(f.fileno())
+                data = memoryview(text.encode("utf-8"))
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+                try:
+                    while data:
+                        data = data[os.write(fd, data):]
+                    os.fsync(fd)
+                except OSError as exc:  # a full disk: cut the partial record off, keep the whole ones
+                    try:
+                        os.ftruncate(fd, size)
+                    except OSError:
+                        pass
+                    raise StorageWriteError(f"--storage 'journal:{path}': journal {path}: cannot append "
+                                            f"({exc.strerror or exc}); the run stopped and the journal keeps "
+                                            f"its {size:,} bytes of whole records") from None
+                finally:
+                    os.close(fd)
             finally:
                 lock.release()
 

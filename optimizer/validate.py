@@ -19,9 +19,10 @@ import numpy as np
 from kvtune.costmodel.calibration import ENGINES, efficiency_for
 from kvtune.costmodel.closed_loop import STAGGERED_ENGINES, canonical_engine
 from kvtune.costmodel.efficiency import IDEAL, Efficiency
-from kvtune.costmodel.errors import InputError, ProfileDataMissing
+from kvtune.costmodel.errors import DoesNotFit, InputError, ProfileDataMissing
 from kvtune.costmodel.fit import METRICS, PointFit, RowPredictor, evaluate, measured_metrics
 from kvtune.costmodel.hardware import GPU, get_gpu
+from kvtune.costmodel.models import get_model
 from kvtune.costmodel.profile_table import ProfileRow
 
 __all__ = ["MetricSummary", "ValidationGroup", "Validation", "validate_rows", "summarise", "predictable"]
@@ -92,6 +93,37 @@ def predictable(row: ProfileRow) -> str | None:
     return None
 
 
+def _refuse_unpredictable(row: ProfileRow, pred: RowPredictor) -> None:
+    """A row no prediction can be held against is refused before anything is simulated: a request
+    longer than the model's context, more requests than a row may simulate."""
+    try:
+        pred.simulated_requests(row)
+    except InputError as exc:
+        raise InputError(f"validate: {exc}") from None
+    arch = get_model(row.model)
+    limit = arch.max_context_tokens
+    if not limit:
+        return
+    if row.kind == "request" and row.input_tokens and row.output_tokens:
+        need, what = row.input_tokens + row.output_tokens, "input_tokens + output_tokens"
+    elif row.kind == "step":
+        need, what = (row.context_tokens or 0) + (row.chunk_tokens or 0 if row.phase == "prefill" else 1), \
+            "context_tokens" + (" + chunk_tokens" if row.phase == "prefill" else " + 1")
+    else:
+        return
+    if need > limit:
+        raise InputError(f"validate: row {row.id}: {what} = {need:,} exceeds {arch.name}'s context "
+                         f"({limit:,} tokens); no engine serves it, so kvtune cannot predict it")
+
+
+def _refuse_non_finite(points: Sequence[PointFit]) -> None:
+    for p in points:
+        if not math.isfinite(p.after):
+            raise InputError(f"validate: row {p.id}: predicted {p.metric} = {p.after}: no simulated request of "
+                             f"this row finished (does one request fit the KV pool at this TP and memory?); fix or "
+                             f"remove the row")
+
+
 def _efficiency(gpu: GPU, engine: str, calibration: str | None, mode: str) -> Efficiency:
     if mode == "ideal" or calibration == "ideal":
         return IDEAL
@@ -134,7 +166,18 @@ def validate_rows(rows: Sequence[ProfileRow], gpu_override: GPU | None = None, c
                                  f"hardware file with --gpu FILE (see profiles/hardware-cpu-example.yaml)") from None
         eff = _efficiency(gpu, e or (engine or ""), calibration, mode)
         pred = RowPredictor(gpu, stagger=STAGGERED_ENGINES)
+        models: set[tuple] = set()
+        for r in grows:
+            _refuse_unpredictable(r, pred)
+            key = (r.model, r.tp, r.weight_dtype, r.kv_dtype)
+            if key not in models:  # weights that do not fit: the error names the row
+                models.add(key)
+                try:
+                    pred.step_model(r, eff)
+                except DoesNotFit as exc:
+                    raise DoesNotFit(f"validate: row {r.id}: {exc}") from None
         pts = tuple(evaluate(grows, eff, pred))
+        _refuse_non_finite(pts)
         out.append(ValidationGroup(gpu.name, e or "any", eff.source, pts))
     return Validation(tuple(out), tuple(skipped))
 

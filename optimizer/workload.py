@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtune.costmodel import get_gpu, get_model
-from kvtune.costmodel.files import FLOAT_MAX, parse_yaml, path_kind, printable, profiles_path, read_text, reading
+from kvtune.costmodel.files import FLOAT_MAX, MAX_YAML_BYTES, parse_yaml, path_kind, printable, profiles_path, read_text, reading
 from kvtune.costmodel.calibration import ENGINES, efficiency_for
 from kvtune.costmodel.draft import DraftFootprint, draft_footprint
 from kvtune.costmodel.dtypes import KNOWN as _DTYPE_NAMES
@@ -329,6 +329,10 @@ class _Reader:
         return p if p.is_absolute() else self.base / p
 
     def wrap(self, key: str, value, exc: KvtuneError) -> KvtuneError:
+        """``exc`` (from a reader of another file or a catalog) prefixed with this file, key and value,
+        unless it already names this file (raised by this reader: wrapping it again would repeat it)."""
+        if str(exc).startswith(f"{self.path}:"):
+            return exc
         return type(exc)(f"{self.path}: {key} = {_show(value)}: {exc}")
 
 
@@ -481,11 +485,16 @@ def _gpu_choices(r: _Reader, h: dict, weights: str) -> tuple[tuple[str, float], 
     if not isinstance(usd, dict):
         price = r.num(usd, "hardware.usd_per_gpu_hour", 0, MAX_USD_PER_GPU_HOUR, lo_open=True)
         return tuple((n, price) for n in names)
-    prices = {}
+    prices: dict[str, float] = {}
+    keys: dict[str, str] = {}  # GPU -> the key that priced it (an alias names the same GPU)
     for k, v in usd.items():
         try:
-            prices[get_gpu(str(k)).name] = r.num(v, f"hardware.usd_per_gpu_hour.{k}", 0, MAX_USD_PER_GPU_HOUR,
-                                                 lo_open=True)
+            gname = get_gpu(str(k)).name
+            if gname in keys:
+                raise r.bad_key(f"hardware.usd_per_gpu_hour.{k}", f"names {gname}, already priced by "
+                                f"hardware.usd_per_gpu_hour.{keys[gname]}; give one price per GPU")
+            keys[gname] = str(k)
+            prices[gname] = r.num(v, f"hardware.usd_per_gpu_hour.{k}", 0, MAX_USD_PER_GPU_HOUR, lo_open=True)
         except InputError as exc:
             if str(exc).startswith(f"{r.path}:"):
                 raise
@@ -540,6 +549,9 @@ def _hardware(r: _Reader, v, weights: str) -> HardwareSpec:
 
 def _speculative(r: _Reader, v) -> SpeculativeSpec:
     s = r.mapping(v, "speculative", ("method", "acceptance", "draft_cost", "draft_model"), required=("acceptance",))
+    if s.get("method") == "ngram" and s.get("draft_model") is not None:  # prompt lookup: no drafter to load
+        raise r.bad("speculative.draft_model", s["draft_model"], "ngram drafts from the prompt's own n-grams and "
+                                                                 "takes no draft model; remove draft_model")
     return SpeculativeSpec(
         method=r.str_(s.get("method", SPEC_METHOD), "speculative.method"),
         acceptance=r.num(s["acceptance"], "speculative.acceptance", 0, 1, lo_open=True),
@@ -727,7 +739,7 @@ def load_workload(path: str | Path, engine: str | None = None) -> WorkloadSpec:
 
 
 def _load_workload(path: str | Path, engine: str | None = None) -> WorkloadSpec:
-    data = parse_yaml(read_text(path, "workload file"), str(path))
+    data = parse_yaml(read_text(path, "workload file", MAX_YAML_BYTES), str(path))
     if data is None:
         raise InputError(f"{path}: empty workload file")
     return load_workload_dict(data, str(path), engine)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,11 +37,20 @@ class Case:
     id: str
     kind: str
     argv: list[str]                        # "{d}" is replaced by the case's folder
-    files: dict[str, str | bytes] = field(default_factory=dict)
+    files: dict[str, str | bytes | Sparse] = field(default_factory=dict)
     names: tuple[str, ...] = ()            # pieces the Error line must hold (file, key, value)
     code: int = 2
     outputs: tuple[str, ...] = ()          # paths (relative to the folder) that must not exist afterwards
     whole: tuple[str, ...] = ()            # exit 3: result files that may be written, but whole
+    once: tuple[str, ...] = ()             # pieces the Error line holds exactly once (no doubled prefix)
+    absent: tuple[str, ...] = ()           # pieces the Error line must not hold (a raw control character)
+
+
+@dataclass(frozen=True)
+class Sparse:
+    """A file of ``size`` bytes written as a hole (no disk used): for the size limits."""
+
+    size: int
 
 
 CASES: list[Case] = []
@@ -106,7 +116,7 @@ def wl_argv(cmd: str, f: str = "w.yaml") -> list[str]:
 WL_OUT = ("out/r.json", "out/rep")
 
 
-def wl_case(cid: str, kind: str, text: str | bytes, names: tuple[str, ...], extra: dict | None = None,
+def wl_case(cid: str, kind: str, text: str | bytes | Sparse, names: tuple[str, ...], extra: dict | None = None,
             cmds: tuple[str, ...] = COMMANDS, code: int = 2, file: str = "w.yaml") -> None:
     """One workload file run through each command in ``cmds`` (one case per command); the error
     must name ``file`` (the workload, or the file it points to that is at fault)."""
@@ -765,16 +775,18 @@ def _flag_cases() -> None:
          {"w.yaml": wl_text()}, ("--json", "nofolder"))
     case("unknown-command", k, ["tune"], {}, ("tune",))
     # names no file system holds (over 255 bytes; found by bench/fuzz_readers.py as a workload's model)
+    # (a message clips a value this long to its start and end, with its length between)
     long = "1" * 400
-    case("estimate-model-name-too-long", k, ["estimate", "--model", long], {}, (long,))
-    case("estimate-profile-name-too-long", k, ["estimate", "--model", "llama-3.1-8b", "--profile", long], {}, (long,))
+    clipped = (long[:16], " characters)", long[-16:])
+    case("estimate-model-name-too-long", k, ["estimate", "--model", long], {}, clipped)
+    case("estimate-profile-name-too-long", k, ["estimate", "--model", "llama-3.1-8b", "--profile", long], {}, clipped)
     case("calibrate-gpu-name-too-long", k, ["calibrate", "{d}/t.csv", "--gpu", long, "-o", "{d}/out/c.yaml"],
-         {"t.csv": STEP_TABLE}, (long,), outputs=("out/c.yaml",))
+         {"t.csv": STEP_TABLE}, clipped, outputs=("out/c.yaml",))
     case("solve-json-name-too-long", k, ["solve", "{d}/w.yaml", "--json", "{d}/out/" + long + ".json"],
          {"w.yaml": wl_text()}, ("--json", "255 bytes"))
     case("solve-storage-name-too-long", k, ["solve", "{d}/w.yaml", "--storage", "journal:{d}/" + long],
          {"w.yaml": wl_text()}, ("--storage", "255 bytes"))
-    case("import-name-too-long", k, ["profile", "import", "{d}/" + long, "-o", "{d}/out/t.csv"], {}, (long,),
+    case("import-name-too-long", k, ["profile", "import", "{d}/" + long, "-o", "{d}/out/t.csv"], {}, clipped,
          outputs=("out/t.csv",))
     for i, cmd in enumerate(COMMANDS):
         key = ("model", "calibration", "profile")[i]
@@ -855,9 +867,204 @@ def _infeasible_cases() -> None:
         case(cid, k, argv, {"w.yaml": wl_text(edits, raw)}, names, code=3, whole=("r.json", "rep"))
 
 
+# ---- issue 24: bombs and oversize files, duplicates, unpredictable rows, calibration targets, ----------
+# ---- prices, read-only storage, message hygiene, output paths ---------------------------------------
+
+def yaml_bomb(levels: int = 9) -> str:
+    """The billion-laughs shape: 9**(levels + 1) values in a few hundred bytes."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+MiB = 1 << 20
+
+
+def _limit_cases() -> None:
+    k = "yaml-limits"
+    for cmd in COMMANDS:
+        wl_case(f"workload-alias-bomb-{cmd}", k, yaml_bomb() + wl_text(), ("line 5", "more than 20,000 values"),
+                cmds=(cmd,))
+    wl_case("workload-recursive-alias", k, "x: &x [1, *x]\n" + wl_text(), ("line 1", "alias *x", "recursive"),
+            cmds=("simulate",))
+    wl_case("workload-oversize-comment", k, Sparse(50 * MiB), ("50 MiB", "at most 1 MiB"), cmds=("solve",))
+    wl_case("workload-oversize-2mib", k, wl_text() + "#" * (2 * MiB) + "\n", ("2 MiB", "at most 1 MiB"),
+            cmds=("goodput",))
+    table = STEP_TABLE.replace(",tp,", ",").replace(",1,decode", ",decode")
+    est = ["estimate", "--model", "llama-3.1-8b"]
+    case("sidecar-alias-bomb", k, est + ["--profile", "{d}/t.csv"], {"t.csv": table, "t.meta.yaml": yaml_bomb()},
+         ("t.meta.yaml", "more than 20,000 values"))
+    case("sidecar-oversize", k, est + ["--profile", "{d}/t.csv"], {"t.csv": table, "t.meta.yaml": Sparse(3 * MiB)},
+         ("t.meta.yaml", "3 MiB", "at most 1 MiB"))
+    case("calibration-alias-bomb", k, est + ["--calibration", "{d}/cal.yaml"], {"cal.yaml": yaml_bomb() + cal_text()},
+         ("cal.yaml", "more than 20,000 values"))
+    case("calibration-oversize", k, est + ["--calibration", "{d}/cal.yaml"], {"cal.yaml": Sparse(50 * MiB)},
+         ("cal.yaml", "50 MiB"))
+    wl_case("hardware-alias-bomb", k, wl_text({"hardware.gpu": "hw.yaml", "model": "smollm2-135m"}),
+            ("hw.yaml", "more than 20,000 values"), {"hw.yaml": yaml_bomb() + HW}, cmds=("simulate",))
+    case("hardware-alias-bomb-calibrate", k, ["calibrate", "{d}/t.csv", "--gpu", "{d}/hw.yaml", "-o", "{d}/out/c.yaml"],
+         {"hw.yaml": yaml_bomb(12) + HW, "t.csv": STEP_TABLE}, ("hw.yaml", "more than 20,000 values"),
+         outputs=("out/c.yaml",))
+    case("table-oversize", k, est + ["--profile", "{d}/t.csv"], {"t.csv": Sparse(9 * MiB)},
+         ("t.csv", "9 MiB", "at most 8 MiB"))
+    case("table-oversize-calibrate", k, ["calibrate", "{d}/t.csv", "-o", "{d}/out/c.yaml"],
+         {"t.csv": Sparse(64 * MiB)}, ("t.csv", "64 MiB"), outputs=("out/c.yaml",))
+
+
+REQ_TABLE = ("id,kind,gpu,model,tp,engine,concurrency,input_tokens,output_tokens,ttft_mean_ms,tpot_mean_ms\n"
+             "a,request,h100-sxm,llama-3.1-8b,1,vllm,1,512,64,30,7\n"
+             "b,request,h100-sxm,llama-3.1-8b,1,vllm,4,512,64,40,8\n")
+
+
+def _duplicate_cases() -> None:
+    k = "table-duplicates"
+    step_row = STEP_TABLE.splitlines()[2]
+    tables = [
+        ("dup-column", STEP_TABLE.replace("context_tokens,step_ms", "step_ms,step_ms"), ("line 1", "step_ms", "twice")),
+        ("dup-id", STEP_TABLE + step_row + "\n", ("line 5", "id 'b'", "line 3")),
+        ("repeated-row", STEP_TABLE + "d" + step_row[1:] + "\n", ("line 5", "row 'd'", "repeats line 3")),
+        ("extra-cells", STEP_TABLE + step_row.replace("b,", "e,", 1) + ",9,9\n", ("line 5", "11 cells", "names 9")),
+    ]
+    for cid, text, names in tables:
+        case(f"{cid}-calibrate", k, ["calibrate", "{d}/t.csv", "-o", "{d}/out/c.yaml"], {"t.csv": text},
+             ("t.csv",) + names, outputs=("out/c.yaml",))
+        case(f"{cid}-estimate", k, ["estimate", "--model", "llama-3.1-8b", "--profile", "{d}/t.csv"], {"t.csv": text},
+             ("t.csv",) + names)
+    req = [
+        ("dup-column-request", REQ_TABLE.replace("tpot_mean_ms", "ttft_mean_ms"), ("ttft_mean_ms", "twice")),
+        ("dup-id-request", REQ_TABLE.replace("b,request", "a,request"), ("id 'a'", "line 2")),
+        ("repeated-row-request", REQ_TABLE + REQ_TABLE.splitlines()[2].replace("b,", "c,", 1) + "\n",
+         ("row 'c'", "repeats line 3")),
+    ]
+    for cid, text, names in req:
+        case(f"{cid}-validate", k, ["validate", "{d}/t.csv"], {"t.csv": text}, ("t.csv",) + names)
+    doc = json.loads((DATA / "import_vllm_result.json").read_text())
+    case("repeated-row-import-jsonl", k, ["profile", "import", "{d}/r.jsonl", "-o", "{d}/out/t.csv"],
+         {"r.jsonl": json.dumps(doc) + "\n" + json.dumps(doc) + "\n"}, ("r.jsonl", "record 2 repeats record 1"),
+         outputs=("out/t.csv",))
+    case("repeated-row-import-same-file-twice", k, ["profile", "import", "{d}/r.json", "{d}/r.json", "-o",
+                                                    "{d}/out/t.csv"], {"r.json": json.dumps(doc)},
+         ("repeats row r:1",), outputs=("out/t.csv",))
+
+
+def _validate_cases() -> None:
+    k = "validate-rows"
+    pool = REQ_TABLE.replace("tpot_mean_ms\n", "tpot_mean_ms,kv_pool_tokens\n").replace(",7\n", ",7,1\n") \
+        .replace(",8\n", ",8,100000\n")
+    cases = [
+        ("pool-below-request", pool, ("t.csv", "line 2", "kv_pool_tokens = 1", "512 input + 64 output")),
+        ("rows-1e9-clients", REQ_TABLE.replace("vllm,4,512", "vllm,1000000000,512"),
+         ("row b", "4,000,000,000 requests", "at most 100,000")),
+        ("rows-all-at-once-1e9", REQ_TABLE.replace("concurrency", "rate_req_s,num_requests")
+         .replace("vllm,4,512", "vllm,inf,1000000000,512").replace("vllm,1,512", "vllm,inf,8,512"),
+         ("row b", "num_requests 1,000,000,000", "at most 100,000")),
+        ("beyond-context-input-1e9", REQ_TABLE.replace("vllm,4,512", "vllm,4,1000000000"),
+         ("row b", "1,000,000,064", "131,072")),
+        ("beyond-context-step", STEP_TABLE.replace("32,512,9.0", "32,200000,9.0"), ("row b", "context_tokens",
+                                                                                  "131,072")),
+        ("not-fit-70b-tp1", REQ_TABLE.replace("llama-3.1-8b,1,vllm,4", "llama-3.1-70b,1,vllm,4"),
+         ("row b", "llama-3.1-70b", "4 GPUs")),
+    ]
+    for cid, text, names in cases:
+        case(cid, k, ["validate", "{d}/t.csv"], {"t.csv": text}, names)
+    case("pool-below-request-calibrate", k, ["calibrate", "{d}/t.csv", "-o", "{d}/out/c.yaml"], {"t.csv": pool},
+         ("t.csv", "kv_pool_tokens = 1"), outputs=("out/c.yaml",))
+
+
+A100_CAL = ROOT / "profiles" / "calibrations" / "a100-80gb-sglang.yaml"
+
+
+def _calibration_target_cases() -> None:
+    k = "calibration-target"
+    est = ["estimate", "--model", "llama-3.1-8b"]
+    a100 = A100_CAL.read_text()
+    case("a100-on-h100-estimate", k, est + ["--gpu", "h100-sxm", "--calibration", "{d}/a100.yaml"],
+         {"a100.yaml": a100}, ("a100.yaml", "gpu = 'a100-80gb'", "h100-sxm"))
+    case("a100-on-h100-shipped-name", k, est + ["--calibration", "a100-80gb-vllm"], {},
+         ("a100-80gb-vllm", "gpu = 'a100-80gb'", "h100-sxm"))
+    wl_case("a100-on-h100-workload", k, wl_text({"calibration": "a100.yaml"}), ("a100.yaml", "a100-80gb", "h100-sxm"),
+            {"a100.yaml": a100}, cmds=("simulate", "solve"))
+    case("a100-on-h100-validate", k, ["validate", "{d}/t.csv", "--calibration", "{d}/a100.yaml"],
+         {"t.csv": REQ_TABLE, "a100.yaml": a100}, ("a100.yaml", "h100-sxm"))
+    case("engine-tgi-in-calibration", k, est + ["--calibration", "{d}/cal.yaml"],
+         {"cal.yaml": cal_text().replace("engine: any", "engine: tgi")}, ("cal.yaml", "engine = 'tgi'", "unknown"))
+    wl_case("engine-list-in-calibration", k, wl_text({"calibration": "cal.yaml"}), ("cal.yaml", "engine"),
+            {"cal.yaml": cal_text().replace("engine: any", "engine: [vllm]")}, cmds=("goodput",))
+    case("gpu-not-a-name-in-calibration", k, est + ["--calibration", "{d}/cal.yaml"],
+         {"cal.yaml": cal_text().replace("gpu: h100-sxm", "gpu: 3")}, ("cal.yaml", "gpu = 3"))
+
+
+def _nonsense_cases() -> None:
+    k = "accepted-nonsense"
+    two = {"hardware.gpu": ["h100-sxm", "h200"]}
+    for cid, prices, names in [
+        ("priced-twice-alias", {"h100-sxm": 3.0, "h100": 1.0, "h200": 4.0},
+         ("hardware.usd_per_gpu_hour.h100", "already priced", "h100-sxm")),
+        ("priced-twice-case", {"h100-sxm": 3.0, "H100-SXM": 1.0, "h200": 4.0},
+         ("hardware.usd_per_gpu_hour.H100-SXM", "already priced")),
+    ]:
+        wl_case(cid, k, wl_text({**two, "hardware.usd_per_gpu_hour": prices}), names, cmds=("solve",))
+    for i, cmd in enumerate(COMMANDS):
+        wl_case(f"ngram-draft-model-{cmd}", k, wl_text({"speculative": {"method": "ngram", "acceptance": 0.5,
+                                                                         "draft_model": ("no-such", "llama-3.2-1b",
+                                                                                         "llama-3.1-8b")[i]}}),
+                ("speculative.draft_model", "ngram", "takes no draft model"), cmds=(cmd,))
+    so = ["solve", "{d}/w.yaml", "--quiet", "--json", "{d}/out/r.json"]
+    for cid, url, extra, names in [
+        ("sqlite-mode-ro", "sqlite:///{d}/x.db?mode=ro", [], ("mode=ro", "read-only")),
+        ("sqlite-immutable", "sqlite:///{d}/x.db?immutable=1", [], ("immutable=1",)),
+        ("sqlite-memory-workers-2", "sqlite:///:memory:", ["--workers", "2"], (":memory:", "--workers 2",
+                                                                               "share nothing")),
+    ]:
+        case(cid, "storage", so + ["--storage", url] + extra, {"w.yaml": wl_text()}, ("--storage",) + names,
+             outputs=("out/r.json",))
+
+
+def _message_cases() -> None:
+    k = "messages"
+    huge = "m" * 1_000_000
+    wl_case("long-name-1mb-model", k, wl_text({"model": huge}), ("model", "(1,000,003 characters)"),
+            cmds=("simulate",))
+    case("long-name-1mb-flag", k, ["estimate", "--model", huge], {}, ("(1,000,003 characters)",))
+    case("long-name-engine-flag", k, ["estimate", "--model", "llama-3.1-8b", "--engine", "e" * 100_000], {},
+         ("--engine", "(100,002 characters)"))
+    for cid, name, shown in [("rtl-override", "evil\u202egpj.exe", "\\u202e"),
+                             ("zero-width-space", "llama\u200b-3.1-8b", "\\u200b"),
+                             ("bidi-isolate", "x\u2067y\u2069", "\\u2067"),
+                             ("escape-sequence", "x\x1b[2Jy", "\\x1b"),
+                             ("bell", "x\x07y", "\\x07")]:
+        wl_case(cid, k, wl_text({"model": name}), ("model", shown), cmds=("goodput",))
+        CASES[-1].absent = tuple(ch for ch in name if not ch.isprintable())
+    # a reader's own error is not wrapped again by the same reader ("w.yaml: k = v: w.yaml: k = v: ...")
+    for cid, gpus, once in [("double-wrap-gpu-list", [42, "h200"], "hardware.gpu[0] = 42"),
+                            ("double-wrap-gpu-list-empty", ["h100-sxm", ""], "hardware.gpu[1] = ''")]:
+        wl_case(cid, k, wl_text({"hardware.gpu": gpus}), (once, "must be a non-empty string"), cmds=("simulate",))
+        CASES[-1].once = ("w.yaml:", once)
+
+
+def _output_path_cases() -> None:
+    k = "output-path"
+    if os.path.exists("/dev/full"):  # a write that fails after the work: one line, exit 2, no traceback
+        case("devfull-solve-json", k, ["solve", "{d}/w.yaml", "--quiet", "--json", "/dev/full"], {"w.yaml": wl_text()},
+             ("/dev/full", "No space left"))
+        case("devfull-calibrate-output", k, ["calibrate", "{d}/t.csv", "-o", "/dev/full"], {"t.csv": STEP_TABLE},
+             ("-o", "/dev/full", "No space left", "printed on stdout"))
+        case("devfull-import-output", k, ["profile", "import", "{d}/r.json", "-o", "/dev/full"],
+             {"r.json": (DATA / "import_vllm_result.json").read_text()}, ("/dev/full", "No space left"))
+    case("report-parent-is-file", k, ["solve", "{d}/w.yaml", "--quiet", "--report", "{d}/out/f/rep"],
+         {"w.yaml": wl_text(), "out/f": "a file"}, ("--report", "not a folder"))
+    case("json-parent-is-file", k, ["solve", "{d}/w.yaml", "--quiet", "--json", "{d}/out/f/r.json"],
+         {"w.yaml": wl_text(), "out/f": "a file"}, ("--json", "not a folder"))
+    case("calibrate-output-parent-is-file", k, ["calibrate", "{d}/t.csv", "-o", "{d}/out/f/c.yaml"],
+         {"t.csv": STEP_TABLE, "out/f": "a file"}, ("-o", "not a folder"))
+    case("run-append-output-is-folder", k, ["profile", "run", "--url", "http://127.0.0.1:9/v1", "--model", "m",
+                                            "--append", "-o", "{d}/out/tdir"], {"out/tdir/x": "1"}, ("-o", "directory"))
+
+
 for _build in (_workload_cases, _yaml_text_cases, _context_cases, _trace_cases, _model_cases, _hardware_cases,
                _calibration_cases, _table_cases, _calibrate_cases, _import_cases, _run_cases, _flag_cases,
-               _storage_cases, _infeasible_cases):
+               _storage_cases, _infeasible_cases, _limit_cases, _duplicate_cases, _validate_cases,
+               _calibration_target_cases, _nonsense_cases, _message_cases, _output_path_cases):
     _build()
 
 
@@ -868,7 +1075,10 @@ def _write(d: Path, files: dict) -> None:
     for rel, content in files.items():
         p = d / rel
         p.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
+        if isinstance(content, Sparse):
+            with p.open("wb") as f:
+                f.truncate(content.size)
+        elif isinstance(content, bytes):
             p.write_bytes(content)
         else:
             p.write_text(content)
@@ -894,8 +1104,13 @@ def test_bad_input(c: Case, tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr + res.stdout, shown
     line = err_lines[0]
     assert UNFORESEEN not in line, f"caught only by the readers' last net\n{shown}"
+    assert line.isprintable() and len(line) <= 2100, f"not one short printable line\n{shown[:3000]}"
     for piece in c.names:
         assert piece.replace("{d}/", "").lower() in line.lower(), f"{piece!r} not named\n{shown}"
+    for piece in c.once:
+        assert line.count(piece) == 1, f"{piece!r} not exactly once\n{shown}"
+    for piece in c.absent:
+        assert piece not in line, f"{piece!r} in the line\n{shown}"
     for rel in c.outputs:
         assert not (tmp_path / rel).exists(), f"{rel} was written\n{shown}"
     left = {p.name for p in (tmp_path / "out").iterdir()} - before - set(c.whole)
@@ -922,6 +1137,18 @@ def corpus_counts() -> tuple[Counter, Counter]:
 
 
 FAULTS = {  # a case's fault, from a keyword in its id (first match wins)
+    "YAML alias bomb / recursive alias": ("alias-bomb", "recursive-alias"),
+    "file over its size limit": ("oversize",),
+    "duplicated column / id / row": ("dup-column", "dup-id", "repeated-row", "extra-cells"),
+    "row kvtune cannot predict": ("pool-below-request", "rows-1e9", "rows-all-at-once", "beyond-context",
+                                  "not-fit-70b"),
+    "calibration for another GPU / unknown engine": ("a100-on-h100", "in-calibration"),
+    "GPU priced twice": ("priced-twice",),
+    "ngram with a draft model": ("ngram-draft",),
+    "read-only / in-memory storage": ("mode-ro", "immutable", "memory-workers"),
+    "long values, control and bidi characters, doubled prefix": ("long-name", "rtl-", "zero-width", "bidi-",
+                                                                 "escape-sequence", "bell", "double-wrap"),
+    "output path unwritable / full device": ("devfull", "parent-is-file", "append-output"),
     "not UTF-8 / binary": ("utf8", "utf16", "binary", "latin1"),
     "beyond float range / non-finite": ("nan", "inf", "1e400", "digits", "1e23", "1e20", "1e300", "1e999", "huge",
                                         "1e12", "2to40", "1e6", "1e20"),

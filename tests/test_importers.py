@@ -240,9 +240,24 @@ def test_missing_file_is_input_error(tmp_path):
 
 def test_ids_unique_across_same_named_files(tmp_path):
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "import_vllm_result.json").write_text((DATA / "import_vllm_result.json").read_text())
+    second = json.loads((DATA / "import_vllm_result.json").read_text())
+    second["mean_ttft_ms"] *= 1.1  # another run of the same benchmark
+    (tmp_path / "a" / "import_vllm_result.json").write_text(json.dumps(second))
     rows = import_files([DATA / "import_vllm_result.json", tmp_path / "a" / "import_vllm_result.json"])
     assert len({r.id for r in rows}) == 2
+
+
+def test_the_same_result_twice_is_refused(tmp_path):
+    """A file given twice (or a JSONL with one record appended twice) would count one measurement
+    twice in a fit; the table reader refuses such a table, so the import does not write one."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "import_vllm_result.json").write_text((DATA / "import_vllm_result.json").read_text())
+    with pytest.raises(InputError, match=r"row import_vllm_result~2:1 repeats row import_vllm_result:1"):
+        import_files([DATA / "import_vllm_result.json", tmp_path / "a" / "import_vllm_result.json"])
+    line = json.dumps(json.loads((DATA / "import_vllm_result.json").read_text()))
+    (tmp_path / "twice.jsonl").write_text(line + "\n" + line + "\n")
+    with pytest.raises(InputError, match=r"twice.jsonl: record 2 repeats record 1"):
+        import_file(tmp_path / "twice.jsonl")
 
 
 def test_inf_rate_written_as_inf(tmp_path):

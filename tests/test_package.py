@@ -1,7 +1,7 @@
 """The installed distribution is one top-level package, ``kvtune``; the layers keep their order.
 
 ``costmodel/``, ``optimizer/`` and ``profiles/`` stay at the repository root (the design card);
-``kvtune/costmodel``, ``kvtune/optimizer`` and ``kvtune/profiles`` link to them. These tests hold
+``kvtune/costmodel``, ``kvtune/optimizer``, ``kvtune/profiles`` and ``kvtune/examples`` link to them. These tests hold
 the three things that could drift: an import of the old top-level names, ``costmodel`` importing
 ``optimizer``, and a wheel missing a module or a data file.
 """
@@ -40,7 +40,7 @@ def _imports(path: Path) -> list[tuple[int, str, int]]:
 
 
 def test_the_package_folders_are_the_design_folders():
-    for name in LAYERS:
+    for name in (*LAYERS, "examples"):
         link = ROOT / "kvtune" / name
         assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), link
     assert Path(kvtune.__file__).resolve().parent == (ROOT / "kvtune").resolve()
@@ -68,9 +68,9 @@ def test_costmodel_never_imports_optimizer():
 def test_the_wheel_is_one_package_that_runs_with_every_module_and_data_file(tmp_path):
     src = tmp_path / "src"  # build from a copy: setuptools writes build/ and egg-info beside the sources
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
-    for name in (*LAYERS, "kvtune"):
+    for name in (*LAYERS, "examples", "kvtune"):
         shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     # the build pip install . runs: an isolated environment with the build-system requirements
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True)
@@ -83,7 +83,10 @@ def test_the_wheel_is_one_package_that_runs_with_every_module_and_data_file(tmp_
     shipped = {f"kvtune/{p.relative_to(ROOT).as_posix()}" for p in _python_files("costmodel", "optimizer")}
     shipped |= {f"kvtune/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / "profiles").rglob("*")
                 if p.is_file() and "__pycache__" not in p.parts}
+    shipped |= {f"kvtune/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / "examples").rglob("*")
+                if p.suffix in (".yaml", ".csv", ".jsonl")}
     assert not shipped - set(names), f"missing from the wheel: {sorted(shipped - set(names))}"
+    assert any(n.endswith("/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names), names
 
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
@@ -96,3 +99,13 @@ def test_the_wheel_is_one_package_that_runs_with_every_module_and_data_file(tmp_
     first, rest = ran.stdout.split("\n", 1)
     assert Path(first).is_relative_to(site)  # the wheel's copy, not the source tree
     assert "h100-sxm-sglang.yaml" in rest  # a shipped calibration read from the wheel's data files
+
+    # a pip-only user gets the examples: `kvtune example NAME` writes one (and its trace) that solves
+    code = ("import sys, kvtune.optimizer.cli as cli; sys.argv = ['kvtune', 'example', 'trace-azure']; cli.main()")
+    work = tmp_path / "work"
+    work.mkdir()
+    ran = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(site), "PATH": ""})
+    assert ran.returncode == 0, ran.stderr
+    assert (work / "trace-azure.yaml").read_text() == (ROOT / "examples" / "trace-azure.yaml").read_text()
+    assert (work / "traces" / "azure_conv_sample.csv").is_file()

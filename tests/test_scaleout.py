@@ -1,9 +1,8 @@
 """Several processes on one storage: the race's simulations shared, one answer, identical to a
-single process's. The PostgreSQL test is opt-in (KVTUNE_PG=1, needs the ``pg`` extra: pgserver
-and psycopg) and skips cleanly without them."""
+single process's. The PostgreSQL test needs the ``pg`` extra (pgserver and psycopg; CI installs
+it) and skips cleanly without it."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
+from pg_helpers import pg_server, pg_url
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,18 +69,13 @@ def test_two_workers_on_a_journal_give_the_single_process_answer(tmp_path):
     _check_shared(url, one, two, WORKLOAD["search"]["trials"])
 
 
-@pytest.mark.skipif(os.environ.get("KVTUNE_PG") != "1", reason="opt-in: KVTUNE_PG=1 (needs the pg extra)")
+@pytest.mark.slow
 def test_two_workers_on_postgresql_give_the_single_process_answer(tmp_path):
-    pgserver = pytest.importorskip("pgserver")
-    pytest.importorskip("psycopg")
-    srv = pgserver.get_server(str(tmp_path / "pg"), cleanup_mode="stop")
-    try:
-        url = srv.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
+    with pg_server() as srv:
+        url = pg_url(srv)
         one = _solve(tmp_path, "one", "--jobs", "1")
         two = _solve(tmp_path, "two", "--workers", "2", "--storage", url)
         _check_shared(url, one, two, WORKLOAD["search"]["trials"])
-    finally:
-        srv.cleanup()
 
 
 @pytest.mark.slow

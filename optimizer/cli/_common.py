@@ -8,10 +8,20 @@ import math
 import click
 
 from kvtune.costmodel.errors import InputError
-from kvtune.optimizer.output import check_output_path, write_atomic  # noqa: F401 (the commands import them from here)
+from kvtune.optimizer.output import check_output_folder, check_output_path, output_folder, write_atomic  # noqa: F401 (the commands import them from here)
 from kvtune.optimizer.workload import MAX_SEED  # noqa: F401 (the seed bound of --seed flags)
 
 
+
+
+def save_or_show(path, text: str, flag: str) -> None:
+    """``write_atomic`` after a command's work: if the file cannot be written (a full disk), its
+    text goes to stdout so the work (a fit, a benchmark) is not lost, and the error says so."""
+    try:
+        write_atomic(path, text)
+    except InputError as exc:
+        click.echo(text, nl=not text.endswith("\n"))
+        raise InputError(f"{flag} {exc}; what it would hold is printed on stdout instead") from None
 
 
 def parse_int(value: str, flag: str, minimum: int, maximum: int | None = None) -> int:

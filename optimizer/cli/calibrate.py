@@ -13,7 +13,7 @@ from kvtune.costmodel.closed_loop import STAGGERED_ENGINES
 from kvtune.costmodel.fit import RowPredictor
 from kvtune.costmodel.profile_table import contradictions
 
-from ._common import check_output_path, dumps, echo_table, write_atomic
+from ._common import check_output_path, dumps, echo_table, save_or_show
 
 
 @click.command("calibrate")
@@ -69,7 +69,7 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
     warnings += worse_than_start(res, metrics)
     d = calibration_dict(res, name, g, engine, inputs, base, notes, wall_s=wall,
                          extra={"warnings": warnings} if warnings else None)
-    write_atomic(out, calibration_yaml(d))
+    save_or_show(out, calibration_yaml(d), "-o")
     if as_json:
         d = dict(d, output=str(out),
                  points_detail=[{"id": p.id, "metric": p.metric, "measured": p.measured, "before": p.before,

@@ -12,7 +12,7 @@ import click
 from kvtune.costmodel.profile_table import ProfileRow, read_table
 from kvtune.optimizer.importers import FORMATS, Metadata, import_files, rows_to_csv
 
-from ._common import check_output_path, echo_table, parse_int_list, write_atomic
+from ._common import check_output_path, echo_table, parse_int_list, save_or_show, write_atomic
 
 
 def _meta_options(f):
@@ -114,10 +114,9 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
                    requests_per_point=requests_per_point, seed=seed, timeout_s=timeout_s, warmup_requests=warmup,
                    chunk_tokens=chunk_tokens)
     old: list[ProfileRow] = []
+    check_output_path(output, "-o")  # before the benchmark: it takes minutes
     if append and output.exists():
         old = read_table(output)
-    else:
-        check_output_path(output, "-o")
     # The source is the command that reproduces these rows (rebuilt from the options, so it reads the
     # same however kvtune was invoked).
     cmd = ["kvtune", "profile", "run", "--url", url, "--model", model, "--concurrency", concurrency, "--isl", isl,
@@ -138,7 +137,7 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
 
     prefix = "run" if not old else f"run{len(old)}"
     rows, info = run_profile(run, meta, progress, id_prefix=prefix)
-    write_atomic(output, rows_to_csv([*old, *rows]))
+    save_or_show(output, rows_to_csv([*old, *rows]), "-o")
     click.echo(f"wrote {len(rows)} rows to {output}" + (f" (after {len(old)} kept)" if old else "")
                + f"  [engine {info.engine or '?'} {info.engine_version}"
                + (f", KV pool {info.kv_pool_tokens:,} tokens" if info.kv_pool_tokens else ", KV pool not reported")

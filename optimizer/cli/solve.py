@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
 from kvtune.costmodel.errors import Infeasible, InputError
+from kvtune.optimizer.storage import check_shared_storage
 
-from ._common import MAX_SEED, check_output_path, dumps, parse_int, write_atomic
+from ._common import MAX_SEED, check_output_folder, check_output_path, dumps, output_folder, parse_int, write_atomic
 
 if TYPE_CHECKING:
     from kvtune.optimizer.result import SolveResult
@@ -21,35 +25,128 @@ if TYPE_CHECKING:
 SAMPLER_NAMES = ("tpe", "grid", "nsga2")
 
 
-def _int_opt(value: str | None, flag: str, minimum: int, maximum: int | None = None) -> int | None:
-    return None if value is None else parse_int(value, flag, minimum, maximum)
+class _Int(click.ParamType):
+    """An integer option, shown as INTEGER (with its range) in ``--help``; a bad value is the one
+    ``Error:`` line ``parse_int`` writes (``--trials: 'ten' is not an integer``), not click's."""
+
+    name = "integer"
+
+    def __init__(self, minimum: int, maximum: int | None = None):
+        self.minimum, self.maximum = minimum, maximum
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "INTEGER"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        flag = param.opts[0] if param is not None else "value"
+        return parse_int(value, flag, self.minimum, self.maximum)
 
 
 class _Progress:
-    """A one-line progress bar on stderr (interactive runs only)."""
+    """One status line on stderr (interactive runs only) over the whole solve: the screen's trials
+    as a bar, then the simulator race (most of the wall time) stage by stage, then the
+    disaggregated search, each with the seconds it has run, redrawn every second by a timer thread
+    so a long stage still shows it is alive. ``--quiet`` or a non-terminal stderr: silent."""
 
-    def __init__(self, enabled: bool):
+    WIDTH = 30
+    TICK_S = 1.0
+
+    def __init__(self, enabled: bool, stream: Any = None):
         self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.prefix = ""
+        self.text = ""
+        self.t0 = time.monotonic()
+        self.raced = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.ticker: threading.Thread | None = None
+        self.width = 0
+
+    # -- the phases ----------------------------------------------------------------------------
+    def start(self, label: str | None = None) -> None:
+        """A new aggregated search (one per GPU type): the trials come next."""
+        self._newline()
+        self.prefix = f"{label}: " if label else ""
+        self.raced = 0
+        self._show("trials ...", restart=True)
 
     def __call__(self, done: int, total: int) -> None:
+        """The screen's trials: ``done`` of ``total`` (``run_search``'s ``on_trial``)."""
+        fill = int(self.WIDTH * done / max(total, 1))
+        if done < total:
+            self._show(f"trials [{'#' * fill}{'.' * (self.WIDTH - fill)}] {done}/{total}")
+        else:   # the race starts with each config's largest requests against its KV pool
+            self._show(f"trials {total}/{total}; simulator race: the largest requests against each KV pool",
+                       restart=True)
+
+    def stage(self, name: str, n: int) -> None:
+        """A stage of the simulator race as it starts (``optimizer.simsearch.race``'s ``on_stage``)."""
+        if name == "race":
+            self.raced += n
+            text = f"simulator race: {self.raced} configs raced so far"
+        elif name == "zero load":
+            text = f"simulator race: zero load, {n} groups"
+        else:
+            text = f"simulator race: {name}, {n} configs"
+        self._show(text)
+
+    def phase(self, text: str) -> None:
+        """Any other phase (the disaggregated search, the report): its name and its seconds."""
+        self._newline()
+        self.prefix = ""
+        self._show(text, restart=True)
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.ticker is not None:
+            self.ticker.join()
+            self.ticker = None
+        self._newline()
+
+    # -- drawing -------------------------------------------------------------------------------
+    def _show(self, text: str, restart: bool = False) -> None:
         if not self.enabled:
             return
-        width = 30
-        fill = int(width * done / max(total, 1))
-        sys.stderr.write(f"\r  trials [{'#' * fill}{'.' * (width - fill)}] {done}/{total}")
-        if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+        with self.lock:
+            if restart:
+                self.t0 = time.monotonic()
+            self.text = text
+            self._draw()
+        if self.ticker is None:
+            self.ticker = threading.Thread(target=self._tick, daemon=True)
+            self.ticker.start()
+
+    def _tick(self) -> None:
+        while not self.stop.wait(self.TICK_S):
+            with self.lock:
+                if self.text:
+                    self._draw()
+
+    def _draw(self) -> None:
+        line = f"  {self.prefix}{self.text}  {time.monotonic() - self.t0:.0f} s"
+        self.stream.write("\r" + line + " " * max(0, self.width - len(line)))
+        self.stream.flush()
+        self.width = len(line)
+
+    def _newline(self) -> None:
+        if self.enabled and self.text:
+            with self.lock:
+                self.stream.write("\n")
+                self.stream.flush()
+                self.text, self.width = "", 0
 
 
 @click.command("solve")
 @click.argument("workload", type=click.Path(dir_okay=False))
-@click.option("--trials", default=None, help="Trials to run (default: search.trials; grid: the whole grid).")
-@click.option("--seed", default=None, help="Sampler seed (default: search.seed; the simulated requests always follow search.seed).")
+@click.option("--trials", type=_Int(1), default=None, help="Trials to run (default: search.trials; grid: the whole grid).")
+@click.option("--seed", type=_Int(0, MAX_SEED), default=None, help="Sampler seed (default: search.seed; the simulated requests always follow search.seed).")
 @click.option("--sampler", default="tpe", show_default=True, help="tpe | grid | nsga2: the sampler of the analytic screen's trials (the study; the simulator race that picks covers the whole lattice whatever the sampler).")
 @click.option("--storage", default=None, help="Optuna storage: sqlite:///kvtune.db, journal:./kvtune.log or an RDB URL (default: in memory).")
 @click.option("--study-name", default=None, help="Study to create or resume in --storage (default: derived from the workload).")
-@click.option("--verify-top", default=None, help="max_goodput: configs fully verified before the simulator race (default 4).")
+@click.option("--verify-top", type=_Int(1), default=None, help="max_goodput: configs fully verified before the simulator race (default 4).")
 @click.option("--calibration", default=None,
               help="Calibration file, shipped name or 'ideal' (default: the workload's calibration:, else the shipped one).")
 @click.option("--engine", default=None,
@@ -61,95 +158,152 @@ class _Progress:
 @click.option("--json", "json_path", default=None, help="Write the result object to this file (atomically).")
 @click.option("--report", "report_dir", default=None, help="Write report.md and plots to this folder.")
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
-@click.option("--jobs", default=None,
+@click.option("--jobs", type=_Int(1), default=None,
               help="Processes simulating on this machine (default: 2, or 1 on a one-core machine).")
-@click.option("--workers", default=None,
+@click.option("--workers", type=_Int(1), default=None,
               help="Processes sharing one --storage (default 1): this one plus N-1 started here; processes on "
                    "other machines join by running the same command on the same RDB URL. Without --storage, a "
                    "temporary journal file.")
-def solve_cmd(workload: str, trials: str | None, seed: str | None, sampler: str, storage: str | None,
-              study_name: str | None, verify_top: str | None, calibration: str | None, engine: str | None,
-              profile: str | None, json_path: str | None, report_dir: str | None, quiet: bool, jobs: str | None,
-              workers: str | None) -> None:
+def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str, storage: str | None,
+              study_name: str | None, verify_top: int | None, calibration: str | None, engine: str | None,
+              profile: str | None, json_path: str | None, report_dir: str | None, quiet: bool, jobs: int | None,
+              workers: int | None) -> None:
     """Search serving configs for WORKLOAD.yaml and recommend the cheapest that meets its SLOs."""
+    from kvtune.optimizer.facts import settle
     from kvtune.optimizer.recommend import solve as solve_aggregated
     from kvtune.optimizer.workload import load_workload
 
     if sampler not in SAMPLER_NAMES:
         raise InputError(f"--sampler must be one of {', '.join(SAMPLER_NAMES)}, got {sampler!r}")
-    n_trials = _int_opt(trials, "--trials", 1)
-    seed_v = _int_opt(seed, "--seed", 0, MAX_SEED)
-    top = _int_opt(verify_top, "--verify-top", 1)
-    n_jobs = _int_opt(jobs, "--jobs", 1)
-    n_workers = _int_opt(workers, "--workers", 1) or 1
+    n_trials, seed_v, top, n_jobs = trials, seed, verify_top, jobs
+    n_workers = workers or 1
     if n_jobs is None:
         import os
         n_jobs = min(2, os.cpu_count() or 1) if n_workers == 1 else 1
     extra: dict[str, Any] = {} if top is None else {"verify_top": top}
     if json_path:
-        parent = Path(json_path).parent
-        if not parent.exists():
-            raise InputError(f"--json {json_path}: folder {parent} does not exist")
         check_output_path(json_path, "--json")
-    if report_dir and Path(report_dir).exists() and not Path(report_dir).is_dir():
-        raise InputError(f"--report {report_dir}: exists and is not a folder")
+    if report_dir:
+        check_output_folder(report_dir, "--report")
+    check_shared_storage(storage, n_workers)
     spec = load_workload(workload, engine)   # its search space cut to what the engine can launch
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
-    solve_one: Callable[..., SolveResult] = solve_aggregated
+    disaggregated_next = "disaggregated" in spec.search.deployment and spec.speculative is None
+
+    types_left = [len(spec.hardware.choices) or 1]   # aggregated searches still to run (one per GPU type)
+
+    def aggregated(one: Any, **kw: Any) -> SolveResult:
+        """The aggregated search of one GPU type, its trials and race on the progress line."""
+        progress.start(one.hardware.gpu if spec.hardware.choices else None)
+        r = solve_aggregated(one, on_stage=progress.stage, **kw)
+        types_left[0] -= 1
+        if disaggregated_next and types_left[0] == 0:   # what deployment_choice runs next
+            progress.phase("disaggregated search: prefill and decode pools, simulated")
+        return r
+
+    solve_one: Callable[..., SolveResult] = aggregated
     if spec.hardware.choices:  # several GPU types: solved per type, the cheapest wins (optimizer.gpu_choice)
         from kvtune.optimizer.gpu_choice import solve_gpu_choice
-        solve_one = solve_gpu_choice
+        solve_one = functools.partial(solve_gpu_choice, solve_one=aggregated)
     # aggregated and/or disaggregated deployments (search.deployment; optimizer.deployment_choice)
     from kvtune.optimizer.deployment_choice import solve_deployments
-    with _workers(n_workers, storage, workload, sys.argv) as shared:
-        result = solve_deployments(spec, solve_one, trials=n_trials, seed=seed_v, sampler=sampler, storage=shared,
-                                   study_name=study_name, on_trial=progress, calibration=calibration, engine=engine,
-                                   profile=profile, jobs=n_jobs, **extra)
-    if spec.notes:   # what reading the workload dropped or filled in for the engine (optimizer.engine_space)
-        result = dataclasses.replace(result, notes=tuple(spec.notes) + tuple(result.notes or ()))
-    if report_dir:
-        from kvtune.optimizer.report import write_report
-        result = dataclasses.replace(result, report=write_report(result, spec, report_dir))
-    text = dumps(result.to_json())
-    if json_path:
-        write_atomic(json_path, text + "\n")
+    try:
+        with _workers(n_workers, storage, workload, sys.argv) as shared:
+            result = solve_deployments(spec, solve_one, trials=n_trials, seed=seed_v, sampler=sampler,
+                                       storage=shared, study_name=study_name, on_trial=progress,
+                                       calibration=calibration, engine=engine, profile=profile, jobs=n_jobs,
+                                       **extra)
+        result = settle(result, spec)   # one number per fact in the terminal, the JSON and the report
+        if spec.notes:   # what reading the workload dropped or filled in for the engine (optimizer.engine_space)
+            result = dataclasses.replace(result, notes=tuple(spec.notes) + tuple(result.notes or ()))
+        if report_dir:
+            progress.phase("report: plots and report.md")
+        result, failed = _write_outputs(result, spec, report_dir, json_path, storage,
+                                        overrides=(calibration, engine, profile))
+    finally:
+        progress.close()
     click.echo(summary_text(result, storage))
+    if failed:  # the answer is printed above whatever became of the files
+        raise failed
     if result.status != "ok":
         raise Infeasible(f"no configuration meets the SLOs: {result.reason}")
+
+
+def _write_outputs(result: SolveResult, spec, report_dir: str | None, json_path: str | None,
+                   storage: str | None, overrides: tuple[str | None, str | None, str | None] = (None, None, None)
+                   ) -> tuple[SolveResult, InputError | None]:
+    """Write --report and --json after the solve. A file that cannot be written (a full disk, a
+    read-only mount) is returned, not raised, so the answer is still printed; any other failure
+    prints the answer and then propagates. ``overrides``: the solve's --calibration, --engine and
+    --profile, so the report's plots use the step model the solve used."""
+    failed: InputError | None = None
+    try:
+        if report_dir:
+            from kvtune.optimizer.report import write_report
+            try:
+                with output_folder(report_dir, "--report") as tmp:
+                    written = Path(write_report(result, spec, str(tmp), *overrides))
+                result = dataclasses.replace(result, report=str(Path(report_dir) / written.relative_to(tmp)))
+            except InputError as exc:
+                failed = exc
+        if json_path:
+            try:
+                write_atomic(json_path, dumps(result.to_json()) + "\n")
+            except InputError as exc:
+                failed = failed or exc
+    except BaseException:
+        click.echo(summary_text(result, storage))
+        raise
+    return result, failed
 
 
 class _workers:
     """``--workers N``: start N-1 more ``kvtune solve`` processes on the same storage (a temporary
     journal file without ``--storage``), each with ``--workers 1 --jobs 1 --quiet`` and no output
-    files; wait for them on exit. Yields the storage URL this process should use."""
+    files; reap each as it ends (a dead one must not linger as a zombie that looks alive to the
+    others: ``optimizer.scaleout.Reaper``), wait for them on exit and say which one failed. Yields
+    the storage URL this process should use."""
 
     def __init__(self, n: int, storage: str | None, workload: str, argv: list[str]):
         self.n, self.storage, self.workload, self.argv = n, storage, workload, argv
         self.procs: list[subprocess.Popen] = []
         self.tmp: tempfile.TemporaryDirectory | None = None
+        self.reaper: Any = None
 
     def __enter__(self) -> str | None:
         if self.n <= 1:
             return self.storage
-        from kvtune.optimizer.scaleout import spawn_workers
+        from kvtune.optimizer.scaleout import Reaper, spawn_workers
         if not self.storage:
             self.tmp = tempfile.TemporaryDirectory(prefix="kvtune-workers-")
             self.storage = f"journal:{self.tmp.name}/study.log"
         self.procs = spawn_workers(self.argv, self.storage, self.n - 1)
+        self.reaper = Reaper(self.procs)
         return self.storage
 
     def __exit__(self, *exc) -> None:
+        if self.reaper is not None:
+            self.reaper.close()
         for p in self.procs:
             if exc[0] is not None:
                 p.terminate()
             p.wait()
+        if exc[0] is None:
+            for p in self.procs:
+                if p.returncode not in (0, Infeasible.exit_code):   # the same answer as this one's: no news
+                    how = f"was killed by signal {-p.returncode}" if p.returncode < 0 else \
+                        f"exited with status {p.returncode}"
+                    click.echo(f"warning: --workers process {p.pid} {how}; the other processes did its share", err=True)
         if self.tmp is not None:
             self.tmp.cleanup()
 
 
 def summary_text(r: SolveResult, storage: str | None) -> str:
+    """What ``kvtune solve`` prints: the settled result (``optimizer.facts.settle``), every figure
+    formatted as the report formats it (``optimizer.facts``' text helpers)."""
     from kvtune.optimizer.deployment_choice import deployment_lines
-    from kvtune.optimizer.result import DisaggregatedRecommendation
+    from kvtune.optimizer.facts import describe, front_point_text, launch_footer, load_basis
+    from kvtune.optimizer.result import Recommendation
 
     lines = []
     t = r.trials
@@ -172,23 +326,15 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
         lines += deployment_lines(r)
         lines += [f"  note: {n}" for n in r.notes or ()]
         return "\n".join(lines)
-    if isinstance(rec, DisaggregatedRecommendation):  # prefill and decode pools (optimizer.deployment_choice)
-        q, d = rec.prefill, rec.decode
-        lines.append(f"Recommendation: disaggregated, {q.replicas} prefill x TP{q.tp} + {d.replicas} decode x "
-                     f"TP{d.tp} {rec.model} on {rec.gpus} {rec.gpu} "
-                     f"({rec.nodes} node{'s' if rec.nodes > 1 else ''})")
-    else:
-        layout = f"TP{rec.tp}" + (f" x PP{rec.pp}" if rec.pp > 1 else "") \
-            + (f" EP{rec.ep}" if rec.ep > 1 else "") + (" DP-attention" if rec.dp_attention else "")
-        per = rec.nodes_per_replica
-        lines.append(f"Recommendation: {rec.replicas} x {layout} {rec.model} on {rec.gpus} {rec.gpu} "
-                     f"({rec.nodes} node{'s' if rec.nodes > 1 else ''}"
-                     + (f", {per} per replica" if per > 1 else "") + ")")
+    lines.append(f"Recommendation: {describe(rec)} {rec.model} on {rec.gpus} {rec.gpu} "
+                 f"({rec.nodes} node{'s' if rec.nodes > 1 else ''}"
+                 + (f", {rec.nodes_per_replica} per replica" if isinstance(rec, Recommendation)
+                    and rec.nodes_per_replica > 1 else "") + ")")
     lines.append(f"  batch cap {rec.batch_cap}  chunk {rec.chunk_tokens} tokens  KV {rec.kv_dtype}  "
                  f"speculative k {rec.spec_k}")
     lines.append(f"  cost ${c.usd_per_hour:.2f}/h  ${c.usd_per_million_output_tokens:.3f} per 1M output tokens"
                  f" (at the {c.priced_at})")
-    lines.append(f"  predicted (simulated at {p.load_per_replica_req_s:.2f} req/s per replica): "
+    lines.append(f"  predicted (simulated at {p.load_per_replica_req_s:.2f} req/s {load_basis(r)}): "
                  f"goodput {p.goodput_req_s:.2f} req/s  SLO attainment {p.slo_attainment:.3f}  "
                  f"headroom {r.headroom * 100:+.0f}%")
     lines.append(f"  TTFT p50/p90/p99 {p.ttft_ms['p50']:.0f}/{p.ttft_ms['p90']:.0f}/{p.ttft_ms['p99']:.0f} ms   "
@@ -196,21 +342,22 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
                  f"{p.tok_s_per_user:.0f} tok/s per user  {p.output_tok_s:,.0f} output tok/s")
     if b.step is not None:
         st = b.step
-        lines.append(f"  bottleneck: {b.term} (batch limited by {b.batch_limit} at {b.operating_batch}; "
-                     f"step {st.step_ms or 0:.1f} ms: memory {st.mem_ms or 0:.1f}, "
+        lines.append(f"  bottleneck (analytic screen): {b.term} (batch limited by {b.batch_limit} at "
+                     f"{b.operating_batch}; step {st.step_ms or 0:.1f} ms: memory {st.mem_ms or 0:.1f}, "
                      f"compute {st.compute_ms or 0:.1f})")
     lines += deployment_lines(r)
     for n in r.notes or ():
         lines.append(f"  note: {n}")
-    for g in r.gpu_choice or ():
-        cost = f"${g.usd_per_hour:.2f}/h  goodput {g.goodput_req_s:.2f} req/s on {g.gpus} GPUs" \
+    rows = r.gpu_choice or ()
+    kinds = {g.deployment for g in rows if g.status == "ok"}
+    for g in rows:
+        kind = f" ({g.deployment})" if len(kinds) > 1 and g.deployment else ""
+        cost = f"${g.usd_per_hour:.2f}/h  goodput {g.goodput_req_s:.2f} req/s on {g.gpus} GPUs{kind}" \
             if g.status == "ok" else "infeasible"
         lines.append(f"  gpu {g.gpu} (${g.usd_per_gpu_hour:g}/GPU-h): {cost}: {g.why}")
     pareto = r.pareto or ()
     if len(pareto) > 1:
-        lines.append("  cost/goodput front (" + "; ".join(
-            f"{x.gpus} GPUs ${x.usd_per_hour:.0f}/h {x.goodput_req_s:.1f} req/s {x.evidence}"
-            for x in pareto[:6]) + ")")
+        lines.append("  cost/goodput front (" + "; ".join(front_point_text(r, x) for x in pareto[:6]) + ")")
     v = r.verification
     if v.outcomes:
         o = v.outcomes
@@ -223,7 +370,7 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
     lines.append(f"Launch ({_ENGINE_LABEL.get(eng, eng)}):")
     if launch:
         lines.append("  " + launch.replace("\n", "\n  "))
-        lines.append("  (the other engines' settings and a Kubernetes Deployment are in --json under 'launch')")
+        lines.append(f"  ({launch_footer(r.launch or {})})")
     else:
         lines.append(f"  no launch settings for {eng} in this build; the other engines' are in --json under 'launch'")
     if storage:

@@ -11,7 +11,10 @@ command (``unsupported``).
 
 Per engine: ``vllm.py``, ``sglang.py``, ``trtllm.py``, ``llamacpp.py``; ``kubernetes.py`` wraps the
 chosen engine in a Deployment or, for a replica spanning nodes, a LeaderWorkerSet; ``disagg.py``
-gives a disaggregated pick's prefill and decode pools, router and manifest for every engine.
+gives a disaggregated pick's prefill and decode pools, router and manifest for every engine;
+``context.py`` sizes each engine's context (vLLM ``--max-model-len``, SGLang ``--context-length``,
+TensorRT-LLM ``max_seq_len``) to the workload's longest request and what the KV pool holds.
+tests/contracts/ holds the engines' own argument definitions the tests check every line against.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def _engine_argv(engine: str, p: LaunchPick, node_rank=None, addr=None, nnodes=N
         from .sglang import DIST_PORT
         return sglang_argv(p, node_rank, None if addr is None else f"{addr}:{DIST_PORT}", nnodes)
     if engine == "trtllm":
-        argv, _, notes = trtllm_argv(p)
+        argv, _, notes = trtllm_argv(p, config=f"{kubernetes.CONFIG_DIR}/config.yaml")
         return argv, notes
     return llamacpp_argv(p)
 
@@ -136,8 +139,12 @@ def launch_for_pick(p: LaunchPick, name: str = "kvtune-llm", engine: str | None 
                 "model cache: a ReadWriteMany PersistentVolumeClaim (needs a storage class that offers it)"]
         if p.model_note:
             head.append(p.model_note)
+        if k8s_engine == "trtllm":
+            head.append(f"config.yaml (--extra_llm_api_options): the ConfigMap {safe}-config, mounted at "
+                        f"{kubernetes.CONFIG_DIR}")
         body = kubernetes.manifest(p, safe, ENGINE_VERSIONS[k8s_engine],
-                                   lambda r, a, n: _engine_argv(k8s_engine, p, r, a, n)[0])
+                                   lambda r, a, n: _engine_argv(k8s_engine, p, r, a, n)[0],
+                                   {"config.yaml": out["trtllm"]["config_yaml"]} if k8s_engine == "trtllm" else None)
         out["k8s"] = comment_block(head) + "\n" + body
     except Unsupported as exc:
         out["k8s"] = _unsupported(k8s_engine, str(exc))
@@ -151,13 +158,16 @@ def launch_for_pick(p: LaunchPick, name: str = "kvtune-llm", engine: str | None 
 def launch_settings(model: str, cfg: dict, replicas: int, gpu_mem_util: float, speculative: dict | None,
                     name: str = "kvtune-llm", *, arch=None, gpu=None, weights: str = "bf16",
                     activation_reserve_bytes: float = 0.0, gpus_per_node: int = 8, engine: str | None = None,
-                    prefix_caching: bool = True, max_request_tokens: int | None = None) -> dict:
+                    prefix_caching: bool = True, max_request_tokens: int | None = None,
+                    max_prompt_tokens: int | None = None) -> dict:
     """All engines' settings for ``cfg`` = {tp, batch_cap, kv_dtype, spec_k, chunk_tokens} (and
     optionally pp, ep, dp_attention, nodes_per_replica, gpus_per_node). ``arch``/``gpu`` (the
     costmodel records) give the memory plan and the model's facts; ``engine`` picks the one the
-    Kubernetes manifest runs (default vLLM)."""
+    Kubernetes manifest runs (default vLLM); ``max_request_tokens`` / ``max_prompt_tokens`` (the
+    workload's longest request and prompt) size each engine's context (context.py)."""
     p = build_pick(model, cfg, replicas, gpu_mem_util, speculative, arch=arch, gpu=gpu, weights=weights,
                    activation_reserve_bytes=activation_reserve_bytes, gpus_per_node=gpus_per_node,
-                   prefix_caching=prefix_caching, max_request_tokens=max_request_tokens)
+                   prefix_caching=prefix_caching, max_request_tokens=max_request_tokens,
+                   max_prompt_tokens=max_prompt_tokens)
     return launch_for_pick(p, name, engine)
 

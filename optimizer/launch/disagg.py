@@ -9,9 +9,12 @@ simulated in ``costmodel.deployment``, as each engine runs it.
   (its default, named explicitly) and the prefill's bootstrap port, behind
   ``python -m sglang_router.launch_router --pd-disaggregation`` (sglang-router 0.3.2);
 - TensorRT-LLM 1.0.0: context and generation ``trtllm-serve`` workers, each with its
-  ``cache_transceiver_config`` (UCX), and ``trtllm-serve disaggregated -c disagg_config.yaml``;
-- Kubernetes: a StatefulSet per pool (stable pod names the router lists), their headless
-  Services, and the router as a Deployment behind the Service users call.
+  ``cache_transceiver_config`` (backend ``ucx``, ``max_tokens_in_buffer`` = the longest prompt), and
+  ``trtllm-serve disaggregated -c disagg_config.yaml``;
+- Kubernetes (every engine but llama.cpp): a StatefulSet per pool (stable pod names the router
+  lists), their headless Services, the config files as a mounted ConfigMap (TensorRT-LLM), and the
+  router (or TensorRT-LLM's disaggregated server) as a Deployment with a pinned image that already
+  holds it, probes and resources, behind the Service users call.
 
 Every flag is in ``versions.FLAGS`` (the routers under their own names) and every TensorRT-LLM
 key in ``versions.TRTLLM_KEYS`` / ``versions.TRTLLM_DISAGG_KEYS``, with where it was read.
@@ -27,7 +30,7 @@ from .sglang import PORT as SGLANG_PORT
 from .sglang import sglang_argv
 from .shell import command, comment_block
 from .trtllm import trtllm_argv
-from .versions import ENGINE_VERSIONS, ROUTER_VERSIONS
+from .versions import ENGINE_VERSIONS, ROUTER_IMAGES, ROUTER_VERSIONS
 from .vllm import vllm_argv
 
 __all__ = ["disaggregated_launch", "ROUTER_PORT", "SGLANG_BOOTSTRAP_PORT", "VLLM_CONNECTOR", "SGLANG_BACKEND",
@@ -41,7 +44,10 @@ VLLM_SIDE_CHANNEL_PORT = 5600  # vllm/envs.py VLLM_NIXL_SIDE_CHANNEL_PORT defaul
 # node's network across nodes, NVLink/CUDA IPC within one)
 VLLM_CONNECTOR = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}   # vllm/config/kv_transfer.py
 SGLANG_BACKEND = "mooncake"   # disagg.py disaggregation_transfer_backend (default mooncake)
-TRTLLM_BACKEND = "UCX"        # cache_transceiver_config.backend: DEFAULT, UCX, NIXL, MPI
+# cache_transceiver_config.backend: TensorRT-LLM 1.0's CacheTransceiverConfig.backend is
+# Optional[Literal["default", "ucx", "nixl", "mpi"]] (lower case; later releases upper-case it):
+# tests/contracts/tensorrt-llm-1.0.0.json
+TRTLLM_BACKEND = "ucx"
 
 
 def _hosts(role: str, n: int) -> list[str]:
@@ -67,17 +73,13 @@ def _vllm(prefill: LaunchPick, decode: LaunchPick) -> tuple[str, list[str]]:
     blocks = []
     for role, p, hosts in (("prefill", prefill, _hosts("prefill", prefill.replicas)),
                            ("decode", decode, _hosts("decode", decode.replicas))):
-        argv, notes = vllm_argv(p)
+        argv, notes = vllm_argv(p, role=role)
         argv = argv + ["--kv-transfer-config", kvt]
         env = (f"VLLM_NIXL_SIDE_CHANNEL_HOST=<this-host-address> VLLM_NIXL_SIDE_CHANNEL_PORT={VLLM_SIDE_CHANNEL_PORT} ")
         blocks.append(comment_block([_pool_header(role, p) + f"; run on each of {', '.join(hosts)}"] + notes)
                       + "\n" + env + command(argv))
-    router = ["vllm-router", "--vllm-pd-disaggregation", "--policy", "round_robin"]
-    for h in _hosts("prefill", prefill.replicas):
-        router += ["--prefill", f"http://{h}:{ENGINE_PORT}"]
-    for h in _hosts("decode", decode.replicas):
-        router += ["--decode", f"http://{h}:{ENGINE_PORT}"]
-    router += ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+    router = vllm_router_argv([f"http://{h}:{ENGINE_PORT}" for h in _hosts("prefill", prefill.replicas)],
+                              [f"http://{h}:{ENGINE_PORT}" for h in _hosts("decode", decode.replicas)])
     rv = ROUTER_VERSIONS["vllm-router"]
     blocks.append(comment_block([f"router: {rv.label} (pip install vllm-router=={rv.version}); clients call "
                                  f"http://<router-host>:{ROUTER_PORT}"]) + "\n" + command(router))
@@ -95,7 +97,7 @@ def _sglang_role_flags(role: str) -> list[str]:
 def _sglang(prefill: LaunchPick, decode: LaunchPick) -> tuple[str, list[str]]:
     blocks = []
     for role, p in (("prefill", prefill), ("decode", decode)):
-        argv, notes = sglang_argv(p)
+        argv, notes = sglang_argv(p, role=role)
         argv = argv + _sglang_role_flags(role)
         hosts = _hosts(role, p.replicas)
         blocks.append(comment_block([_pool_header(role, p) + f"; run on each of {', '.join(hosts)}"] + notes)
@@ -117,27 +119,33 @@ def sglang_router_argv(prefill_hosts: list[str], decode_hosts: list[str]) -> lis
     return argv + ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
 
 
-def _trtllm_config(p: LaunchPick, role: str) -> tuple[list[str], dict, list[str]]:
-    argv, api, notes = trtllm_argv(p)
-    argv = [f"{role}_config.yaml" if a == "config.yaml" else a for a in argv]
+def _trtllm_config(p: LaunchPick, role: str, config_dir: str = "") -> tuple[list[str], dict, list[str]]:
+    path = f"{config_dir}/{role}_config.yaml" if config_dir else f"{role}_config.yaml"
+    argv, api, notes = trtllm_argv(p, role="prefill" if role == "ctx" else "decode", config=path)
     api = dict(api)
     if role == "ctx":
         # the overlap scheduler is not supported on context servers (examples/disaggregated/README.md)
         api["disable_overlap_scheduler"] = True
     ct: dict[str, object] = {"backend": TRTLLM_BACKEND}
-    if p.max_request_tokens:
+    isl = p.max_prompt_tokens or p.max_request_tokens
+    if isl:
         # "set it >= the maximum ISL of all requests" (examples/disaggregated/README.md)
-        ct["max_tokens_in_buffer"] = int(p.max_request_tokens)
+        ct["max_tokens_in_buffer"] = int(isl)
+    else:
+        notes.append("KV transfer buffer: no workload lengths given, so max_tokens_in_buffer is left at "
+                     "TensorRT-LLM's default; set it to at least the longest prompt")
     api["cache_transceiver_config"] = ct
     return argv, api, notes
 
 
-def trtllm_disagg_config(prefill: LaunchPick, decode: LaunchPick) -> dict:
+def trtllm_disagg_config(prefill: LaunchPick, decode: LaunchPick, pre_hosts: list[str] | None = None,
+                         dec_hosts: list[str] | None = None) -> dict:
+    pre_hosts = pre_hosts or _hosts("prefill", prefill.replicas)
+    dec_hosts = dec_hosts or _hosts("decode", decode.replicas)
     return {"hostname": "0.0.0.0", "port": ROUTER_PORT, "backend": "pytorch",
-            "context_servers": {"num_instances": prefill.replicas,
-                                "urls": [f"{h}:{ENGINE_PORT}" for h in _hosts("prefill", prefill.replicas)]},
+            "context_servers": {"num_instances": prefill.replicas, "urls": [f"{h}:{ENGINE_PORT}" for h in pre_hosts]},
             "generation_servers": {"num_instances": decode.replicas,
-                                   "urls": [f"{h}:{ENGINE_PORT}" for h in _hosts("decode", decode.replicas)]}}
+                                   "urls": [f"{h}:{ENGINE_PORT}" for h in dec_hosts]}}
 
 
 def _trtllm(prefill: LaunchPick, decode: LaunchPick) -> dict:
@@ -158,16 +166,17 @@ def _trtllm(prefill: LaunchPick, decode: LaunchPick) -> dict:
 
 # ---- Kubernetes ------------------------------------------------------------------------------
 
-def _stateful_set(name: str, role: str, p: LaunchPick, image: str, argv: list[str], env: list[dict]) -> list[dict]:
+def _stateful_set(name: str, role: str, p: LaunchPick, image: str, argv: list[str], env: list[dict],
+                  config: bool = False) -> list[dict]:
     svc = f"{name}-{role}"
     label = {"app": name, "role": role}
-    c = kubernetes.container("engine", image, argv, p.gpus_per_replica, p, True)
+    c = kubernetes.container("engine", image, argv, p.gpus_per_replica, p, True, config)
     c["env"] = c["env"] + env
     sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": svc, "labels": label},
            "spec": {"serviceName": svc, "replicas": p.replicas, "podManagementPolicy": "Parallel",
                     "selector": {"matchLabels": label},
                     "template": {"metadata": {"labels": label},
-                                 "spec": {"containers": [c], "volumes": kubernetes.volumes(name)}}}}
+                                 "spec": {"containers": [c], "volumes": kubernetes.volumes(name, config)}}}}
     headless = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": svc, "labels": label},
                 "spec": {"clusterIP": "None", "selector": dict(label),
                          "ports": [{"name": "http", "port": ENGINE_PORT, "targetPort": "http"}]}}
@@ -178,48 +187,83 @@ def _pod_dns(name: str, role: str, n: int) -> list[str]:
     return [f"{name}-{role}-{i}.{name}-{role}" for i in range(n)]
 
 
+def vllm_router_argv(prefill_urls: list[str], decode_urls: list[str]) -> list[str]:
+    argv = ["vllm-router", "--vllm-pd-disaggregation", "--policy", "round_robin"]
+    for u in prefill_urls:
+        argv += ["--prefill", u]
+    for u in decode_urls:
+        argv += ["--decode", u]
+    return argv + ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+
+
+# the router's health endpoints (both routers: /liveness answers while the process runs,
+# /readiness once its workers are healthy; routes read from the 0.1.17 / 0.3.2 wheels)
+_ROUTER_HEALTH = ("/liveness", "/readiness")
+
+
 def _k8s(prefill: LaunchPick, decode: LaunchPick, name: str, engine: str) -> str:
-    if engine not in ("vllm", "sglang"):
-        raise Unsupported(f"the disaggregated Kubernetes manifest is written for vLLM and SGLang, not {engine}")
+    if engine not in ("vllm", "sglang", "trtllm"):
+        raise Unsupported(f"{ENGINE_VERSIONS[engine].label} has no disaggregated prefill/decode serving: "
+                          f"set engine to vllm, sglang or trtllm for this pick, or deploy the aggregated one")
     version = ENGINE_VERSIONS[engine]
     docs = [kubernetes.pvc(name, prefill)]
     pod_ip = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-    for role, p in (("prefill", prefill), ("decode", decode)):
-        if engine == "vllm":
-            argv = vllm_argv(p)[0] + ["--kv-transfer-config", json.dumps(VLLM_CONNECTOR, separators=(",", ":"))]
-            env = pod_ip + [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"}]
-        else:
-            argv = sglang_argv(p)[0] + _sglang_role_flags(role)
-            env = []
-        docs += _stateful_set(name, role, p, version.image, argv, env)
     pre, dec = _pod_dns(name, "prefill", prefill.replicas), _pod_dns(name, "decode", decode.replicas)
+    config = engine == "trtllm"
+    head_extra: list[str] = []
+    servers: list[tuple[str, LaunchPick, list[str], list[dict]]] = []
+    if config:
+        files = {}
+        for role, trole, p in (("prefill", "ctx", prefill), ("decode", "gen", decode)):
+            argv, api, _ = _trtllm_config(p, trole, kubernetes.CONFIG_DIR)
+            files[f"{trole}_config.yaml"] = kubernetes.dump_yaml([api])
+            servers.append((role, p, argv, []))
+        files["disagg_config.yaml"] = kubernetes.dump_yaml([trtllm_disagg_config(prefill, decode, pre, dec)])
+        docs.append(kubernetes.config_map(name, files))
+        head_extra.append(f"config files (ctx_config.yaml, gen_config.yaml, disagg_config.yaml): the ConfigMap "
+                          f"{name}-config, mounted at {kubernetes.CONFIG_DIR}")
+    else:
+        for role, p in (("prefill", prefill), ("decode", decode)):
+            if engine == "vllm":
+                argv = vllm_argv(p, role=role)[0] + ["--kv-transfer-config",
+                                                     json.dumps(VLLM_CONNECTOR, separators=(",", ":"))]
+                env = pod_ip + [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"}]
+            else:
+                argv = sglang_argv(p, role=role)[0] + _sglang_role_flags(role)
+                env = []
+            servers.append((role, p, argv, env))
+    for role, p, argv, env in servers:
+        docs += _stateful_set(name, role, p, version.image, argv, env, config)
     if engine == "vllm":
         rv = ROUTER_VERSIONS["vllm-router"]
-        router = ["vllm-router", "--vllm-pd-disaggregation", "--policy", "round_robin"]
-        for h in pre:
-            router += ["--prefill", f"http://{h}:{ENGINE_PORT}"]
-        for h in dec:
-            router += ["--decode", f"http://{h}:{ENGINE_PORT}"]
-        router += ["--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
-        image = "python:3.12-slim"
-        cmd = ["sh", "-c", f"pip install vllm-router=={rv.version} && exec " + " ".join(router)]
-    else:
-        # the SGLang image carries sglang_router (lmsysorg/sglang images install sglang-router)
+        image = ROUTER_IMAGES["vllm-router"]
+        cmd = vllm_router_argv([f"http://{h}:{ENGINE_PORT}" for h in pre], [f"http://{h}:{ENGINE_PORT}" for h in dec])
+        health: tuple[str, str] | None = _ROUTER_HEALTH
+        head_extra.append(f"router image {image}: vllm-router publishes no release-numbered image (Docker Hub "
+                          f"vllm/vllm-router carries nightly builds only); its flags here are checked against "
+                          f"{rv.label}. To run exactly {rv.label}, build FROM python:3.12-slim with pip install "
+                          f"vllm-router=={rv.version} and set that image")
+    elif engine == "sglang":
+        # lmsysorg/sglang builds and installs sgl-router from the same source tree (docker/Dockerfile:
+        # "Build and install sgl-router"): the pinned engine image already holds the router
         image = version.image
         cmd = sglang_router_argv(pre, dec)
-    label = {"app": name, "role": "router"}
-    router_c = {"name": "router", "image": image, "command": cmd,
-                "ports": [{"name": "http", "containerPort": ROUTER_PORT}]}
-    docs.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"{name}-router", "labels": label},
-                 "spec": {"replicas": 1, "selector": {"matchLabels": label},
-                          "template": {"metadata": {"labels": label}, "spec": {"containers": [router_c]}}}})
-    docs.append(kubernetes.service(name, label))
+        health = _ROUTER_HEALTH
+    else:
+        # trtllm-serve disaggregated is in the engine image; its server answers /health
+        image = version.image
+        cmd = ["trtllm-serve", "disaggregated", "-c", f"{kubernetes.CONFIG_DIR}/disagg_config.yaml"]
+        health = ("/health", "/health")
+    docs.append(kubernetes.router_deployment(name, image, cmd, ROUTER_PORT, health, config))
+    docs.append(kubernetes.service(name, {"app": name, "role": "router"}))
+    front = "trtllm-serve disaggregated server" if engine == "trtllm" else "router"
     head = [f"{version.label} disaggregated on Kubernetes: {prefill.replicas} prefill x TP {prefill.tp} + "
-            f"{decode.replicas} decode x TP {decode.tp}, a router Deployment behind Service {name}",
+            f"{decode.replicas} decode x TP {decode.tp}, the {front} as a Deployment behind Service {name}",
             f"Hugging Face token: kubectl create secret generic {kubernetes.HF_SECRET['name']} "
             f"--from-literal={kubernetes.HF_SECRET['key']}=hf_..." + (" (required: gated model)" if prefill.gated else ""),
             "the KV moves pod to pod over RDMA: give the pods your cluster's RDMA devices (e.g. the NVIDIA network "
-            "operator's rdma/ resources) or the transfer falls back to TCP, slower than kvtune's link model"]
+            "operator's rdma/ resources) or the transfer falls back to TCP, slower than kvtune's link model",
+            *head_extra]
     return comment_block(head) + "\n" + kubernetes.dump_yaml(docs)
 
 
@@ -231,7 +275,10 @@ def disaggregated_launch(prefill: LaunchPick, decode: LaunchPick, name: str = "k
     safe = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:40].strip("-") or "kvtune-llm"
     out: dict = {"versions": {**{e: ENGINE_VERSIONS[e].to_json() for e in ("vllm", "sglang", "trtllm")},
                               **{r: v.to_json() for r, v in ROUTER_VERSIONS.items()}},
-                 "unsupported": {}, "notes": {}}
+                 "unsupported": {}, "notes": {},
+                 # each pool's memory plan (the pool its --max-model-len is checked against)
+                 "memory": {role: None if p.memory is None else p.memory.to_json()
+                            for role, p in (("prefill", prefill), ("decode", decode))}}
     try:
         _check(prefill, decode)
     except Unsupported as exc:
@@ -253,7 +300,7 @@ def disaggregated_launch(prefill: LaunchPick, decode: LaunchPick, name: str = "k
     except Unsupported as exc:
         out["trtllm"] = {"command": f"# {ENGINE_VERSIONS['trtllm'].label} cannot run this pick disaggregated: {exc}"}
         out["unsupported"]["trtllm"] = str(exc)
-    k8s_engine = engine if engine in ("vllm", "sglang") else "vllm"
+    k8s_engine = engine if engine in ENGINE_VERSIONS else "vllm"
     out["k8s_engine"] = k8s_engine
     try:
         out["k8s"] = _k8s(prefill, decode, safe, k8s_engine)

@@ -98,6 +98,8 @@ class LaunchPick:
     gated: bool = False
     memory: MemoryFacts | None = None
     max_request_tokens: int | None = None   # the longest prompt + output kvtune simulated, when known
+    max_prompt_tokens: int | None = None    # the longest prompt kvtune simulated, when known
+    model_context_tokens: int = 0           # the model's own longest sequence (config.json); 0: not stated
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -246,7 +248,7 @@ def _memory(arch, gpu, cfg: dict, weights: str, kv_dtype: str, gpu_mem_util: flo
 def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, speculative: dict | None, *,
                arch=None, gpu=None, weights: str = "bf16", activation_reserve_bytes: float = 0.0,
                gpus_per_node: int = 8, prefix_caching: bool = True,
-               max_request_tokens: int | None = None) -> LaunchPick:
+               max_request_tokens: int | None = None, max_prompt_tokens: int | None = None) -> LaunchPick:
     """``cfg``: {tp, batch_cap, kv_dtype, spec_k, chunk_tokens} and optionally pp, ep, dp_attention,
     nodes_per_replica, gpus_per_node; ``speculative``: the workload's ``speculative:`` section ({method, draft_model}) or None; ``arch``/``gpu``: the
     costmodel records (for the memory plan and the model's facts)."""
@@ -268,4 +270,5 @@ def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, specul
         is_moe=bool(getattr(arch, "is_moe", False)), gated=gated(ref),
         memory=_memory(arch, gpu, dict(cfg, gpus_per_node=gpn), weights, str(cfg.get("kv_dtype", "bf16")),
                        float(gpu_mem_util), activation_reserve_bytes, speculative),
-        max_request_tokens=max_request_tokens)
+        max_request_tokens=max_request_tokens, max_prompt_tokens=max_prompt_tokens,
+        model_context_tokens=int(getattr(arch, "max_context_tokens", 0) or 0) if arch is not None else 0)

@@ -11,6 +11,7 @@ is not emitted and kvtune simulates SGLang's prefill-first scheduling (``schedul
 
 from __future__ import annotations
 
+from .context import sglang_context_length
 from .pick import LaunchPick, Unsupported
 
 __all__ = ["sglang_argv", "sglang_algorithm", "sglang_mixed_chunk", "PORT", "DIST_PORT"]
@@ -57,7 +58,7 @@ def _spec(p: LaunchPick) -> list[str]:
 
 
 def sglang_argv(p: LaunchPick, node_rank: str | None = None, dist_addr: str | None = None,
-                nnodes: str | None = None) -> tuple[list[str], list[str]]:
+                nnodes: str | None = None, role: str = "serve") -> tuple[list[str], list[str]]:
     p.require_launchable("sglang")   # weights, KV dtype, speculation: costmodel.engines.capabilities
     notes = []
     ckpt = p.model
@@ -79,6 +80,10 @@ def sglang_argv(p: LaunchPick, node_rank: str | None = None, dist_addr: str | No
         # attention data-parallel over every rank of the TP group (the deprecated spelling was
         # --dp-size N --enable-dp-attention: server_args.py)
         argv += ["--attn-dp-size", str(p.tp)]
+    ctx = sglang_context_length(p, role)
+    if ctx.value is not None:
+        argv += ["--context-length", str(ctx.value)]
+        notes.append(ctx.note)
     argv += ["--max-running-requests", str(p.batch_cap), "--chunked-prefill-size", str(p.chunk_tokens),
              "--max-prefill-tokens", str(p.chunk_tokens)]
     spec_argv = _spec(p)

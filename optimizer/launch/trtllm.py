@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from .context import trtllm_max_seq_len
 from .pick import NGRAM_MATCH_TOKENS, LaunchPick, Unsupported
 
 __all__ = ["trtllm_api", "trtllm_argv", "free_fraction", "PORT"]
@@ -66,7 +67,7 @@ def _checkpoint(p: LaunchPick) -> tuple[str, str]:
     return ckpt, f"FP8 weights: the pre-quantized checkpoint {ckpt} (its hf_quant_config sets the FP8 GEMMs)"
 
 
-def trtllm_api(p: LaunchPick) -> tuple[dict, list[str]]:
+def trtllm_api(p: LaunchPick, role: str = "serve") -> tuple[dict, list[str]]:
     p.require_launchable("trtllm")   # weights, KV dtype, speculation: costmodel.engines.capabilities
     if p.multi_node:
         raise Unsupported(f"a replica over {p.nodes} nodes: TensorRT-LLM starts it under MPI "
@@ -80,6 +81,10 @@ def trtllm_api(p: LaunchPick) -> tuple[dict, list[str]]:
     if p.dp_attention:
         api["enable_attention_dp"] = True
     api |= {"max_batch_size": p.batch_cap, "max_num_tokens": p.chunk_tokens, "enable_chunked_prefill": True}
+    ctx = trtllm_max_seq_len(p, role)
+    if ctx.value is not None:
+        api["max_seq_len"] = ctx.value
+        notes.append(ctx.note)
     kv: dict = {"dtype": "fp8" if p.kv_dtype == "fp8" else "auto"}
     frac = free_fraction(p)
     if frac is not None and p.memory is not None:  # a fraction comes only with a memory plan
@@ -99,15 +104,16 @@ def trtllm_api(p: LaunchPick) -> tuple[dict, list[str]]:
     return api, notes
 
 
-def trtllm_argv(p: LaunchPick) -> tuple[list[str], dict, list[str]]:
+def trtllm_argv(p: LaunchPick, role: str = "serve", config: str = "config.yaml") -> tuple[list[str], dict, list[str]]:
+    """(argv, the --extra_llm_api_options YAML as a dict, notes); ``config``: where the YAML is."""
     p.require_launchable("trtllm")
     ckpt, qnote = _checkpoint(p)
-    api, notes = trtllm_api(p)
+    api, notes = trtllm_api(p, role)
     argv = ["trtllm-serve", ckpt, "--tp_size", str(p.tp)]
     if p.pp > 1:
         argv += ["--pp_size", str(p.pp)]
     if p.ep > 1:
         argv += ["--ep_size", str(p.ep)]
     argv += ["--max_batch_size", str(p.batch_cap), "--max_num_tokens", str(p.chunk_tokens),
-             "--extra_llm_api_options", "config.yaml", "--host", "0.0.0.0", "--port", str(PORT)]
+             "--extra_llm_api_options", config, "--host", "0.0.0.0", "--port", str(PORT)]
     return argv, api, ([qnote] if qnote else []) + notes

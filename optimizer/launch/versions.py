@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EngineVersion", "ENGINE_VERSIONS", "ROUTER_VERSIONS", "FLAGS", "TRTLLM_KEYS", "TRTLLM_DISAGG_KEYS",
-           "ENGINES"]
+__all__ = ["EngineVersion", "ENGINE_VERSIONS", "ROUTER_VERSIONS", "ROUTER_IMAGES", "FLAGS", "TRTLLM_KEYS",
+           "TRTLLM_DISAGG_KEYS", "ENGINES"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,18 @@ ROUTER_VERSIONS: dict[str, EngineVersion] = {
         ""),
 }
 
+# the container image each router runs from in a Kubernetes manifest: one that already holds the
+# router, so nothing is installed when the pod starts.
+# - vllm-router: Docker Hub vllm/vllm-router publishes nightly builds only (tags nightly and
+#   nightly-<date>-<commit>, as vLLM's MoRIIO connector docs and public launch scripts use them), no
+#   release-numbered tag: the manifest pins a dated nightly and says so;
+# - sglang-router: lmsysorg/sglang builds and installs sgl-router from the same source tree
+#   (sglang docker/Dockerfile, "Build and install sgl-router"), so the pinned engine image holds it.
+ROUTER_IMAGES: dict[str, str] = {
+    "vllm-router": "vllm/vllm-router:nightly-20260710-b93cbcb",
+    "sglang-router": "lmsysorg/sglang:v0.5.23",
+}
+
 _V = "vllm/engine/arg_utils.py EngineArgs.add_cli_args"
 _S = "sglang/srt/arg_groups/fields"
 _L = "tools/server/README.md"
@@ -85,6 +97,8 @@ FLAGS: dict[str, dict[str, str]] = {
         "--master-addr": f"{_V}, ParallelConfig group",
         "--master-port": f"{_V}, ParallelConfig group",
         "--headless": "vllm/entrypoints/common/cli_args.py (serve --headless: workers of node_rank > 0, cli/serve.py run_headless)",
+        "--max-model-len": f"{_V}, ModelConfig group (checked against the KV pool at start-up: "
+                           "v1/core/kv_cache_planning.py check_enough_kv_cache_memory)",
         "--max-num-seqs": f"{_V}, SchedulerConfig group",
         "--max-num-batched-tokens": f"{_V}, SchedulerConfig group",
         "--enable-chunked-prefill": f"{_V}, SchedulerConfig group",
@@ -109,6 +123,7 @@ FLAGS: dict[str, dict[str, str]] = {
         "--nnodes": f"{_S}/parallel.py nnodes",
         "--node-rank": f"{_S}/parallel.py node_rank",
         "--dist-init-addr": f"{_S}/parallel.py dist_init_addr",
+        "--context-length": f"{_S}/model.py context_length (srt/managers/tp_worker.py caps requests at the pool)",
         "--max-running-requests": f"{_S}/schedule.py max_running_requests",
         "--chunked-prefill-size": f"{_S}/schedule.py chunked_prefill_size",
         "--max-prefill-tokens": f"{_S}/schedule.py max_prefill_tokens",
@@ -192,6 +207,7 @@ TRTLLM_KEYS: dict[str, str] = {
     "max_batch_size": "llm-api/reference LlmArgs",
     "max_num_tokens": "llm-api/reference LlmArgs",
     "enable_chunked_prefill": "llm-api/reference LlmArgs (off by default)",
+    "max_seq_len": "llm-api/reference LlmArgs (prompt + output; context.py sizes it in whole KV blocks)",
     "kv_cache_config": "llm-api/reference LlmArgs -> KvCacheConfig",
     "kv_cache_config.dtype": "llm-api/reference KvCacheConfig",
     "kv_cache_config.free_gpu_memory_fraction": "llm-api/reference KvCacheConfig (share of the memory free after the "

@@ -3,13 +3,15 @@
 What runs is what kvtune simulated: ``--max-num-seqs`` is the batch cap, ``--max-num-batched-tokens``
 the per-step token budget with chunked prefill on (mixed prefill/decode steps, vLLM's V1 scheduler),
 ``--gpu-memory-utilization`` the same share of the whole GPU memory that kvtune's pool is carved
-from (weights + activations + KV pool), prefix caching on or off as simulated.
+from (weights + activations + KV pool), prefix caching on or off as simulated, and
+``--max-model-len`` sized so the pool passes vLLM's start-up check (context.py).
 """
 
 from __future__ import annotations
 
 import json
 
+from .context import vllm_max_model_len
 from .pick import NGRAM_MATCH_TOKENS, LaunchPick, Unsupported
 
 __all__ = ["vllm_argv", "vllm_speculative_config", "vllm_quantization", "PORT"]
@@ -80,13 +82,17 @@ def _parallel(p: LaunchPick) -> list[str]:
 
 
 def vllm_argv(p: LaunchPick, node_rank: str | None = None, master_addr: str | None = None,
-              nnodes: str | None = None) -> tuple[list[str], list[str]]:
+              nnodes: str | None = None, role: str = "serve") -> tuple[list[str], list[str]]:
     """(argv, notes). With ``node_rank`` etc. given, the multi-node (mp backend) form: rank 0 serves,
-    the others run ``--headless`` (vllm/entrypoints/cli/serve.py run_headless)."""
+    the others run ``--headless`` (vllm/entrypoints/cli/serve.py run_headless). ``role``: 'serve'
+    (aggregated), 'prefill' or 'decode' (a disaggregated pool; sizes ``--max-model-len``)."""
     ckpt, qflags, qnote = vllm_quantization(p)
     sc = vllm_speculative_config(p)
-    argv = ["vllm", "serve", ckpt, *_parallel(p),
-            "--max-num-seqs", str(p.batch_cap),
+    ctx = vllm_max_model_len(p, role)
+    argv = ["vllm", "serve", ckpt, *_parallel(p)]
+    if ctx.value is not None:
+        argv += ["--max-model-len", str(ctx.value)]
+    argv += ["--max-num-seqs", str(p.batch_cap),
             "--max-num-batched-tokens", str(p.chunk_tokens), "--enable-chunked-prefill",
             "--kv-cache-dtype", _KV_DTYPE.get(p.kv_dtype, "auto"),
             "--gpu-memory-utilization", f"{p.gpu_mem_util:g}", *qflags]
@@ -99,5 +105,5 @@ def vllm_argv(p: LaunchPick, node_rank: str | None = None, master_addr: str | No
         if node_rank != "0":
             argv.append("--headless")
     argv += ["--host", "0.0.0.0", "--port", str(PORT)]
-    notes = [qnote] if qnote else []
+    notes = ([qnote] if qnote else []) + ([ctx.note] if ctx.note else [])
     return argv, notes
