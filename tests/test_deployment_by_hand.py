@@ -67,18 +67,20 @@ class _Step:
 
 def test_throughput_bound_by_hand():
     s = _Step()
-    prefill, decode = Pool(s, SimConfig(8, 4096), 3), Pool(s, SimConfig(64, kv_pool_tokens=50_000), 2)
+    # 49,499 pool tokens hold 29 sequences of 1,650 (30 would need 49,500)
+    prefill, decode = Pool(s, SimConfig(8, 4096), 3), Pool(s, SimConfig(64, kv_pool_tokens=49_499), 2)
     s.calls.clear()
     got = disaggregated_bound_req_s(prefill, decode, 1500.0, 300.0)
     # prefill: a 4,096-token chunk with no context before it, 4096 x 4097 / 2 pairs
     assert s.calls[0] == (0, 0.0, 4096, 4096 * 4097 / 2, 0.0)
     chunk_s = 0.010 + 2e-6 * 4096 + 1e-9 * 4096 * 4097 / 2
     pre = 3 * 4096 / chunk_s / 1500.0
-    dec = 2 * capacity_bound_req_s(s, 1500.0, 300.0, 64, 0.0, 50_000)
+    dec = 2 * 29 * 1.0 / ((0.010 + 5e-4 * 29 + 1e-6 * 29 * 1650) * 300)
+    assert dec == pytest.approx(2 * capacity_bound_req_s(s, 1500.0, 300.0, 64, 0.0, 49_499), rel=1e-12)
     assert dec < pre
     assert got == pytest.approx(dec, rel=1e-12)
     # 300 decode replicas: the prefill pool is the limit
-    assert disaggregated_bound_req_s(prefill, Pool(s, SimConfig(64, kv_pool_tokens=50_000), 300), 1500.0, 300.0) == \
+    assert disaggregated_bound_req_s(prefill, Pool(s, SimConfig(64, kv_pool_tokens=49_499), 300), 1500.0, 300.0) == \
         pytest.approx(pre, rel=1e-12)
     # prompts under a token: one token each
     tiny = disaggregated_bound_req_s(prefill, Pool(s, SimConfig(64), 10**6), 0.5, 300.0)
@@ -180,6 +182,7 @@ def test_many_prompts_done_in_one_step_transfer_in_arrival_order():
     assert np.all(r.prefill_s == r.prefill_s[0])
     x = 1e-3 + 100 * STEP.memory.kv_bytes_per_token / 1e9
     np.testing.assert_allclose(r.kv_wait_s, x * np.arange(1, n + 1), rtol=1e-9)
+    assert r.result.measured.all() and r.result.arrival == "inf"     # offline: no warm-up left out
 
 
 def test_a_prompt_only_one_pool_can_hold_is_rejected_and_the_others_are_served():
@@ -196,6 +199,8 @@ def test_a_prompt_only_one_pool_can_hold_is_rejected_and_the_others_are_served()
     r = simulate_disaggregated(prefill, decode, req, kv_link(H100, True), engine="sglang")
     assert r.result.rejected == 1 and r.result.reject_reason.startswith("decode pool: ")
     assert np.isinf(r.result.ttft_s[1]) and not r.result.met_slo[1] and np.isinf(r.kv_wait_s[1])
+    assert np.isinf(r.prefill_s[1]) and np.isinf(r.transfer_s[1])      # computed, but never served
+    assert r.result.arrival == "trace"
     assert np.isfinite(r.result.ttft_s[[0, 2]]).all()
     # both pools reject one each: both reasons, in pool order
     both = simulate_disaggregated(Pool(STEP, SimConfig(8, 1024, kv_pool_tokens=2_000), 1),

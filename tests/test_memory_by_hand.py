@@ -189,6 +189,14 @@ def test_no_hint_when_no_number_of_gpus_holds_the_weights():
 
 
 @pytest.mark.parametrize("blocks", [0.5, 1.0])
+def test_a_pool_of_at_most_one_block_is_no_room_for_the_kv_cache(blocks):
+    gpu = gpu_with_usable(L8_BF16 + int(blocks * BLOCK))
+    with pytest.raises(DoesNotFit, match="no room for the KV cache"):
+        plan_memory(L8, gpu, 1, "bf16", "bf16", 0.5)
+    assert plan_memory(L8, gpu_with_usable(L8_BF16 + BLOCK + 1), 1, "bf16", "bf16", 0.5).kv_pool_tokens == 16
+
+
+@pytest.mark.parametrize("blocks", [0.5, 1.0])
 def test_a_target_without_a_block_of_kv_is_the_targets_error_not_the_drafts(blocks):
     # usable = the weights + half a block / exactly one block: the target alone has no room for KV
     gpu = gpu_with_usable(L8_BF16 + int(blocks * BLOCK))

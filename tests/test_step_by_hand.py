@@ -20,9 +20,13 @@ P prompt tokens attending over A (query, key) pairs after reading R cached token
     t_step        max(t_mem, t_comp) + t_comm + step overhead (+ fp8 scaling) + t_draft (+ prefill overhead)
 """
 
+import json
+
 import pytest
 
 from kvtune.costmodel import Efficiency, InputError, SpecConfig, StepModel, get_gpu, get_model
+from kvtune.costmodel.files import profiles_path
+from kvtune.costmodel.models import model_from_config
 from kvtune.costmodel.parallel import Parallel, all_to_all_s, allreduce_s, expert_load_imbalance, hop_s, micro_batches
 from kvtune.costmodel.step import chunked_prefill_time_s, spec_tokens_per_step
 
@@ -158,6 +162,9 @@ CONFIGS = [
     ("qwen3-30b-a3b", 4, Parallel(tp=4, ep=4, dp_attention=True, pp=2), "bf16", "fp8", None),
     ("deepseek-v3", 16, Parallel(tp=16, ep=16, dp_attention=True), "fp8", "bf16", None),  # MLA, a2a across nodes
     ("deepseek-v3", 8, Parallel(tp=8, pp=2), "fp8", "bf16", SpecConfig(1, 0.8, 0.1)),
+    ("mixtral-8x7b", 2, Parallel(tp=2, ep=2), "bf16", "bf16", None),                     # the smallest EP
+    ("qwen3-30b-a3b", 2, Parallel(tp=2, ep=2, dp_attention=True), "bf16", "bf16", None),
+    ("one-sliding-layer", 1, None, "bf16", "bf16", SpecConfig(2, 0.7, 0.05)),
 ]
 STEPS = [
     # decoding sequences, their context sum, prompt tokens, pairs, cached tokens read
@@ -168,22 +175,33 @@ STEPS = [
     (0, 0.0, 512, StepModel.chunk_pairs(512, 4096), 4096.0),
     (31, 31 * 9000.0, 1024, StepModel.chunk_pairs(1024, 300), 300.0),
     (3, 3 * 5000.0, 8, StepModel.chunk_pairs(8, 0), 0.0),
+    (2, 2 * 3000.0, 1, StepModel.chunk_pairs(1, 500), 500.0),       # a prompt's last token alone
+    (1024, 1024 * 300.0, 0, 0.0, 0.0),                              # compute-bound decoding
 ]
+
+
+def model(name):
+    if name != "one-sliding-layer":
+        return get_model(name)
+    # Llama-3.1-8B with a 1,024-token window on one of its 32 layers
+    cfg = json.loads(profiles_path("models", "llama-3.1-8b.json").read_text())
+    types = ["sliding_attention"] + ["full_attention"] * 31
+    return model_from_config(dict(cfg, sliding_window=1024, layer_types=types), name)
 
 
 @pytest.mark.parametrize("name, tp, par, wd, kd, spec", CONFIGS,
                          ids=[f"{c[0]}-{c[2] or c[1]}-{c[3]}-{c[4]}-{'spec' if c[5] else 'plain'}" for c in CONFIGS])
 def test_step_terms_match_a_second_derivation(name, tp, par, wd, kd, spec):
-    m = get_model(name)
+    m = model(name)
     sm = StepModel(m, H100, tp, wd, kd, EFF, spec, gpu_mem_util=0.95, parallel=par)
     layout = par or Parallel(tp=tp, gpus_per_node=max(tp, 8))
     for shape in STEPS:
         want = reference(m, layout, wd, kd, EFF, spec, *shape)
         got = sm.step_terms(*shape)
-        assert got == pytest.approx(want, rel=1e-9), (shape, got, want)
+        assert got == pytest.approx(want, rel=1e-12), (shape, got, want)
         b = sm.breakdown(*shape)
         assert (b.time_s, b.mem_s, b.compute_s, b.comm_s, b.draft_s, b.bytes_per_gpu, b.flops_per_gpu) == \
-            pytest.approx(want, rel=1e-9)
+            pytest.approx(want, rel=1e-12)
         fixed = EFF.step_overhead_s + (EFF.fp8_scale_overhead_s if wd == "fp8" else 0) \
             + (EFF.prefill_overhead_s if shape[2] else 0)
         assert b.overhead_s == pytest.approx(fixed, rel=1e-12)
@@ -197,13 +215,14 @@ def test_step_terms_match_a_second_derivation(name, tp, par, wd, kd, spec):
                 written = shape[0] * m.n_layers * 2 * max(m.n_kv_heads / tp, 1) * m.head_dim * BYTES[kd] \
                     / (EFF.fp8_kv_bw_efficiency if kd == "fp8" else 1) / (H100.hbm_bytes_per_s * EFF.bw_efficiency)
                 if kd != "fp8":
-                    assert mem + written == pytest.approx(b.mem_s, rel=1e-9)
-                assert c0 + c1 * shape[1] + shape[0] * c1 == pytest.approx(b.compute_s, rel=1e-9)
+                    assert mem + written == pytest.approx(b.mem_s, rel=1e-12)
+                assert c0 + c1 * shape[1] + shape[0] * c1 == pytest.approx(b.compute_s, rel=1e-12)
     # a pure decode step through the two-argument forms (no prompt tokens, pairs or cached reads)
-    d = sm.decode_step(8, 2500.0)
-    want = reference(m, layout, wd, kd, EFF, spec, 8, 8 * 2500.0, 0, 0.0, 0.0)
-    assert (d.time_s, d.flops_per_gpu) == pytest.approx((want[0], want[6]), rel=1e-12)
-    assert sm.step_time_s(8, 8 * 2500.0) == pytest.approx(want[0], rel=1e-12)
+    for b, ctx in ((8, 2500.0), (1024, 300.0)):
+        d = sm.decode_step(b, ctx)
+        want = reference(m, layout, wd, kd, EFF, spec, b, b * ctx, 0, 0.0, 0.0)
+        assert (d.time_s, d.flops_per_gpu) == pytest.approx((want[0], want[6]), rel=1e-12)
+        assert sm.step_time_s(b, b * ctx) == pytest.approx(want[0], rel=1e-12)
     # an empty step costs nothing at all (no overhead either)
     assert sm.step_terms(0, 0.0, 0, 0.0, 0.0) == (0.0,) * 7
     assert sm.breakdown(0, 0.0).overhead_s == 0.0
@@ -230,6 +249,15 @@ def test_memory_plan_follows_the_efficiency_and_the_draft():
     assert sm.memory.activation_reserve_bytes == 2e9
     assert sm.memory.kv_pool_bytes_per_gpu == 40e9 - 16_060_522_496 / 2 - 2e9
     assert sm.memory.kv_bytes_per_token_per_gpu == 32 * 2 * 4 * 128 * 1
+
+
+def test_a_one_stage_model_has_no_hops_and_no_all_to_all():
+    sm = StepModel(get_model("llama-3.1-8b"), H100, 1, efficiency=EFF)
+    assert sm.hops_s(1000) == 0.0 and sm.a2a_s(1000) == 0.0
+    moe = StepModel(get_model("mixtral-8x7b"), H100, 2, efficiency=EFF, parallel=Parallel(tp=2, ep=2))
+    assert moe.a2a_s(1000) == 0.0        # experts whole per GPU but attention not data-parallel: no all-to-all
+    with pytest.raises(InputError, match=r"^ep 2: llama-3.1-70b has no experts"):
+        StepModel(get_model("llama-3.1-70b"), H100, 2, parallel=Parallel(tp=2, ep=2))
 
 
 def test_ideal_communication_costs_nothing_even_across_layouts():
