@@ -39,15 +39,21 @@ class Bug:
     old: str
     new: str
     tests: tuple[str, ...]
+    # the same bug where the code has moved: (path, old, new), tried in order when the first does not apply
+    elsewhere: tuple[tuple[str, str, str], ...] = ()
 
 
 BUGS = [
     Bug("rank-most-expensive-first", "simsearch ranks verified configs most expensive first",
         "optimizer/simsearch.py", "return (v.usd_per_hour, fp8_last,", "return (-v.usd_per_hour, fp8_last,",
-        ("tests/test_simsearch.py", "tests/test_search.py", "tests/test_solve.py", "tests/test_answer_optimality.py")),
+        ("tests/test_simsearch.py", "tests/test_search.py", "tests/test_solve.py", "tests/test_objective.py",
+         "tests/test_robust_pick.py", "tests/test_deployment_choice.py", "tests/test_gpu_choice.py"),
+        (("optimizer/objective.py", "return (usd, fp8_last, -good)", "return (-usd, fp8_last, -good)"),)),
     Bug("tie-break-least-goodput", "simsearch's tie-break prefers the least goodput",
         "optimizer/simsearch.py", "fp8_last, -(v.goodput_req_s or 0.0),", "fp8_last, (v.goodput_req_s or 0.0),",
-        ("tests/test_simsearch.py", "tests/test_search.py", "tests/test_solve.py", "tests/test_answer_optimality.py")),
+        ("tests/test_simsearch.py", "tests/test_search.py", "tests/test_solve.py", "tests/test_objective.py",
+         "tests/test_robust_pick.py", "tests/test_deployment_choice.py", "tests/test_gpu_choice.py"),
+        (("optimizer/objective.py", "return (usd, fp8_last, -good)", "return (usd, fp8_last, good)"),)),
     Bug("goodput-skips-saturation", "goodput skips the saturation check on loose SLOs (reports the analytic bound)",
         "costmodel/goodput.py", "            if sat is not None:\n                break\n",
         "            if True:\n                break\n",
@@ -80,12 +86,15 @@ def run_bug(bug: Bug, timeout_s: int) -> dict:
     t0 = time.perf_counter()
     try:
         copy_repo(copy)
-        f = copy / bug.path
-        text = f.read_text()
-        if text.count(bug.old) != 1:
+        for path, old, new in ((bug.path, bug.old, bug.new), *bug.elsewhere):
+            f = copy / path
+            text = f.read_text() if f.exists() else ""
+            if text.count(old) == 1:
+                f.write_text(text.replace(old, new))
+                break
+        else:
             return dict(key=bug.key, what=bug.what, applied=False,
-                        note=f"the bug's text occurs {text.count(bug.old)} times in {bug.path}: the code moved")
-        f.write_text(text.replace(bug.old, bug.new))
+                        note=f"the bug's text is not (once) in {bug.path} nor where it moved: the code moved again")
         tests = [t for t in bug.tests if (copy / t).exists()]
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow or not slow",
                f"--timeout={timeout_s}", "-rfE", *tests]
@@ -94,7 +103,7 @@ def run_bug(bug: Bug, timeout_s: int) -> dict:
         failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", r.stdout, re.M)))
         summary = (r.stdout.strip().splitlines() or [""])[-1]
         caught_by = [t for t in failed if not t.startswith("tests/test_sim_golden.py")]
-        return dict(key=bug.key, what=bug.what, applied=True, tests=tests, failed=failed, caught_by=caught_by,
+        return dict(key=bug.key, what=bug.what, applied=True, where=path, tests=tests, failed=failed, caught_by=caught_by,
                     caught=bool(caught_by), only_goldens=bool(failed) and not caught_by,
                     timeouts=r.stdout.count("Timeout"), summary=summary, wall_s=round(time.perf_counter() - t0, 1))
     finally:

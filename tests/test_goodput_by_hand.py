@@ -194,3 +194,158 @@ def test_capacity_bound_by_hand():
     # a pool too small for one sequence still runs one at a time
     assert capacity_bound_req_s(s, 1000, 200, 256, 0.0, 500) == \
         pytest.approx(1 * 2 / ((0.010 + 1100e-6) * 200), rel=1e-12)
+
+
+# ---- the edges of the search ----------------------------------------------------------------------
+
+def curve_sim(missing_share, n_out=1, lat_s=0.5, tpot_s=0.0):
+    """A deployment where, at ``rate``, the last ``missing_share(rate)`` of the requests take 5 s to a
+    first token (the others ``lat_s``); ``n_out``-token outputs ``tpot_s`` apart."""
+    def sim(req, arrival, warmup_frac):
+        n = len(req)
+        arr = req.arrival_s
+        rate = (n - 1) / (arr[-1] - arr[0]) if arrival != "inf" else math.inf
+        late = np.arange(n) >= n - round(missing_share(rate) * n)
+        first = arr + np.where(late, 5.0, lat_s)
+        fin = first + (n_out - 1) * tpot_s
+        return build_result(req, arr, first, fin, np.zeros(n, dtype=bool), 0.0, warmup_frac, arrival, 0, n, n, 0.0, "")
+    return sim
+
+
+def make_long(rate, n, seed, n_out=1, tpot_slo_s=math.inf):
+    r = make_requests(rate, n, seed)
+    return Requests(**{**r.__dict__, "output_tokens": np.full(n, n_out), "tpot_slo_s": np.full(n, tpot_slo_s)})
+
+
+def test_attainment_exactly_at_the_target_meets_it():
+    # up to 6 req/s exactly 10% of the measured requests miss (attainment 0.9 = the target), above that 20%
+    sim = curve_sim(lambda rate: 0.1 * 270 / 300 if rate <= 6.0 else 0.2)
+    r = search(sim)
+    assert r.attainment == 0.9 and 6.0 / 1.02 <= r.goodput_req_s <= 6.0
+    assert search(sim, guess_req_s=5.0).goodput_req_s == pytest.approx(r.goodput_req_s, rel=0.03)
+
+
+def test_guesses_that_are_no_guess():
+    plain = search(fake_sim(7.3)).history
+    for g in (0.0, -1.0, math.inf, math.nan):
+        assert search(fake_sim(7.3), guess_req_s=g).history == plain, g
+    # a guess so low that even its first probe is under the zero-load rate: the zero-load probe, then the bound
+    assert search(fake_sim(7.3), guess_req_s=1e-4).history[:2] == ((0.1, 1.0), (100.0, 0.0))
+    # a guess under 1 req/s is a guess
+    assert search(fake_sim(7.3), guess_req_s=0.5).history[0] == (pytest.approx(0.425), 1.0)
+
+
+def test_a_guess_walks_down_six_times_before_the_zero_load_probe():
+    r = search(fake_sim(0.2), guess_req_s=100.0)
+    rates = [rate for rate, _ in r.history]
+    assert rates[:7] == pytest.approx([85.0 * 0.75 ** k for k in range(6)] + [0.1])
+    assert 0.2 / 1.02 <= r.goodput_req_s <= 0.2
+
+
+def test_a_guess_above_the_bound_probes_the_bound_once():
+    r = search(fake_sim(math.inf, saturated_req_s=1e9), guess_req_s=1000.0)
+    assert r.history == ((100.0, 1.0),) and r.iterations == 2      # the bound, then the saturated run
+    assert r.capacity_limited and r.goodput_req_s == 100.0
+
+
+def test_the_search_stops_at_its_iteration_cap():
+    r = search(fake_sim(50.0), guess_req_s=1.0, max_iterations=4)
+    assert len(r.history) == 4 and r.goodput_req_s == pytest.approx(1.640625)      # 0.85, 1.05, x1.25, x1.25
+    assert r.limit == "no miss found up to 1.64 req/s after 4 simulations" and not r.capacity_limited
+
+
+def test_a_saturated_throughput_exactly_at_the_bound_is_the_bound():
+    r = goodput(STEP, make_requests, CONFIG, 0.9, n_requests=N, sim=fake_sim(math.inf, saturated_req_s=128.0),
+                upper_bound_req_s=128.0)
+    assert r.saturated_req_s == 128.0 and r.goodput_req_s == 128.0
+    # the bound was probed and met; the engine sustains as much: no rate is probed again
+    assert r.history == ((0.128, 1.0), (128.0, 1.0)) and r.iterations == 3
+    assert r.limit == ("throughput: the SLOs still hold at the simulator's saturated throughput (every request "
+                       "queued), 128 req/s")
+
+
+def test_no_measured_request_and_some_never_served_is_zero():
+    r = search(fake_sim(7.3, rejected_share=0.1), warmup_frac=1.0)
+    assert r.goodput_req_s == 0.0 and "at most 0.000 of the measured requests" in r.reason
+
+
+def test_the_zero_load_reason_names_each_term_that_misses():
+    # TTFT exactly at its target (met), TPOT 100 ms against 62.5 ms: only TPOT is named
+    sim = curve_sim(lambda rate: 0.0, n_out=2, lat_s=1.0, tpot_s=0.1)
+    r = goodput(STEP, lambda rate, n, seed: make_long(rate, n, seed, 2, 0.0625), CONFIG, 0.9, n_requests=N, sim=sim,
+                upper_bound_req_s=100.0)
+    assert r.goodput_req_s == 0.0 and r.limit == ""
+    assert r.reason == "TPOT at zero load: p90 100.0 ms (batch-1 decode step) vs target 62.5 ms; 100% of requests miss it"
+    # TPOT exactly at its target (met), TTFT late for the last 30% (of all; 1/3 of the measured): only TTFT
+    sim = curve_sim(lambda rate: 0.3, n_out=2, lat_s=1.0, tpot_s=0.0625)
+    r = goodput(STEP, lambda rate, n, seed: make_long(rate, n, seed, 2, 0.0625), CONFIG, 0.9, n_requests=N, sim=sim,
+                upper_bound_req_s=100.0)
+    assert r.reason == "TTFT at zero load: p90 5000 ms (prefill) vs target 1000 ms; 33% of requests miss it"
+    # both, and requests that never fit: three parts
+    def both(req, arrival, warmup_frac):
+        n = len(req)
+        rej = np.arange(n) >= n - 3
+        first = req.arrival_s + 5.0
+        return build_result(req, req.arrival_s, first, first + 0.1, rej, 0.0, warmup_frac, arrival, 0, n, n, 0.0,
+                            "3 requests need more blocks than the pool has")
+    r = goodput(STEP, lambda rate, n, seed: make_long(rate, n, seed, 2, 0.0625), CONFIG, 0.5, n_requests=N, sim=both,
+                upper_bound_req_s=100.0)
+    assert r.reason == ("TTFT at zero load: p50 5000 ms (prefill) vs target 1000 ms; 100% of requests miss it; "
+                        "TPOT at zero load: p50 100.0 ms (batch-1 decode step) vs target 62.5 ms; 100% of requests "
+                        "miss it; 3 requests need more blocks than the pool has")
+
+
+def test_the_result_as_json_keeps_its_keys():
+    r = search(fake_sim(7.3))
+    d = r.to_dict()
+    assert list(d) == ["goodput_req_s", "attainment", "target_attainment", "iterations", "bracket_req_s", "rel_tol",
+                       "n_requests", "upper_bound_req_s", "reason", "capacity_limited", "saturated_req_s", "limit",
+                       "history", "at_goodput"]
+    assert (d["goodput_req_s"], d["attainment"], d["target_attainment"], d["iterations"]) == \
+        (r.goodput_req_s, 1.0, 0.9, len(r.history))
+    assert d["bracket_req_s"] == list(r.bracket) and d["rel_tol"] == 0.02 and d["n_requests"] == N
+    assert (d["upper_bound_req_s"], d["reason"], d["capacity_limited"], d["saturated_req_s"], d["limit"]) == \
+        (100.0, "", False, None, "slo")
+    assert d["history"] == [list(h) for h in r.history] and d["at_goodput"] == r.summary
+
+
+def test_capacity_bound_edges_by_hand():
+    s = _LinearStep()
+    # 98,999 tokens hold 89 sequences of 1,100 (90 would need 99,000): the default shares nothing
+    assert capacity_bound_req_s(s, 1000, 200, 256, kv_pool_tokens=98_999) == \
+        pytest.approx(89 * 2 / ((0.010 + 89 * 1100e-6) * 200), rel=1e-12)
+    assert capacity_bound_req_s(s, 1000, 200, 256, 0.0, 98_999) == \
+        pytest.approx(89 * 2 / ((0.010 + 89 * 1100e-6) * 200), rel=1e-12)
+    # almost everything shared: each sequence holds at least one token
+    assert capacity_bound_req_s(s, 1000, 200, 10**6, 1099.5) == \
+        pytest.approx(100_000 * 2 / ((0.010 + 100_000 * 1100e-6) * 200), rel=1e-12)
+    # one-token prompts and outputs: context 1.5, a step per output token
+    assert capacity_bound_req_s(s, 1, 1, 64) == pytest.approx(64 * 2 / ((0.010 + 64 * 1.5e-6) * 1), rel=1e-12)
+    assert capacity_bound_req_s(s, 0.5, 1, 64) == pytest.approx(64 * 2 / ((0.010 + 64 * 1.0e-6) * 1), rel=1e-12)
+
+
+def test_logit_clips_half_a_request_from_either_end():
+    from kvtune.costmodel.goodput import _logit
+    assert _logit(0.9, 100) == pytest.approx(math.log(9), rel=1e-12)
+    assert _logit(0.5, 100) == 0.0
+    assert _logit(1.0, 100) == pytest.approx(math.log(0.995 / 0.005), rel=1e-12)
+    assert _logit(0.0, 100) == pytest.approx(-math.log(0.995 / 0.005), rel=1e-12)
+
+
+@pytest.mark.parametrize("r0, k", [(10.0, 1.0), (30.0, 0.2), (5.0, 3.0)])
+def test_a_smooth_attainment_curve_is_bracketed_within_the_tolerance(r0, k):
+    # the measured requests' miss share is logistic in the rate: attainment crosses 0.9 at r0 - ln(9) / k
+    n = 20_000
+
+    def sim(req, arrival, warmup_frac):
+        m, arr = len(req), req.arrival_s
+        share = 1 / (1 + math.exp(-k * ((m - 1) / (arr[-1] - arr[0]) - r0)))
+        late = np.arange(m) >= m - round(share * (m - math.floor(warmup_frac * m)))
+        first = arr + np.where(late, 5.0, 0.5)
+        return build_result(req, arr, first, first, np.zeros(m, dtype=bool), 0.0, warmup_frac, arrival, 0, m, m, 0.0, "")
+
+    r = goodput(STEP, make_requests, CONFIG, 0.9, n_requests=n, sim=sim, upper_bound_req_s=100.0)
+    cross = r0 - math.log(9) / k
+    lo, hi = r.bracket
+    assert r.attainment >= 0.9 and lo == r.goodput_req_s and hi - lo <= 0.02 * lo
+    assert lo <= cross * 1.0001 and hi >= cross / 1.0001      # the crossing lies in the bracket (to 1 request in 10^4)
