@@ -33,7 +33,8 @@ __all__ = ["load_calibration", "find_calibration", "calibration_path", "efficien
 ENGINES = ENGINE_NAMES  # the registered engines (costmodel.engines); llamacpp: llama.cpp's llama-server
 # parameters added after the first calibration files: absent means the value below
 OPTIONAL_PARAMS = {"prefill_overhead_s": 0.0, "request_overhead_s": 0.0,
-                   "fp8_gemm_efficiency": 1.0, "fp8_kv_bw_efficiency": 1.0, "fp8_scale_overhead_s": 0.0}
+                   "fp8_gemm_efficiency": 1.0, "fp8_kv_bw_efficiency": 1.0, "fp8_scale_overhead_s": 0.0,
+                   "decode_attn_efficiency": 1.0}
 
 
 def _sha256(path: Path) -> str:

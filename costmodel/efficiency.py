@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 from .errors import InputError
 
-__all__ = ["Efficiency", "IDEAL", "PARAM_BOUNDS", "FP8_PARAMS"]
+__all__ = ["Efficiency", "IDEAL", "PARAM_BOUNDS", "FP8_PARAMS", "ATTENTION_PARAMS"]
 
 # Physical bounds for each fitted parameter (used to validate files and to bound the fit).
 PARAM_BOUNDS = {
@@ -31,9 +31,16 @@ PARAM_BOUNDS = {
     "fp8_kv_bw_efficiency": (0.25, 2.0),     # FP8 KV read rate / (HBM bandwidth x bw_efficiency): the attention
                                              # kernel's dequantisation of the cache
     "fp8_scale_overhead_s": (0.0, 0.01),     # per step with FP8 weights: dynamic activation quantisation kernels
+    # decode attention's FLOP rate / the decode GEMM rate (1 = as fast as the GEMMs, the model before it):
+    # a fused GPU attention kernel is memory bound and hides under the KV read; llama.cpp on a CPU
+    # computes q.k per cached token at about a fifth of its GEMM rate (profiles/tables/smollm2-135m-cpu-
+    # llamacpp.csv, one client: TPOT 16.7 / 24.3 / 43.7 ms at contexts 96 / 288 / 1056)
+    "decode_attn_efficiency": (0.01, 4.0),
 }
 # the FP8 terms, fitted on FP8 rows only (optimizer.calibrate)
 FP8_PARAMS = ("fp8_gemm_efficiency", "fp8_kv_bw_efficiency", "fp8_scale_overhead_s")
+# fitted with the others by `kvtune calibrate` where the rows separate it (optimizer.calibrate)
+ATTENTION_PARAMS = ("decode_attn_efficiency",)
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class Efficiency:
     fp8_gemm_efficiency: float = 1.0
     fp8_kv_bw_efficiency: float = 1.0
     fp8_scale_overhead_s: float = 0.0
+    decode_attn_efficiency: float = 1.0
     model_comm: bool = True       # False: all-reduce costs nothing (the ideal model's seed arithmetic)
     name: str = "ideal"
     source: str = "ideal: datasheet peaks, no overheads, no all-reduce cost"

@@ -15,6 +15,7 @@ with a fixed seed, so residuals are deterministic and smooth in the parameters.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Sequence
@@ -30,9 +31,11 @@ from .hardware import GPU
 from .memory import GPU_MEM_UTIL
 from .models import get_model
 from .profile_table import ProfileRow
+from .request_log import RequestLog
+from .requests import Requests
 from .step import StepModel
 
-__all__ = ["FIT_PARAMS", "PointFit", "FitResult", "RowPredictor", "measured_metrics", "fit_efficiency", "visible_params",
+__all__ = ["FIT_PARAMS", "FIT_METRICS", "METRICS", "PERCENTILE_METRICS", "PointFit", "FitResult", "RowPredictor", "measured_metrics", "fit_efficiency", "visible_params",
            "evaluate", "cross_validate", "mape"]
 
 # Fitted by default; activation_reserve_bytes only shows when the KV pool limits a run, and
@@ -41,7 +44,7 @@ FIT_PARAMS = ("bw_efficiency", "decode_flops_efficiency", "prefill_flops_efficie
               "step_overhead_s", "prefill_overhead_s", "allreduce_latency_s", "link_efficiency")
 
 # Solver units: value = x * scale.
-_SCALE = {"bw_efficiency": 1.0, "decode_flops_efficiency": 1.0, "prefill_flops_efficiency": 1.0,
+_SCALE = {"decode_attn_efficiency": 1.0, "bw_efficiency": 1.0, "decode_flops_efficiency": 1.0, "prefill_flops_efficiency": 1.0,
           "step_overhead_s": 1e-3, "prefill_overhead_s": 1e-3, "allreduce_latency_s": 1e-6, "link_efficiency": 1.0,
           "activation_reserve_bytes": 1e9, "request_overhead_s": 1e-3,
           "fp8_gemm_efficiency": 1.0, "fp8_kv_bw_efficiency": 1.0, "fp8_scale_overhead_s": 1e-3}
@@ -51,7 +54,17 @@ _PROBE_ADD = {"step_overhead_s": 2e-3, "prefill_overhead_s": 2e-3, "allreduce_la
               "request_overhead_s": 10e-3, "fp8_scale_overhead_s": 1e-3}
 _VISIBLE_REL = 2e-3  # a parameter is visible if the probe moves some prediction by more than 0.2%
 
-METRICS = ("step_ms", "ttft_ms", "tpot_ms", "output_tok_s")
+# Open-loop rows add their percentiles: the spread is what SLO attainment depends on, and a
+# replay of the run's own arrivals predicts it request by request.
+PERCENTILE_METRICS = ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms")
+METRICS = ("step_ms", "ttft_ms", "tpot_ms", "output_tok_s") + PERCENTILE_METRICS
+# what the fit's objective uses unless told (--fit-metrics): the means, as for closed-loop rows;
+# the percentiles are predicted and reported
+FIT_METRICS = ("step_ms", "ttft_ms", "tpot_ms", "output_tok_s")
+# an open-loop row without a per-request log is simulated with this many Poisson arrivals at its
+# rate (or its num_requests, when more), the first 10% left out as warm-up
+OPEN_LOOP_MIN_REQUESTS = 200
+OPEN_LOOP_DIFF_STEP = 0.03   # relative finite-difference step of a fit with open-loop rows (see fit_efficiency)
 # The most requests one row's simulation may hold: a closed loop of C clients runs max(4 C, 64)
 # requests, so 100,000 is 25,000 clients (the shipped tables' largest row: 144 clients, 1,024
 # requests at once). Above it a row is refused, not simulated (concurrency 1e9 would allocate 30 GiB).
@@ -59,7 +72,8 @@ MAX_ROW_REQUESTS = 100_000
 
 
 def measured_metrics(row: ProfileRow) -> dict[str, float]:
-    """The figures of a row kvtune can predict: step_ms, or mean ttft_ms / tpot_ms / output_tok_s."""
+    """The figures of a row kvtune can predict: step_ms, or mean ttft_ms / tpot_ms / output_tok_s,
+    and an open-loop row's TTFT/TPOT p50 and p90."""
     if row.kind == "step":
         return {"step_ms": row.step_ms} if row.step_ms and not row.spec_k else {}
     out = {}
@@ -69,6 +83,11 @@ def measured_metrics(row: ProfileRow) -> dict[str, float]:
         out["tpot_ms"] = row.tpot_mean_ms
     if row.output_tok_s:
         out["output_tok_s"] = row.output_tok_s
+    if row.open_loop:
+        for m in PERCENTILE_METRICS:
+            v = getattr(row, m)
+            if v and (m.startswith("ttft") or (row.output_tokens or 0) > 1):
+                out[m] = v
     return out
 
 
@@ -106,6 +125,7 @@ class RowPredictor:
         self.gpu, self.chunk_tokens, self.seed, self.stagger = gpu, chunk_tokens, seed, stagger
         self.requests_per_client, self.min_requests = requests_per_client, min_requests
         self.gpu_mem_util = gpu_mem_util
+        self._logs: dict[str, RequestLog] = {}   # open-loop rows' per-request logs, read once
 
     def step_model(self, row: ProfileRow, eff: Efficiency) -> StepModel:
         return StepModel(get_model(row.model), self.gpu, row.tp, check_dtype(row.weight_dtype, f"row {row.id}: weight_dtype"),
@@ -200,8 +220,7 @@ class RowPredictor:
             return {"ttft_ms": float(ttft.mean() * 1e3), "tpot_ms": float(np.nanmean(tpot) * 1e3) if osl > 1 else math.nan,
                     "output_tok_s": float(res.output_tok_s)}
         if row.concurrency is None:
-            raise InputError(f"row {row.id}: open-loop rows at a finite rate_req_s are not used for fitting; "
-                             f"give concurrency (closed loop) or rate_req_s inf")
+            return self.open_loop(sm, row)
         c = row.concurrency
         cap = min(row.batch_cap or c, c)  # an engine cap below the clients leaves requests queued
         res = run_closed_loop(sm, self.closed_loop_requests(row), self.sim_config(row, cap), c, self.clients(row),
@@ -211,6 +230,62 @@ class RowPredictor:
         out = {"ttft_ms": float(ttft.mean() * 1e3), "tpot_ms": float(tpot.mean() * 1e3) if osl > 1 else math.nan}
         if row.output_tok_s:
             out["output_tok_s"] = c * osl / float(np.mean(np.asarray(res.e2e_s)[keep]))
+        return out
+
+
+    def open_loop_requests(self, row: ProfileRow) -> tuple[Requests, np.ndarray, np.ndarray]:
+        """(requests, counted, measured) an open-loop row is replayed with: its per-request log's
+        sent times, served lengths, prefixes and targets (``costmodel.request_log``), counted =
+        past warm-up, measured = counted and served; without a log, ``OPEN_LOOP_MIN_REQUESTS``
+        (or ``num_requests``) Poisson arrivals at its rate with its mean lengths, seeded, the
+        first 10% warm-up."""
+
+        path = row.requests_path()
+        if path is not None:
+            key = str(path)
+            if key not in self._logs:
+                from .request_log import read_request_log
+
+                self._logs[key] = read_request_log(path)
+            log = self._logs[key]
+            req = log.to_requests()
+            # a request without its own target takes the row's
+            req = dataclasses.replace(
+                req, ttft_slo_s=np.where(np.isinf(req.ttft_slo_s), (row.slo_ttft_ms or math.inf) / 1e3, req.ttft_slo_s),
+                tpot_slo_s=np.where(np.isinf(req.tpot_slo_s), (row.slo_tpot_ms or math.inf) / 1e3, req.tpot_slo_s))
+            return req, log.counted, log.measured
+        rate, isl, osl = row.rate_req_s, row.input_tokens, row.output_tokens
+        if rate is None or isl is None or osl is None:
+            raise InputError(f"row {row.id}: an open-loop row needs rate_req_s, input_tokens and output_tokens")
+        n = max(row.num_requests or 0, OPEN_LOOP_MIN_REQUESTS)
+        gaps = np.random.default_rng(self.seed).exponential(1.0 / rate, size=n)
+        arrival = np.concatenate(([0.0], np.cumsum(gaps[1:])))
+        req = Requests.uniform(n, isl, osl, ttft_slo_s=(row.slo_ttft_ms or math.inf) / 1e3,
+                               tpot_slo_s=(row.slo_tpot_ms or math.inf) / 1e3, arrival_s=arrival)
+        counted = np.arange(n) >= n // 10
+        return req, counted, counted
+
+    def open_loop(self, sm, row: ProfileRow) -> dict[str, float]:
+        """An open-loop row replayed (``open_loop_requests``) through the simulator at the row's
+        batch cap (none recorded: no cap below the pool's), its pool, chunk budget and scheduler:
+        means and p50/p90 of TTFT and TPOT over the measured requests, throughput, and
+        ``attainment`` over the counted ones (not a fitted figure)."""
+        from .simulate import simulate
+
+        req, counted, measured = self.open_loop_requests(row)
+        res = simulate(sm, req, self.sim_config(row, row.batch_cap or len(req)), arrival="trace", seed=self.seed,
+                       warmup_frac=0.0)
+        ttft = np.asarray(res.ttft_s)[measured] * 1e3
+        tpot = np.asarray(res.tpot_s)[measured] * 1e3
+        tpot = tpot[np.isfinite(tpot)]
+        out = {"ttft_ms": float(ttft.mean()), "output_tok_s": float(res.output_tok_s),
+               "ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p90_ms": float(np.percentile(ttft, 90)),
+               "attainment": float(np.mean(np.asarray(res.met_slo)[counted])) if counted.any() else math.nan}
+        if len(tpot):
+            out.update(tpot_ms=float(tpot.mean()), tpot_p50_ms=float(np.percentile(tpot, 50)),
+                       tpot_p90_ms=float(np.percentile(tpot, 90)))
+        else:
+            out.update(tpot_ms=math.nan, tpot_p50_ms=math.nan, tpot_p90_ms=math.nan)
         return out
 
 
@@ -286,7 +361,7 @@ def visible_params(rows: Sequence[ProfileRow], base: Efficiency, names: Sequence
                    metrics: Sequence[str] | None = None) -> list[str]:
     """Those of ``names`` whose probe (efficiency / 4, overhead + a few ms) moves some predicted
     figure of ``rows`` (of ``metrics``, default all) by more than 0.2%."""
-    targets = [t for t in _targets(rows) if metrics is None or t[1] in metrics]
+    targets = [t for t in _targets(rows) if t[1] in (metrics or FIT_METRICS)]
     if not targets:
         return []
     y0 = _flatten(predict(list(rows), base), targets)
@@ -301,8 +376,9 @@ def visible_params(rows: Sequence[ProfileRow], base: Efficiency, names: Sequence
 def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
                    params: Sequence[str] | None = None, predict: Callable | None = None,
                    max_nfev: int = 60, name: str = "fitted", loss: str = "soft_l1",
-                   f_scale: float = 0.1, metrics: Sequence[str] | None = None) -> FitResult:
-    """Fit ``params`` (default: those of ``FIT_PARAMS`` the rows can see) starting from ``base``.
+                   f_scale: float = 0.1, metrics: Sequence[str] | None = None,
+                   candidates: Sequence[str] = FIT_PARAMS) -> FitResult:
+    """Fit ``params`` (default: those of ``candidates`` the rows can see) starting from ``base``.
 
     ``loss``/``f_scale`` go to ``scipy.optimize.least_squares`` (after a plain least-squares
     stage that brings the start close): the default robust ``soft_l1``
@@ -322,11 +398,11 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     for m in metrics or ():
         if m not in METRICS:
             raise InputError(f"calibrate: unknown metric '{m}' (known: {', '.join(METRICS)})")
-    targets = [t for t in all_targets if metrics is None or t[1] in metrics]
+    targets = [t for t in all_targets if t[1] in (metrics or FIT_METRICS)]
     if not targets:
         raise InputError("calibrate: the rows hold no measured figure kvtune can predict (step_ms, ttft/tpot means, output_tok_s)")
     explicit = params is not None
-    names = list(params) if params is not None else list(FIT_PARAMS)
+    names = list(params) if params is not None else list(candidates)
     for n in names:
         if n not in PARAM_BOUNDS:
             raise InputError(f"calibrate: --params: unknown parameter '{n}' (known: {', '.join(PARAM_BOUNDS)})")
@@ -374,11 +450,17 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
 
     # Plain least squares first: from a far start (the ideal model misses by 50%+) a robust loss
     # sees every point as an outlier and its gradient vanishes; then the robust loss from there.
-    sol = least_squares(resid, x0, bounds=(lo, hi), method="trf", x_scale="jac", diff_step=1e-3,
+    # An open-loop replay's figures move in small jumps as a parameter moves (which request is
+    # scheduled first flips: ~1% in mean TTFT between bandwidth efficiencies 0.0009 apart on
+    # tests/test_open_loop_replay's workload), so a finite-difference step must span several for
+    # the Jacobian to be the trend, not a jump. From bw 0.56 to the true 0.938 there, the fit
+    # ends at 0.556 (step 1e-3), 0.746 (3e-3), 0.934 (1e-2), 0.938 (3e-2 and 0.1).
+    diff_step = OPEN_LOOP_DIFF_STEP if any(r.open_loop for r in rows) else 1e-3
+    sol = least_squares(resid, x0, bounds=(lo, hi), method="trf", x_scale="jac", diff_step=diff_step,
                         max_nfev=max_nfev)
     if loss != "linear":
         x1 = np.clip(sol.x, lo + 1e-6 * (hi - lo), hi - 1e-6 * (hi - lo))
-        sol = least_squares(resid, x1, bounds=(lo, hi), method="trf", x_scale="jac", diff_step=1e-3,
+        sol = least_squares(resid, x1, bounds=(lo, hi), method="trf", x_scale="jac", diff_step=diff_step,
                             max_nfev=max_nfev, loss=loss, f_scale=f_scale)
     eff = eff_of(sol.x)
     dof = len(targets) - len(visible)

@@ -26,15 +26,15 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from .files import MAX_TABLE_BYTES, load_yaml, path_kind, read_text, reading
 from .errors import InputError
 
-__all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS", "check_value", "contradictions", "row_content",
-           "first_repeat"]
+__all__ = ["ProfileRow", "COLUMNS", "read_table", "METADATA_COLUMNS", "RUN_COLUMNS", "OPEN_LOOP_COLUMNS", "check_value",
+           "config_key", "contradictions", "row_content", "first_repeat"]
 
 METADATA_COLUMNS = ("gpu", "engine", "engine_version", "model", "weight_dtype", "kv_dtype", "tp", "date", "source")
 STEP_COLUMNS = ("phase", "batch", "context_tokens", "chunk_tokens", "spec_k", "step_ms")
@@ -42,13 +42,22 @@ REQUEST_COLUMNS = ("concurrency", "batch_cap", "scheduler", "kv_pool_tokens", "r
                    "ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
                    "tpot_mean_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms",
                    "output_tok_s", "request_s")
-COLUMNS = ("id", "kind") + METADATA_COLUMNS + STEP_COLUMNS + REQUEST_COLUMNS
+# Added with open-loop runs (optional; tables without them read as before): the engine's CPU
+# threads and the machine's 1-minute load average while it ran (any row), and an open-loop run's
+# SLO, its measured attainment and its per-request log (costmodel.request_log), a path relative
+# to the table's folder.
+RUN_COLUMNS = ("threads", "loadavg_1m")
+OPEN_LOOP_COLUMNS = ("slo_ttft_ms", "slo_tpot_ms", "attainment", "requests_file")
+COLUMNS = ("id", "kind") + METADATA_COLUMNS + STEP_COLUMNS + REQUEST_COLUMNS + RUN_COLUMNS + OPEN_LOOP_COLUMNS
 SCHEDULERS = ("", "mixed", "prefill_first")
 
-_INT = {"tp", "batch", "context_tokens", "chunk_tokens", "spec_k", "concurrency", "batch_cap", "kv_pool_tokens", "input_tokens",
+_INT = {"threads", "tp", "batch", "context_tokens", "chunk_tokens", "spec_k", "concurrency", "batch_cap", "kv_pool_tokens", "input_tokens",
         "output_tokens", "num_requests"}
 _FLOAT = {"step_ms", "rate_req_s", "ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
-          "tpot_mean_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "output_tok_s", "request_s"}
+          "tpot_mean_ms", "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "output_tok_s", "request_s",
+          "loadavg_1m", "slo_ttft_ms", "slo_tpot_ms", "attainment"}
+# measured or declared, but allowed to be 0: an idle machine's load, a run where no request met its SLO
+_FLOAT_FROM_ZERO = {"loadavg_1m": math.inf, "attainment": 1.0}   # column: its largest value
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,26 @@ class ProfileRow:
     tpot_p99_ms: float | None = None
     output_tok_s: float | None = None
     request_s: float | None = None
+    threads: int | None = None       # the engine's CPU threads (llama.cpp -t), where known
+    loadavg_1m: float | None = None  # the machine's 1-minute load average during the run (os.getloadavg)
+    slo_ttft_ms: float | None = None  # open loop: the run's TTFT target (per-request targets: requests_file)
+    slo_tpot_ms: float | None = None
+    attainment: float | None = None   # open loop: share of the non-warm-up requests meeting both targets
+    requests_file: str = ""           # open loop: the per-request log, relative to the table's folder
+    # the folder of the table the row was read from (not a column): where requests_file is found
+    table_dir: str = field(default="", compare=False, repr=False)
+
+    def requests_path(self) -> Path | None:
+        """The per-request log's path (``requests_file`` under the table's folder), or None."""
+        if not self.requests_file:
+            return None
+        return Path(self.table_dir or ".") / self.requests_file
+
+    @property
+    def open_loop(self) -> bool:
+        """An open-loop run at a finite arrival rate."""
+        return self.kind == "request" and self.rate_req_s is not None and math.isfinite(self.rate_req_s) \
+            and self.concurrency is None
 
     def as_csv_row(self) -> dict[str, str]:
         out = {}
@@ -106,7 +135,7 @@ class ProfileRow:
 
 # Least value of each numeric column: counts of things that exist start at 1; measured times and
 # rates are > 0 (a zero or negative measurement is a broken record, and the fit divides by it).
-_INT_MIN = {"tp": 1, "batch": 1, "context_tokens": 0, "chunk_tokens": 1, "spec_k": 0, "concurrency": 1,
+_INT_MIN = {"threads": 1, "tp": 1, "batch": 1, "context_tokens": 0, "chunk_tokens": 1, "spec_k": 0, "concurrency": 1,
             "batch_cap": 1, "kv_pool_tokens": 1, "input_tokens": 1, "output_tokens": 1, "num_requests": 1}
 MAX_COUNT = 10**9  # no count in a table comes near (longest context in the catalog: 163,840 tokens)
 MAX_MEASURED = 1e12  # ms, tok/s, req/s: 1e12 ms is 30 years
@@ -124,6 +153,11 @@ def check_value(where: str, key: str, v: float, shown: str | None = None) -> int
         return int(v)
     if key == "rate_req_s" and v == math.inf:
         return v  # all requests at once
+    if key in _FLOAT_FROM_ZERO:
+        top = _FLOAT_FROM_ZERO[key]
+        if not isinstance(v, (int, float)) or not 0 <= v <= min(top, MAX_MEASURED):
+            raise InputError(f"{where}: column {key} = {shown}: expected a number in 0..{top:g}")
+        return float(v)
     if not isinstance(v, (int, float)) or not 0 < v <= MAX_MEASURED:  # also refuses nan and inf
         raise InputError(f"{where}: column {key} = {shown}: expected a finite number > 0"
                          + (" (or inf)" if key == "rate_req_s" else ""))
@@ -230,7 +264,7 @@ def _read_rows(p: Path, text: str, meta: dict) -> list[ProfileRow]:
             raise InputError(f"{p}: line {i}: column kv_pool_tokens = {pool:,} cannot hold one request of this row "
                              f"({vals['input_tokens']:,} input + {vals['output_tokens']:,} output tokens); the engine "
                              f"could not have served it (the pool is the engine's KV cache in tokens)")
-        row = ProfileRow(**vals)
+        row = ProfileRow(**vals, table_dir=str(p.parent))
         _check_unique(p, i, row, ids, contents)
         rows.append(row)
     if not rows:
@@ -267,11 +301,19 @@ def _check_unique(p: Path, line: int, row: ProfileRow, ids: dict[str, int], cont
 
 
 # Columns that say what was measured (the rest of a row, less its id, date and provenance).
-_MEASURED = tuple(c for c in _FLOAT if c != "rate_req_s")
-_NOT_CONFIG = set(_MEASURED) | {"id", "date", "source", "num_requests", "engine_version"}
+_MEASURED = tuple(c for c in sorted(_FLOAT) if c not in ("rate_req_s", "loadavg_1m", "slo_ttft_ms", "slo_tpot_ms",
+                                                           "attainment"))
+_NOT_CONFIG = set(_MEASURED) | {"id", "date", "source", "num_requests", "engine_version", "loadavg_1m", "attainment",
+                                "slo_ttft_ms", "slo_tpot_ms", "requests_file"}
 # Two runs of one configuration differing by more than this factor are not noise: run-to-run
 # spread of serving benchmarks is a few percent (vLLM's own CI tolerates 5-10%).
 CONTRADICTION_RATIO = 2.0
+
+
+def config_key(row: ProfileRow) -> tuple:
+    """What a row measured at: every column but the measured figures, its id, date, provenance and
+    load. Two rows with one key measured the same point."""
+    return tuple((c, getattr(row, c)) for c in COLUMNS if c not in _NOT_CONFIG)
 
 
 def contradictions(rows: list[ProfileRow], ratio: float = CONTRADICTION_RATIO) -> list[str]:
@@ -279,8 +321,7 @@ def contradictions(rows: list[ProfileRow], ratio: float = CONTRADICTION_RATIO) -
     ``ratio`` times: one line each (the worst pair per configuration and measured column)."""
     groups: dict[tuple, list[ProfileRow]] = {}
     for r in rows:
-        key = tuple((c, getattr(r, c)) for c in COLUMNS if c not in _NOT_CONFIG)
-        groups.setdefault(key, []).append(r)
+        groups.setdefault(config_key(r), []).append(r)
     out = []
     for members in groups.values():
         if len(members) < 2:

@@ -6,6 +6,7 @@ For one TP group (a replica), per GPU:
     flops   = 2 x matmul params x tokens / TP  +  attention pairs x 4 x heads x head_dim x layers / TP
     t_mem   = bytes / (HBM bandwidth x bw_efficiency)
     t_comp  = GEMM flops / (peak x flops_efficiency) + attention flops / (bf16 peak x flops_efficiency)
+              (decode attention x decode_attn_efficiency: its rate against the GEMMs', 1 unless fitted)
     t_comm  = 2 x layers x (all-reduce latency + 2(TP-1)/TP x tokens x hidden x 2 bytes / link bandwidth)
     t_step  = max(t_mem, t_comp) + t_comm + step overhead (+ draft time with speculation)
               (+ prefill overhead when the step carries prompt tokens: engines replay a captured
@@ -233,7 +234,7 @@ class StepModel:
         fp8_w = weight_dtype == "fp8"
         peak *= e.fp8_gemm_efficiency if fp8_w else 1.0
         self._dec_gemm_rate = peak * e.decode_flops_efficiency
-        self._dec_attn_rate = gpu.bf16_flops_per_s * e.decode_flops_efficiency
+        self._dec_attn_rate = gpu.bf16_flops_per_s * e.decode_flops_efficiency * e.decode_attn_efficiency
         self._pre_gemm_rate = peak * e.prefill_flops_efficiency
         self._pre_attn_rate = gpu.bf16_flops_per_s * e.prefill_flops_efficiency
         if tp > 1 and e.model_comm:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
+import os
 import queue
 import re
 import socket
@@ -42,8 +44,8 @@ from kvtune.costmodel.profile_table import ProfileRow
 
 from .importers import Metadata, latency_summary
 
-__all__ = ["RunSpec", "RequestResult", "PointResult", "ServerInfo", "probe_server", "make_prompt",
-           "run_profile", "stream_completion", "summarize_point"]
+__all__ = ["RunSpec", "RequestResult", "PointResult", "ServerInfo", "probe_server", "make_prompt", "fit_prompt",
+           "count_tokens", "server_root", "run_profile", "LoadRecord", "LoadSampler", "load_now", "stream_completion", "completion_payload", "summarize_point"]
 
 # Short, common English words: most BPE vocabularies hold " word" as one token, so N words are
 # close to N tokens; when the server has a /tokenize endpoint we trim or pad to the exact count.
@@ -71,6 +73,7 @@ class RunSpec:
     timeout_s: float = 600.0
     warmup_requests: int = 1
     chunk_tokens: int | None = None   # the engine's per-step token budget, when the server does not report it
+    threads: int | None = None        # the engine's CPU threads (llama.cpp -t), recorded in every row
 
     def __post_init__(self):
         u = urllib.parse.urlsplit(self.url)
@@ -92,6 +95,8 @@ class RunSpec:
             raise InputError(f"--warmup {self.warmup_requests}: must be >= 0")
         if self.chunk_tokens is not None and (not isinstance(self.chunk_tokens, int) or self.chunk_tokens < 1):
             raise InputError(f"--chunk-tokens {self.chunk_tokens!r}: expected a whole number >= 1")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise InputError(f"--threads {self.threads!r}: expected a whole number >= 1")
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,8 @@ class RequestResult:
     output_tokens: int | None = None  # from the server (usage.completion_tokens / timings.predicted_n)
     prompt_tokens: int | None = None  # from the server (usage.prompt_tokens / timings.prompt_n)
     error: str = ""
+    sent_s: float = 0.0              # time.perf_counter() when the request was sent
+    cached_tokens: int | None = None  # prompt tokens the server took from its cache, where it says
 
     @property
     def n_out(self) -> int:
@@ -130,10 +137,70 @@ class PointResult:
     osl: int
     duration_s: float
     results: tuple[RequestResult, ...] = field(repr=False)
+    load: LoadRecord | None = None   # the machine's load while the point ran
 
     @property
     def failures(self) -> list[RequestResult]:
         return [r for r in self.results if not r.ok]
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine load
+
+def load_now() -> float:
+    """The 1-minute load average (``os.getloadavg``; NaN where the platform has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):
+        return math.nan
+
+
+@dataclass(frozen=True)
+class LoadRecord:
+    """The machine's 1-minute load average around a run. It counts every runnable thread,
+    the engine under test and this driver included."""
+
+    before_1m: float
+    after_1m: float
+    samples_1m: tuple[float, ...] = ()   # every ``sample_s`` during the run
+    sample_s: float = 1.0
+    cpus: int = 0
+
+    @property
+    def mean_1m(self) -> float:
+        vals = [v for v in (self.before_1m, *self.samples_1m, self.after_1m) if math.isfinite(v)]
+        return float(np.mean(vals)) if vals else math.nan
+
+    @property
+    def max_1m(self) -> float:
+        vals = [v for v in (self.before_1m, *self.samples_1m, self.after_1m) if math.isfinite(v)]
+        return float(max(vals)) if vals else math.nan
+
+
+class LoadSampler:
+    """Samples ``load_now`` every ``every_s`` in a thread while in its ``with`` block."""
+
+    def __init__(self, every_s: float):
+        self.every_s = every_s
+        self.samples: list[float] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="kvtune-load")
+
+    def _loop(self) -> None:
+        while not self.done.wait(self.every_s):
+            self.samples.append(load_now())
+
+    def __enter__(self):
+        self.before = load_now()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def record(self) -> LoadRecord:
+        return LoadRecord(self.before, load_now(), tuple(self.samples), self.every_s, os.cpu_count() or 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,7 +220,7 @@ def _conn(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
     return cls(host, port, timeout=timeout_s), path
 
 
-def _root(url: str) -> str:
+def server_root(url: str) -> str:
     """The server root: llama.cpp's /props and /tokenize and vLLM's /version live outside /v1."""
     scheme, host, port, path = _split(url)
     if path.endswith("/v1"):
@@ -187,7 +254,7 @@ def probe_server(url: str, timeout_s: float = 10.0) -> ServerInfo:
     if status >= 400:
         raise InputError(f"server at {url} answered GET /models with HTTP {status}")
     engine, version = "", ""
-    root = _root(url)
+    root = server_root(url)
     server_hdr = {k.lower(): v for k, v in headers.items()}.get("server", "")
     probes = [("/props", "build_info", "llama.cpp"), ("/version", "version", "vllm"),
               ("/get_server_info", "version", "sglang")]
@@ -212,7 +279,7 @@ def probe_server(url: str, timeout_s: float = 10.0) -> ServerInfo:
         cap, pool, chunk = _llamacpp_settings(root, {}, timeout_s)
     if engine == "vllm":
         pool = _vllm_pool_tokens(root, timeout_s)
-    can_tok = _tokenize(root, "hello world", timeout_s) is not None
+    can_tok = count_tokens(root, "hello world", timeout_s) is not None
     return ServerInfo(engine, version, can_tok, pool, cap, chunk)
 
 
@@ -277,7 +344,7 @@ def _reason(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
-def _tokenize(root: str, text: str, timeout_s: float) -> int | None:
+def count_tokens(root: str, text: str, timeout_s: float) -> int | None:
     """Token count from llama.cpp's ``/tokenize`` ({"content"}) or vLLM's ({"prompt"}), else None."""
     for body in ({"content": text, "add_special": False}, {"prompt": text, "add_special_tokens": False}):
         try:
@@ -301,14 +368,14 @@ def make_prompt(rng: np.random.Generator, n_words: int) -> str:
     return " ".join(_WORDS[i] for i in idx)
 
 
-def _fit_prompt(rng: np.random.Generator, isl: int, root: str | None, timeout_s: float) -> str:
+def fit_prompt(rng: np.random.Generator, isl: int, root: str | None, timeout_s: float) -> str:
     words = make_prompt(rng, isl).split(" ")
     if root is None:
         return " ".join(words)
     n = len(words)
     for _ in range(4):  # each word is about one token: a few corrections converge
         text = " ".join(words[:n])
-        count = _tokenize(root, text, timeout_s)
+        count = count_tokens(root, text, timeout_s)
         if count is None or count == isl:
             return text
         n = max(1, n + (isl - count))
@@ -327,7 +394,7 @@ def stream_completion(url: str, payload: dict, timeout_s: float) -> RequestResul
     first: float | None = None  # perf_counter times of the first and the last text chunk
     last = t0
     chunks = 0
-    usage_out = usage_in = None
+    usage_out = usage_in = cached = None
     try:
         c.request("POST", base + "/completions", json.dumps(payload), {"Content-Type": "application/json"})
         r = c.getresponse()
@@ -356,23 +423,30 @@ def stream_completion(url: str, payload: dict, timeout_s: float) -> RequestResul
             u = d.get("usage") or {}
             t = d.get("timings") or {}
             usage_out = u.get("completion_tokens", t.get("predicted_n", usage_out))
-            usage_in = u.get("prompt_tokens", t.get("prompt_n", usage_in))
+            # llama.cpp's timings.prompt_n counts only the tokens it computed: add its cache_n
+            t_in = t.get("prompt_n") + t.get("cache_n", 0) \
+                if isinstance(t.get("prompt_n"), int) and isinstance(t.get("cache_n", 0), int) else None
+            usage_in = u.get("prompt_tokens", t_in if t_in is not None else usage_in)
+            details = u.get("prompt_tokens_details") or {}
+            cached = t.get("cache_n", details.get("cached_tokens", cached) if isinstance(details, dict) else cached)
     except (OSError, http.client.HTTPException) as exc:
-        return RequestResult(ok=False, error=_reason(exc))
+        return RequestResult(ok=False, error=_reason(exc), sent_s=t0)
     finally:
         c.close()
     if first is None:
-        return RequestResult(ok=False, error="stream ended without any text")
+        return RequestResult(ok=False, error="stream ended without any text", sent_s=t0)
     return RequestResult(ok=True, ttft_s=first - t0, last_token_s=last - t0, chunks=chunks,
                          output_tokens=usage_out if isinstance(usage_out, int) else None,
-                         prompt_tokens=usage_in if isinstance(usage_in, int) else None)
+                         prompt_tokens=usage_in if isinstance(usage_in, int) else None, sent_s=t0,
+                         cached_tokens=cached if isinstance(cached, int) else None)
 
 
-def _payload(model: str, prompt: str, osl: int) -> dict:
+def completion_payload(model: str, prompt: str, osl: int, cache_prompt: bool = False) -> dict:
+    """A streaming ``/v1/completions`` body that generates exactly ``osl`` tokens."""
     return {"model": model, "prompt": prompt, "max_tokens": osl, "stream": True,
             "ignore_eos": True,                         # vLLM, SGLang, llama.cpp: run to max_tokens
             "min_tokens": osl,                          # vLLM: do not stop early on a stop token
-            "cache_prompt": False,                      # llama.cpp: do not reuse a cached prefix
+            "cache_prompt": cache_prompt,               # llama.cpp: reuse a cached prefix only when asked
             "temperature": 0.0,
             "stream_options": {"include_usage": True}}  # OpenAI/vLLM: usage in the last chunk
 
@@ -393,17 +467,19 @@ def _run_point(run: RunSpec, c: int, isl: int, osl: int, prompts: list[str]) -> 
                 p = work.get_nowait()
             except queue.Empty:
                 return
-            r = stream_completion(run.url, _payload(run.model, p, osl), run.timeout_s)
+            r = stream_completion(run.url, completion_payload(run.model, p, osl), run.timeout_s)
             with lock:
                 results.append(r)
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(c, len(prompts)))]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return PointResult(c, isl, osl, time.perf_counter() - t0, tuple(results))
+    with LoadSampler(1.0) as load:
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        duration = time.perf_counter() - t0
+    return PointResult(c, isl, osl, duration, tuple(results), load.record())
 
 
 def summarize_point(pt: PointResult) -> dict:
@@ -435,12 +511,12 @@ def run_profile(run: RunSpec, meta: Metadata, on_point: Callable[[PointResult, P
     reports fill what ``meta`` leaves empty. ``on_point`` is called after each point (progress).
     """
     info = probe_server(run.url, min(run.timeout_s, 10.0))
-    root = _root(run.url) if info.can_tokenize else None
+    root = server_root(run.url) if info.can_tokenize else None
     rng = np.random.default_rng(run.seed)
     m = meta.fill(Metadata(model=run.model, engine=info.engine or None, engine_version=info.engine_version or None,
                            date=datetime.now(timezone.utc).replace(microsecond=0).isoformat()))
     if run.warmup_requests:
-        warm = [stream_completion(run.url, _payload(run.model, make_prompt(rng, 16), 4), run.timeout_s)
+        warm = [stream_completion(run.url, completion_payload(run.model, make_prompt(rng, 16), 4), run.timeout_s)
                 for _ in range(run.warmup_requests)]
         bad = [w for w in warm if not w.ok]
         if len(bad) == len(warm):
@@ -449,11 +525,13 @@ def run_profile(run: RunSpec, meta: Metadata, on_point: Callable[[PointResult, P
     for isl in run.input_tokens:
         for osl in run.output_tokens:
             for c in run.concurrencies:
-                prompts = [_fit_prompt(rng, isl, root, run.timeout_s) for _ in range(run.requests_per_point)]
+                prompts = [fit_prompt(rng, isl, root, run.timeout_s) for _ in range(run.requests_per_point)]
                 pt = _run_point(run, c, isl, osl, prompts)
+                load = pt.load.mean_1m if pt.load is not None else math.nan
                 row = ProfileRow(id=f"{id_prefix}:c{c}-i{isl}-o{osl}", kind="request", **m.row_fields(),
                                  kv_pool_tokens=info.kv_pool_tokens, batch_cap=info.batch_cap,
-                                 chunk_tokens=run.chunk_tokens or info.chunk_tokens, **summarize_point(pt))
+                                 chunk_tokens=run.chunk_tokens or info.chunk_tokens, threads=run.threads,
+                                 loadavg_1m=load if math.isfinite(load) else None, **summarize_point(pt))
                 rows.append(row)
                 if on_point:
                     on_point(pt, row)

@@ -108,7 +108,8 @@ def _ttft_grid(step: StepCost, w: WorkloadStats, n_decode: int, chunk_tokens: in
         for k, m, ln in zip(n_ch, n, L)])
 
 
-def _lumpy_step_s(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int, t0_s: float) -> float:
+def _lumpy_step_s(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int, t0_s: float,
+                  riders: float | None = None) -> float:
     """Mean step time when prompts arrive whole: each request's prefill rides on ceil(L / free
     chunk) steps of the ``b`` decodes, and each such step costs t(b, chunk) instead of t0.
 
@@ -127,14 +128,34 @@ def _lumpy_step_s(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int, t
     extra = np.array([k * (step.step_time_s(b, b * ctx, mm, StepModel.chunk_pairs(mm, (ll - mm) / 2), (ll - mm) / 2) - t0_s)
                       for k, mm, ll in zip(n_ch, m, L)])
     per_req = float(np.interp(w.todo_tokens, L, extra).mean())
-    return t0_s + b * step.tokens_per_step / w.mean_output_tokens * max(per_req, 0.0)
+    return t0_s + (b if riders is None else riders) * step.tokens_per_step / w.mean_output_tokens * max(per_req, 0.0)
 
 
-def _at_batch(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int):
-    """Step time, TPOT, per-request TTFT and SLO share at ``b`` concurrent sequences."""
+def _at_batch(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int, cap: int | None = None):
+    """Step time, TPOT, per-request TTFT and SLO share at ``b`` concurrent sequences.
+
+    A sequence's TPOT carries the prompts prefilled beside its decode steps: b per lifetime
+    while the cap leaves room (the arrivals during it join at once), b - 1 when ``b`` is the
+    ``cap``: a waiting prompt then starts only when a sequence leaves, so it rides with the
+    b - 1 others, and at cap 1 no prompt ever rides with a decode (the simulator's and
+    llama.cpp's behaviour with one slot). The step time, and so the goodput bound, still
+    carries every prompt."""
+    bd = _mean_step(step, w, b, chunk_tokens, b)
+    tpot_s = bd.time_s / step.tokens_per_step
+    if cap is not None and b >= cap:
+        tpot_s = _mean_step(step, w, b, chunk_tokens, b - 1).time_s / step.tokens_per_step
+    ttft = np.interp(w.todo_tokens, w.len_grid, _ttft_grid(step, w, b - 1, chunk_tokens))
+    met = (ttft <= w.ttft_slo_s) & (tpot_s <= w.tpot_slo_s)
+    p = b * step.tokens_per_step * w.mean_prefill_tokens / w.mean_output_tokens
+    return bd, tpot_s, ttft, float(met.mean()), p + b * step.verify_tokens_per_seq
+
+
+def _mean_step(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int, riders: float):
+    """The mean step of ``b`` decoding sequences with ``riders`` prompts prefilled per
+    sequence lifetime (fluid, then lumpy: the larger)."""
     tps, q = step.tokens_per_step, step.verify_tokens_per_seq
     ctx = w.mean_input_tokens + w.mean_output_tokens / 2
-    p = b * tps * w.mean_prefill_tokens / w.mean_output_tokens
+    p = riders * tps * w.mean_prefill_tokens / w.mean_output_tokens
     bd = step.breakdown(b, b * ctx, p, p * w.prefill_pairs_per_token, p * w.prefix_read_per_token)
     pf_s = step.prefill_overhead_s
     if pf_s and p > 0:
@@ -142,16 +163,13 @@ def _at_batch(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int):
         # the prefill overhead: b x tokens_per_step / O requests arrive per step, each in its chunks
         free = max(chunk_tokens - b * q, 1)
         chunks = float(np.interp(w.todo_tokens, w.len_grid, np.ceil(w.len_grid / free)).mean())
-        carrying = min(1.0, b * tps / w.mean_output_tokens * chunks)
+        carrying = min(1.0, riders * tps / w.mean_output_tokens * chunks)
         bd = dataclasses.replace(bd, time_s=bd.time_s - pf_s * (1.0 - carrying),
                                  overhead_s=bd.overhead_s - pf_s * (1.0 - carrying))
-    lumpy_s = _lumpy_step_s(step, w, b, chunk_tokens, step.step_time_s(b, b * ctx))
+    lumpy_s = _lumpy_step_s(step, w, b, chunk_tokens, step.step_time_s(b, b * ctx), riders)
     if lumpy_s > bd.time_s:
         bd = dataclasses.replace(bd, time_s=lumpy_s)
-    tpot_s = bd.time_s / tps
-    ttft = np.interp(w.todo_tokens, w.len_grid, _ttft_grid(step, w, b - 1, chunk_tokens))
-    met = (ttft <= w.ttft_slo_s) & (tpot_s <= w.tpot_slo_s)
-    return bd, tpot_s, ttft, float(met.mean()), p + b * q
+    return bd
 
 
 def screen(step: StepCost, w: WorkloadStats, batch_cap: int, chunk_tokens: int) -> Screen:
@@ -163,7 +181,7 @@ def screen(step: StepCost, w: WorkloadStats, batch_cap: int, chunk_tokens: int) 
     q = step.verify_tokens_per_seq
     b_chunk = int(chunk_tokens // (q + step.tokens_per_step * w.mean_prefill_tokens / w.mean_output_tokens))
     limits["chunk"] = b_chunk
-    bd1, tpot1, ttft1, share1, _ = _at_batch(step, w, 1, chunk_tokens)
+    bd1, tpot1, ttft1, share1, _ = _at_batch(step, w, 1, chunk_tokens, batch_cap)
     zero = float(np.quantile(np.interp(w.todo_tokens, w.len_grid, _ttft_grid(step, w, 0, chunk_tokens)), w.attainment))
     common = dict(pool_tokens=pool, tpot_batch1_ms=tpot1 * 1e3, ttft_zero_load_ms=zero * 1e3)
     if b_pool < 1:
@@ -173,17 +191,19 @@ def screen(step: StepCost, w: WorkloadStats, batch_cap: int, chunk_tokens: int) 
                           f"KV pool holds {pool:,} tokens, less than one sequence of {hold:,.0f}"),
                       detail={"limits": limits}, **common)
     if share1 < w.attainment:
+        # the step terms at batch 1 go with it, so the bottleneck line has numbers to show
         return Screen(fits=True, feasible=False, batch=1, batch_limit=_slo_binding(w, tpot1, ttft1),
                       goodput_req_s=0.0, tpot_ms=tpot1 * 1e3, ttft_ms=float(np.quantile(ttft1, w.attainment)) * 1e3,
                       slo_share=share1, slo_shortfall=w.attainment - share1, bottleneck=_slo_binding(w, tpot1, ttft1),
-                      reason=_miss_reason(step, w, tpot1, ttft1), detail={"limits": limits}, **common)
+                      reason=_miss_reason(step, w, tpot1, ttft1),
+                      detail=_detail(step, w, bd1, limits, pool, 1, hold), **common)
     # largest b <= hard limits meeting the SLO share (monotone: more sequences, slower steps)
     hard = max(1, min(b_max, b_chunk))
     lo, hi = 1, hard
     best = (bd1, tpot1, ttft1, share1)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        r = _at_batch(step, w, mid, chunk_tokens)
+        r = _at_batch(step, w, mid, chunk_tokens, batch_cap)
         if r[3] >= w.attainment:
             lo, best = mid, r[:4]
         else:
@@ -191,7 +211,7 @@ def screen(step: StepCost, w: WorkloadStats, batch_cap: int, chunk_tokens: int) 
     b = lo
     bd, tpot_s, ttft, share = best
     if b < hard:
-        slo_limit = _slo_binding(w, *_at_batch(step, w, b + 1, chunk_tokens)[1:3])
+        slo_limit = _slo_binding(w, *_at_batch(step, w, b + 1, chunk_tokens, batch_cap)[1:3])
         limit = slo_limit
     else:
         limit = min(("batch_cap", "kv_pool", "chunk"), key=lambda k: limits[k])
@@ -202,13 +222,18 @@ def screen(step: StepCost, w: WorkloadStats, batch_cap: int, chunk_tokens: int) 
         bottleneck = "prefill"
     else:
         bottleneck = bd.bound
-    detail = {"limits": limits, "step_ms": bd.time_s * 1e3, "mem_ms": bd.mem_s * 1e3,
-              "compute_ms": bd.compute_s * 1e3, "comm_ms": bd.comm_s * 1e3,
-              "kv_pool_tokens": pool, "kv_tokens_held": b * hold,
-              "kv_pool_used": b * hold / pool, "prefill_tokens_per_step": b * step.tokens_per_step
-              * w.mean_prefill_tokens / w.mean_output_tokens}
+    detail = _detail(step, w, bd, limits, pool, b, hold)
     return Screen(fits=True, feasible=True, batch=b, batch_limit=limit, goodput_req_s=x, tpot_ms=tpot_s * 1e3,
                   ttft_ms=float(np.quantile(ttft, w.attainment)) * 1e3, slo_share=share, slo_shortfall=0.0, bottleneck=bottleneck, detail=detail, **common)
+
+
+def _detail(step: StepCost, w: WorkloadStats, bd, limits: dict, pool: int, b: int, hold: float) -> dict:
+    """The step terms at the operating batch ``b`` (what the bottleneck line shows)."""
+    return {"limits": limits, "step_ms": bd.time_s * 1e3, "mem_ms": bd.mem_s * 1e3,
+            "compute_ms": bd.compute_s * 1e3, "comm_ms": bd.comm_s * 1e3,
+            "kv_pool_tokens": pool, "kv_tokens_held": b * hold,
+            "kv_pool_used": b * hold / pool, "prefill_tokens_per_step": b * step.tokens_per_step
+            * w.mean_prefill_tokens / w.mean_output_tokens}
 
 
 def _slo_binding(w: WorkloadStats, tpot_s: float, ttft: np.ndarray) -> str:

@@ -24,8 +24,10 @@ from kvtune.costmodel.fit import METRICS, PointFit, RowPredictor, evaluate, meas
 from kvtune.costmodel.hardware import GPU, get_gpu
 from kvtune.costmodel.models import get_model
 from kvtune.costmodel.profile_table import ProfileRow
+from kvtune.costmodel.request_log import met_slo, read_request_log
 
-__all__ = ["MetricSummary", "ValidationGroup", "Validation", "validate_rows", "summarise", "predictable"]
+__all__ = ["MetricSummary", "ValidationGroup", "Validation", "OpenLoopCheck", "validate_rows", "open_loop_check",
+           "summarise", "predictable"]
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,36 @@ class ValidationGroup:
 
 
 @dataclass(frozen=True)
+class OpenLoopCheck:
+    """An open-loop row: measured against predicted SLO attainment and latency percentiles, the
+    simulator replaying the run's own arrivals and lengths (``replay``)."""
+
+    id: str
+    rate_req_s: float
+    replay: str                          # what was replayed: the per-request log, or Poisson at the rate
+    loadavg_1m: float | None
+    threads: int | None
+    measured_attainment: float | None    # over the counted (non-warm-up) requests; None: no SLO recorded
+    measured_lo: float | None            # its confidence interval (method below)
+    measured_hi: float | None
+    counted: int
+    interval: str
+    predicted_attainment: float | None
+    figures: dict = field(default_factory=dict)   # metric -> (measured, predicted): ttft/tpot mean, p50, p90
+
+    @property
+    def inside(self) -> bool | None:
+        """The predicted attainment lies inside the measured interval (None: nothing to compare)."""
+        if self.predicted_attainment is None or self.measured_lo is None or self.measured_hi is None:
+            return None
+        return self.measured_lo <= self.predicted_attainment <= self.measured_hi
+
+
+@dataclass(frozen=True)
 class Validation:
     groups: tuple[ValidationGroup, ...]
     skipped: tuple[str, ...] = field(default_factory=tuple)   # "row id: why"
+    open_loop: tuple[OpenLoopCheck, ...] = ()
 
     @property
     def points(self) -> tuple[PointFit, ...]:
@@ -84,8 +113,9 @@ def predictable(row: ProfileRow) -> str | None:
         if not row.input_tokens or not row.output_tokens:
             return "a request row needs input_tokens and output_tokens"
         inf = row.rate_req_s is not None and math.isinf(row.rate_req_s)
-        if not inf and row.concurrency is None:
-            return "open loop at a finite rate (only closed-loop and all-at-once rows are predicted)"
+        log = row.requests_path()
+        if row.open_loop and log is not None and not log.is_file():
+            return f"open loop: its per-request log {log} is missing (requests_file {row.requests_file!r})"
         if inf and not (row.num_requests or row.concurrency):
             return "all-at-once row without num_requests"
     if row.kind == "step" and row.phase == "decode" and not (row.batch and row.context_tokens is not None):
@@ -140,6 +170,7 @@ def validate_rows(rows: Sequence[ProfileRow], gpu_override: GPU | None = None, c
                   engine: str | None = None, mode: str = "calibrated") -> Validation:
     """Predict every row (of ``engine`` when given) under the efficiency its GPU/engine runs with."""
     skipped = []
+    checks: list[OpenLoopCheck] = []
     groups: dict[tuple[str, str], list[ProfileRow]] = {}
     for r in rows:
         e = canonical_engine(r.engine) or ""
@@ -179,7 +210,45 @@ def validate_rows(rows: Sequence[ProfileRow], gpu_override: GPU | None = None, c
         pts = tuple(evaluate(grows, eff, pred))
         _refuse_non_finite(pts)
         out.append(ValidationGroup(gpu.name, e or "any", eff.source, pts))
-    return Validation(tuple(out), tuple(skipped))
+        checks += [open_loop_check(r, pred, eff) for r in grows if r.open_loop]
+    return Validation(tuple(out), tuple(skipped), tuple(checks))
+
+
+def open_loop_check(row: ProfileRow, pred: RowPredictor, eff: Efficiency) -> OpenLoopCheck:
+    """Predict an open-loop row's attainment and percentiles and set them beside the measured
+    ones; the measured attainment's interval is ``optimizer.loadgen``'s default (batch-means
+    Wilson) over the per-request log, or plain Wilson on ``num_requests`` without one."""
+    from .loadgen import DEFAULT_CI_METHOD, attainment_interval
+
+    p = pred.open_loop(pred.step_model(row, eff), row)
+    path = row.requests_path()
+    lo = hi = att = None
+    counted = 0
+    method = DEFAULT_CI_METHOD
+    if path is not None:
+        log = read_request_log(path)
+        req, cnt, _ = pred.open_loop_requests(row)
+        order = np.argsort(log.arrival_s, kind="stable")
+        _, out_tok = log.served_lengths()
+        met = met_slo(log.ok, log.ttft_ms, log.tpot_ms, out_tok, req.ttft_slo_s * 1e3, req.tpot_slo_s * 1e3)
+        met = met[order][cnt[order]]
+        has_slo = bool(np.isfinite(req.ttft_slo_s).any() or np.isfinite(req.tpot_slo_s).any())
+        counted = len(met)
+        if has_slo and counted:
+            att = float(met.mean())
+            lo, hi, _ = attainment_interval(met, method=method)
+        replay = f"per-request log {path.name} ({len(log)} requests, {int(log.warmup.sum())} warm-up)"
+    else:
+        replay = "Poisson arrivals at the row's rate and mean lengths (no per-request log)"
+        method = "wilson"
+        if row.attainment is not None and row.num_requests:
+            att, counted = row.attainment, row.num_requests
+            lo, hi, _ = attainment_interval(np.arange(counted) < round(att * counted), method=method)
+    predicted = p.get("attainment") if att is not None else None
+    figures = {m: (v, p[m]) for m, v in measured_metrics(row).items() if m != "output_tok_s"}
+    return OpenLoopCheck(row.id, float(row.rate_req_s or math.nan), replay, row.loadavg_1m, row.threads, att, lo, hi,
+                         counted, method, predicted if predicted is None or math.isfinite(predicted) else None,
+                         figures)
 
 
 def validation_dict(v: Validation, tables: Sequence[dict], worst: int = 10) -> dict:
@@ -198,7 +267,16 @@ def validation_dict(v: Validation, tables: Sequence[dict], worst: int = 10) -> d
         "worst": [{"id": p.id, "metric": p.metric, "measured": p.measured, "predicted": p.after,
                    "err_pct": p.err_after * 100} for p in v.worst(worst)],
         "skipped": list(v.skipped),
-        "clients": {"rule": "closed-loop rows simulated as the calibration does: staggered clients for "
+        "open_loop": [{"id": c.id, "rate_req_s": c.rate_req_s, "replay": c.replay, "loadavg_1m": c.loadavg_1m,
+                       "threads": c.threads,
+                       "attainment": {"measured": c.measured_attainment, "lo": c.measured_lo, "hi": c.measured_hi,
+                                      "counted": c.counted, "interval": c.interval, "confidence": 0.95,
+                                      "predicted": c.predicted_attainment, "inside": c.inside},
+                       "figures": {m: {"measured": a, "predicted": b, "err_pct": (b / a - 1) * 100}
+                                   for m, (a, b) in c.figures.items()}} for c in v.open_loop],
+        "clients": {"open_loop": "open-loop rows replay their per-request log's sent times and served lengths "
+                                 "(warm-up and failed requests out of the statistics; failed ones count as misses)",
+                    "rule": "closed-loop rows simulated as the calibration does: staggered clients for "
                             f"{', '.join(sorted(STAGGERED_ENGINES))}, a burst for the others; the first and last "
                             "C requests (warm-up, drain) left out of the means (costmodel/closed_loop.py)"},
     }

@@ -50,12 +50,16 @@ def test_screen_goodput_never_falls_as_the_batch_cap_grows():
 
 
 def test_screen_hand_case_batch_one_tpot_is_the_decode_step():
-    """Output 1 token after a 1-token prompt: TPOT at batch 1 is one step with one prefill token."""
+    """Output 1 token after a 1-token prompt. Cap 1: the next prompt waits for the slot, so no
+    prompt rides with a decode and TPOT at batch 1 is the decode step alone (as the simulator and
+    a one-slot llama.cpp run it). A larger cap: an arriving prompt joins the running sequence's
+    step, so TPOT at batch 1 is one step with one prefill token."""
     sm = StepModel(M8, H100, 1, "bf16", "bf16", EFF)
     s = screen(sm, stats(1, 1), 1, 8192)
-    expect = sm.step_time_s(1, 1.5, 1.0, 1.0, 0.0) * 1e3
-    assert s.tpot_batch1_ms == pytest.approx(expect, rel=1e-9)
+    assert s.tpot_batch1_ms == pytest.approx(sm.step_time_s(1, 1.5) * 1e3, rel=1e-9)
     assert s.batch == 1 and s.batch_limit == "batch_cap"
+    s4 = screen(sm, stats(1, 1), 4, 8192)
+    assert s4.tpot_batch1_ms == pytest.approx(sm.step_time_s(1, 1.5, 1.0, 1.0, 0.0) * 1e3, rel=1e-9)
 
 
 def test_screen_pool_binds_for_long_contexts_and_fp8_doubles_it():

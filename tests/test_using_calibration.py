@@ -294,4 +294,5 @@ def test_cpu_llamacpp_half_table_calibration_predicts_the_other_half_via_the_cli
     e_ideal, e_cal = mape(pred["ideal"], meas), mape(pred["cpu-half"], meas)
     print(f"CPU llama.cpp held-out TPOT MAPE ({len(test)} rows) via kvtune simulate: ideal {e_ideal:.1f}%, "
           f"calibrated on the other half {e_cal:.1f}%")
-    assert e_cal < 35.0 and e_cal < e_ideal / 2  # measured: 20.5% vs 81.7% (q4_1/fp16 at their widths)
+    # measured: 15.5% vs 81.7% (q4_1/fp16 at their widths; 20.5% before decode attention got its own rate)
+    assert e_cal < 35.0 and e_cal < e_ideal / 2

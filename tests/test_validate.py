@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -116,10 +117,15 @@ def test_validate_refuses_unknown_gpu_and_unpredictable_tables(tmp_path):
     code, out = kvtune("validate", CPU_TABLE)
     assert code == 2 and "gpu 'cpu-2core' is not in kvtune's catalog; give its hardware file with --gpu FILE" in out
     open_loop = ProfileRow(id="o1", kind="request", gpu="h100-sxm", model="llama-3.1-8b", rate_req_s=2.0,
-                           input_tokens=100, output_tokens=10, ttft_mean_ms=50.0)
+                           input_tokens=100, output_tokens=10, ttft_mean_ms=50.0, requests_file="o1.requests.csv")
     t = write_table(tmp_path / "open.csv", [open_loop])
     code, out = kvtune("validate", t)
-    assert code == 2 and out.startswith("Error: validate: no row of the tables can be predicted (o1: open loop")
+    assert code == 2 and out.startswith("Error: validate: no row of the tables can be predicted (o1: open loop: its "
+                                        "per-request log")
+    # without a log named, an open-loop row is simulated at its rate (tests/test_open_loop_replay.py)
+    t = write_table(tmp_path / "open.csv", [dataclasses.replace(open_loop, requests_file="")])
+    code, out = kvtune("validate", t)
+    assert code == 0 and "open-loop rows (1)" in out
 
 
 def test_validate_an_imported_table(tmp_path):

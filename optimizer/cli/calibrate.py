@@ -10,7 +10,7 @@ import click
 from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.closed_loop import STAGGERED_ENGINES
-from kvtune.costmodel.fit import RowPredictor
+from kvtune.costmodel.fit import FIT_METRICS, RowPredictor
 from kvtune.costmodel.profile_table import contradictions
 
 from ._common import check_output_path, dumps, echo_table, save_or_show
@@ -27,7 +27,8 @@ from ._common import check_output_path, dumps, echo_table, save_or_show
 @click.option("--params", default=None,
               help="Comma-separated parameters to fit (default: every one the rows can see).")
 @click.option("--fit-metrics", default=None,
-              help="Comma-separated figures the objective uses (step_ms,ttft_ms,tpot_ms,output_tok_s; default all).")
+              help="Comma-separated figures the objective uses (step_ms,ttft_ms,tpot_ms,output_tok_s, and open-loop rows' "
+                   "ttft_p50_ms,ttft_p90_ms,tpot_p50_ms,tpot_p90_ms; default: the first four).")
 @click.option("--chunk-tokens", type=int, default=8192, show_default=True,
               help="Engine prefill token budget used when simulating request rows.")
 @click.option("--clients", type=click.Choice(["auto", "burst", "staggered"]), default="auto", show_default=True,
@@ -41,6 +42,7 @@ from ._common import check_output_path, dumps, echo_table, save_or_show
 def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, clients, max_nfev, output, name, as_json):
     """Fit bandwidth/FLOP efficiencies, step overhead and all-reduce cost to TABLES."""
     from kvtune.costmodel.hardware import resolve_gpu
+    from kvtune.optimizer.loadgen import drift
     from kvtune.optimizer.calibrate import (calibrate, calibration_dict, calibration_yaml, load_tables, resolve_base,
                                      select_rows)
 
@@ -60,6 +62,7 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
     rows, notes = select_rows(rows, g, engine)
     eff0 = resolve_base(base, g, engine)
     warnings = contradictions(rows)
+    warnings += [w for w in drift(rows) if not _said(w, warnings)]
     name = name or out.stem
     t0 = time.perf_counter()
     metrics = [m.strip() for m in fit_metrics.split(",") if m.strip()] if fit_metrics else None
@@ -98,11 +101,19 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
     click.echo(f"wrote {out}" + (f" ({len(warnings)} warnings, recorded under fit.warnings)" if warnings else ""))
 
 
+def _said(drift_line: str, lines: list[str]) -> bool:
+    """A drift line whose pair of rows a contradiction line already names."""
+    ids = drift_line.split("rows ", 1)[1].split(" measure ", 1)[0]
+    a, b = (x.split(" (", 1)[0] for x in ids.split(") and ", 1))
+    return any(f"rows {a} and {b}" in w or f"rows {b} and {a}" in w for w in lines)
+
+
 def worse_than_start(res, metrics) -> list[str]:
     """Warnings where the fit ends worse than it started: over all fitted figures, and per metric
     the objective used (a metric left out of ``--fit-metrics`` may move either way)."""
     out = []
-    pts = [p for p in res.points if metrics is None or p.metric in metrics]
+    metrics = metrics or FIT_METRICS
+    pts = [p for p in res.points if p.metric in metrics]
     if pts:
         before = sum(abs(p.err_before) for p in pts) / len(pts) * 100
         after = sum(abs(p.err_after) for p in pts) / len(pts) * 100
@@ -111,7 +122,7 @@ def worse_than_start(res, metrics) -> list[str]:
                        f"{len(pts)} figures; the rows may contradict each other or the model may not describe them")
     after_m, before_m = res.mape_by_metric(True), res.mape_by_metric(False)
     for m, a in after_m.items():
-        if (metrics is None or m in metrics) and a > before_m[m] * 1.0001 and len(after_m) > 1:
+        if m in metrics and a > before_m[m] * 1.0001 and len(after_m) > 1:
             out.append(f"{m}: MAPE {before_m[m]:.1f}% before, {a:.1f}% after (worse than the start)")
     return out
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.profile_table import ProfileRow, read_table
 from kvtune.optimizer.importers import FORMATS, Metadata, import_files, rows_to_csv
 
@@ -49,6 +50,38 @@ def _unknown_note(rows: list[ProfileRow], given: Metadata) -> None:
     if defaults:
         click.echo(f"note: {', '.join(defaults)} not stated; the table format's defaults apply "
                    "(bf16, bf16, tp 1)", err=True)
+
+
+def _engine_options(f):
+    """What ``profile run`` and ``profile open-loop`` share: the table to extend and what the
+    server does not say about itself."""
+    for opt in reversed([
+        click.option("--append", is_flag=True, help="Keep the rows already in OUTPUT and add these."),
+        click.option("--gpu", default=None, help="GPU or machine label, e.g. h100-sxm or cpu-2core."),
+        click.option("--tp", type=int, default=None),
+        click.option("--engine", default=None, help="Default: what the server reports (llama.cpp, vllm, sglang)."),
+        click.option("--engine-version", default=None),
+        click.option("--weight-dtype", default=None),
+        click.option("--kv-dtype", default=None),
+        click.option("--chunk-tokens", type=int, default=None,
+                     help="The engine's per-step token budget, written to every row when the server does not "
+                          "report it (llama.cpp: its -b, 2048 by default; vLLM: --max-num-batched-tokens)."),
+        click.option("--threads", type=int, default=None,
+                     help="The engine's CPU threads (llama.cpp -t), written to every row's threads column (servers "
+                          "do not report it)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _run_metadata(cmd: list[str], **given) -> Metadata:
+    """The rows' metadata; their source is the command that reproduces them (rebuilt from the
+    options, so it reads the same however kvtune was invoked)."""
+    for key, v in given.items():
+        if v is not None:
+            cmd = [*cmd, "--" + key.replace("_", "-"), str(v)]
+    return Metadata(**{k: given[k] for k in ("gpu", "tp", "engine", "engine_version", "weight_dtype", "kv_dtype")},
+                    source=shlex.join(cmd))
 
 
 @click.group("profile")
@@ -92,48 +125,34 @@ def import_cmd(files: tuple[Path, ...], output: Path, fmt: str | None, model: st
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the synthetic prompts.")
 @click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per-request timeout.")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Short requests sent before measuring.")
-@click.option("--append", is_flag=True, help="Keep the rows already in OUTPUT and add these.")
-@click.option("--gpu", default=None, help="GPU or machine label, e.g. h100-sxm or cpu-2core.")
-@click.option("--tp", type=int, default=None)
-@click.option("--engine", default=None, help="Default: what the server reports (llama.cpp, vllm, sglang).")
-@click.option("--engine-version", default=None)
-@click.option("--weight-dtype", default=None)
-@click.option("--kv-dtype", default=None)
-@click.option("--chunk-tokens", type=int, default=None,
-              help="The engine's per-step token budget, written to every row when the server does not report it "
-                   "(llama.cpp: its -b, 2048 by default; vLLM: --max-num-batched-tokens).")
+@_engine_options
 def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: Path, requests_per_point: int,
             seed: int, timeout_s: float, warmup: int, append: bool, gpu: str | None, tp: int | None,
             engine: str | None, engine_version: str | None, weight_dtype: str | None, kv_dtype: str | None,
-            chunk_tokens: int | None) -> None:
+            chunk_tokens: int | None, threads: int | None) -> None:
     """Measure TTFT, TPOT and throughput on a live server over a grid of loads and lengths."""
     from kvtune.optimizer.profile_run import PointResult, RunSpec, run_profile  # keeps `kvtune --help` light
 
     run = RunSpec(url=url, model=model, concurrencies=tuple(parse_int_list(concurrency, "concurrency")),
                    input_tokens=tuple(parse_int_list(isl, "isl")), output_tokens=tuple(parse_int_list(osl, "osl")),
                    requests_per_point=requests_per_point, seed=seed, timeout_s=timeout_s, warmup_requests=warmup,
-                   chunk_tokens=chunk_tokens)
+                   chunk_tokens=chunk_tokens, threads=threads)
     old: list[ProfileRow] = []
     check_output_path(output, "-o")  # before the benchmark: it takes minutes
     if append and output.exists():
         old = read_table(output)
-    # The source is the command that reproduces these rows (rebuilt from the options, so it reads the
-    # same however kvtune was invoked).
     cmd = ["kvtune", "profile", "run", "--url", url, "--model", model, "--concurrency", concurrency, "--isl", isl,
            "--osl", osl, "--requests-per-point", str(requests_per_point), "--seed", str(seed)]
-    for flag, v in (("--gpu", gpu), ("--tp", tp), ("--engine", engine), ("--engine-version", engine_version),
-                    ("--weight-dtype", weight_dtype), ("--kv-dtype", kv_dtype), ("--chunk-tokens", chunk_tokens)):
-        if v is not None:
-            cmd += [flag, str(v)]
-    meta = Metadata(gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
-                    kv_dtype=kv_dtype, source=shlex.join(cmd))
+    meta = _run_metadata(cmd, gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
+                         kv_dtype=kv_dtype, chunk_tokens=chunk_tokens, threads=threads)
 
     def progress(pt: PointResult, row: ProfileRow) -> None:
         fails = f"  ({len(pt.failures)} failed: {pt.failures[0].error})" if pt.failures else ""
         tpot = f"{row.tpot_mean_ms:.2f}" if row.tpot_mean_ms is not None else "-"
+        load = f"  loadavg {row.loadavg_1m:.2f}" if row.loadavg_1m is not None else ""
         click.echo(f"concurrency {pt.concurrency:>3}  isl {row.input_tokens:>5}  osl {row.output_tokens:>4}  "
                    f"ttft {row.ttft_mean_ms:8.1f} ms  tpot {tpot:>7} ms  {row.output_tok_s:8.1f} tok/s  "
-                   f"{pt.duration_s:6.1f} s{fails}", err=True)
+                   f"{pt.duration_s:6.1f} s{load}{fails}", err=True)
 
     prefix = "run" if not old else f"run{len(old)}"
     rows, info = run_profile(run, meta, progress, id_prefix=prefix)
@@ -143,6 +162,77 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
                + (f", KV pool {info.kv_pool_tokens:,} tokens" if info.kv_pool_tokens else ", KV pool not reported")
                + (f", {info.batch_cap} slots (batch cap)" if info.batch_cap else "")
                + "]", err=True)
+
+
+@profile_group.command("open-loop")
+@click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1.")
+@click.option("--model", "model", required=True, help="Model name: sent as 'model' and written to the table.")
+@click.option("--rate", "rates", required=True, help="Arrival rates, req/s, comma-separated: one run each.")
+@click.option("--requests", "n_requests", type=int, default=330, show_default=True,
+              help="Requests per run (the workload's own draw for this rate and seed).")
+@click.option("--warmup", type=int, default=30, show_default=True,
+              help="The first requests of each run are warm-up: sent, but out of every statistic.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draw (the simulator's).")
+@click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per-request timeout.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Profile table to write; each run's per-request log goes beside it.")
+@_engine_options
+def open_loop_cmd(workload: Path, url: str, model: str, rates: str, n_requests: int, warmup: int, seed: int,
+                  timeout_s: float, output: Path, append: bool, gpu: str | None, tp: int | None, engine: str | None,
+                  engine_version: str | None, weight_dtype: str | None, kv_dtype: str | None,
+                  chunk_tokens: int | None, threads: int | None) -> None:
+    """Send WORKLOAD's own requests open-loop (Poisson arrivals, or its trace) at each --rate; one row
+    per run with its per-request log, so validate and calibrate replay exactly these requests."""
+    from kvtune.optimizer.loadgen import OpenLoopPlan, run_open_loop
+    from kvtune.optimizer.workload import load_workload
+
+    spec = load_workload(workload)
+    rate_list = []
+    for part in str(rates).split(","):
+        try:
+            r = float(part)
+        except ValueError:
+            raise InputError(f"--rate: {part.strip()[:40]!r} is not a number") from None
+        if not 0 < r < float("inf"):
+            raise InputError(f"--rate: {part.strip()[:40]} must be a finite number > 0 (requests per second)")
+        rate_list.append(r)
+    for flag, v, lo in (("--threads", threads, 1), ("--chunk-tokens", chunk_tokens, 1), ("--tp", tp, 1)):
+        if v is not None and v < lo:
+            raise InputError(f"{flag}: {v} must be >= {lo}")
+    plans = [OpenLoopPlan.from_workload(spec, r, n_requests, seed, warmup) for r in rate_list]
+    check_output_path(output, "-o")  # before the runs: they take minutes
+    old: list[ProfileRow] = read_table(output) if append and output.exists() else []
+    cmd = ["kvtune", "profile", "open-loop", str(workload), "--url", url, "--model", model, "--rate", rates,
+           "--requests", str(n_requests), "--warmup", str(warmup), "--seed", str(seed)]
+    meta = _run_metadata(cmd, gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
+                         kv_dtype=kv_dtype, chunk_tokens=chunk_tokens, threads=threads)
+    rows = list(old)
+    for plan in plans:
+        run = run_open_loop(url, model, plan, timeout_s=timeout_s)
+        tag = f"r{plan.rate_req_s:g}-s{seed}-{len(rows)}"
+        side = f"{output.stem}.{tag}.requests.csv"
+        run.write_requests(output.parent / side)
+        rows += run.to_rows(meta, side, row_id=f"open:{tag}", threads=threads, chunk_tokens=chunk_tokens)
+        write_atomic(output, rows_to_csv(rows))
+        _echo_open_loop(run)
+    click.echo(f"wrote {len(rows) - len(old)} rows to {output}" + (f" (after {len(old)} kept)" if old else ""), err=True)
+
+
+def _echo_open_loop(run) -> None:
+    att, pct = run.attainment(), run.percentiles()
+
+    def q(key: str) -> str:
+        return "/".join("-" if pct[key][s] is None else f"{pct[key][s]:.0f}" for s in ("p50", "p90", "p99"))
+
+    fails = f"  {len(run.failures)} failed ({run.failures[0].error})" if run.failures else ""
+    if run.cached_beyond_prefix:
+        fails += (f"  warning: {len(run.cached_beyond_prefix)} requests took more than their shared prefix from "
+                  f"the server's cache")
+    click.echo(f"rate {run.rate_req_s:g} req/s (sent {run.offered_rate_req_s:.3g})  attainment {att.value:.3f} "
+               f"[{att.lo:.3f}, {att.hi:.3f}] over {att.n} ({att.warmup_excluded} warm-up out)  TTFT p50/p90/p99 "
+               f"{q('ttft_ms')} ms  TPOT {q('tpot_ms')} ms  loadavg {run.load.mean_1m:.2f} (max {run.load.max_1m:.2f})"
+               f"  {run.duration_s:.0f} s{fails}", err=True)
 
 
 COMMANDS = [profile_group]

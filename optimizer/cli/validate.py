@@ -58,9 +58,28 @@ def validate_cmd(tables, calibration, engine, gpu, mode, worst, all_rows, as_jso
         echo_table(["id", "metric", "measured", "predicted", "err_%"],
                    [[p["id"][-44:], p["metric"], f"{p['measured']:.4g}", f"{p['predicted']:.4g}",
                      f"{p['err_pct']:+.1f}"] for p in d["worst"]])
+    if d["open_loop"]:
+        click.echo(f"open-loop rows ({len(d['open_loop'])}): measured vs predicted, the run's own arrivals replayed")
+        echo_table(["id", "rate_req_s", "loadavg_1m", "attainment [95% CI]", "predicted", "ttft p50/p90 ms",
+                    "predicted", "tpot p50/p90 ms", "predicted"],
+                   [_open_loop_line(c) for c in d["open_loop"]])
     if d["skipped"]:
         click.echo(f"{len(d['skipped'])} rows not predicted: " + "; ".join(d["skipped"][:3])
                    + (" ..." if len(d["skipped"]) > 3 else ""))
+
+
+def _open_loop_line(c: dict) -> list[str]:
+    a, f = c["attainment"], c["figures"]
+
+    def pair(metric: str, which: str) -> str:
+        vals = [f.get(f"{metric}_{q}_ms", {}).get(which) for q in ("p50", "p90")]
+        return "/".join("-" if v is None else f"{v:.4g}" for v in vals)
+
+    att = "-" if a["measured"] is None else f"{a['measured']:.3f} [{a['lo']:.3f}, {a['hi']:.3f}]"
+    pred = "-" if a["predicted"] is None else f"{a['predicted']:.3f}" + ("" if a["inside"] else " (outside)")
+    load = "-" if c["loadavg_1m"] is None else f"{c['loadavg_1m']:.2f}"
+    return [c["id"][-36:], f"{c['rate_req_s']:g}", load, att, pred, pair("ttft", "measured"), pair("ttft", "predicted"),
+            pair("tpot", "measured"), pair("tpot", "predicted")]
 
 
 COMMANDS = [validate_cmd]
