@@ -13,8 +13,8 @@ P prompt tokens attending over A (query, key) pairs after reading R cached token
     t_mem         (weights + KV bytes / fp8_kv_eff if the cache is fp8) / (HBM x bw_eff)
     GEMM FLOPs    2 x matmul params / tp per token;  attention 4 x layers x heads x head_dim / tp per pair
     decode pairs  q C + n q (q + 1) / 2  (the q verify tokens see the context and each other)
-    t_comp        decode GEMMs / (peak x fp8_gemm_eff x decode_eff) + decode attention / (bf16 peak x decode_eff)
-                  + the prefill ones at prefill_eff
+    t_comp        decode GEMMs / (peak x fp8_gemm_eff x decode_eff)
+                  + decode attention / (bf16 peak x decode_eff x decode_attn_eff) + the prefill ones at prefill_eff
     t_comm        2 layers x (all-reduce latency + 2 (tp-1)/tp x tokens x hidden x 2 bytes / (link x link_eff))
     t_draft       k x draft_cost x max(plain decode memory time, plain decode compute time)
     t_step        max(t_mem, t_comp) + t_comm + step overhead (+ fp8 scaling) + t_draft (+ prefill overhead)
@@ -35,7 +35,7 @@ BYTES = {"bf16": 2, "fp8": 1}
 EFF = Efficiency(bw_efficiency=0.8, decode_flops_efficiency=0.55, prefill_flops_efficiency=0.7,
                  step_overhead_s=3e-3, prefill_overhead_s=1.5e-3, allreduce_latency_s=7e-6, link_efficiency=0.85,
                  activation_reserve_bytes=2e9, request_overhead_s=0.011, fp8_gemm_efficiency=1.3,
-                 fp8_kv_bw_efficiency=0.9, fp8_scale_overhead_s=4e-4, name="test")
+                 fp8_kv_bw_efficiency=0.9, fp8_scale_overhead_s=4e-4, decode_attn_efficiency=0.6, name="test")
 
 
 def reference(m, par, wd, kd, eff, spec, n, ctx, pre, pairs, kv_read, _stages=1):
@@ -114,7 +114,7 @@ def _stage(m, par, wd, kd, eff, spec, n, ctx, pre, pairs, kv_read, stages):
     dec_gemm = dec_tok * (gemm_tok + routed * imb)
     pre_gemm = pre * (gemm_tok + routed * imb)
     comp = (dec_gemm / (peak * eff.decode_flops_efficiency)
-            + dec_pairs * attn_pair / (H100.bf16_flops_per_s * eff.decode_flops_efficiency)
+            + dec_pairs * attn_pair / (H100.bf16_flops_per_s * eff.decode_flops_efficiency * eff.decode_attn_efficiency)
             + pre_gemm / (peak * eff.prefill_flops_efficiency)
             + pairs * attn_pair / (H100.bf16_flops_per_s * eff.prefill_flops_efficiency))
     comm = 0.0
@@ -133,7 +133,7 @@ def _stage(m, par, wd, kd, eff, spec, n, ctx, pre, pairs, kv_read, stages):
     if k and n:
         plain_mem = (weights_read(n) + dec_kv * kv_tok) / bw
         plain_comp = (n * gemm_tok / (peak * eff.decode_flops_efficiency)
-                      + ctx * attn_pair / (H100.bf16_flops_per_s * eff.decode_flops_efficiency))
+                      + ctx * attn_pair / (H100.bf16_flops_per_s * eff.decode_flops_efficiency * eff.decode_attn_efficiency))
         draft = k * draft_cost * max(plain_mem, plain_comp)
     t = (max(mem, comp) + comm + eff.step_overhead_s + (eff.fp8_scale_overhead_s if wd == "fp8" else 0.0) + draft
          + (eff.prefill_overhead_s if pre > 0 else 0.0))
