@@ -76,7 +76,8 @@ MODULES: dict[str, list[str]] = {
     "optimizer/recommend.py": ["tests/test_search.py", "tests/test_simsearch.py", "tests/test_multinode_solve.py"],
     "optimizer/deployment_choice.py": ["tests/test_deployment_choice.py"],
     "optimizer/gpu_choice.py": ["tests/test_gpu_choice.py"],
-    "optimizer/launch": ["tests/test_launch.py", "tests/test_launch_disagg.py"],
+    "optimizer/launch": ["tests/test_launch.py", "tests/test_launch_disagg.py", "tests/test_launch_contracts.py",
+                         "tests/test_capabilities.py", "tests/test_launch_memory_by_hand.py"],
 }
 # Never selected: the golden runs (tests/test_sim_golden.py) kill any change by its hash without
 # saying what is wrong; a mutant counts as killed only by a test that checks a property or a value.
@@ -132,10 +133,10 @@ def base_config() -> dict:
     return dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"].get("mutmut", {}))
 
 
-def write_config(dst: Path, module: str, tests: list[str]) -> dict:
-    """pyproject.toml of the copy: [tool.mutmut] = the shared settings + this module's paths and tests."""
+def write_config(dst: Path, module: str | list[str], tests: list[str]) -> dict:
+    """pyproject.toml of the copy: [tool.mutmut] = the shared settings + the module's (modules') paths and tests."""
     cfg = base_config()
-    cfg["source_paths"] = [package_path(module)]
+    cfg["source_paths"] = [package_path(m) for m in ([module] if isinstance(module, str) else module)]
     cfg["pytest_add_cli_args_test_selection"] = list(tests)
     text = (dst / "pyproject.toml").read_text()
     text = re.sub(r"(?ms)^\[tool\.mutmut\]\n.*?(?=^\[|\Z)", "", text)
@@ -320,6 +321,38 @@ def run_module(module: str, tests: list[str], n_sample: int | None, max_children
             shutil.rmtree(copy, ignore_errors=True)
 
 
+def run_sample(modules: list[str], n_sample: int, max_children: int, timeout_s: float | None, keep: bool,
+               log_dir: Path) -> list[dict]:
+    """``n_sample`` mutants of each module, all in one copy and one mutmut run over the union of the
+    modules' tests (one instrumented pass instead of one per module: what makes the CI report fit in
+    minutes). Each mutant still runs only the tests that reach its function, from that union."""
+    t0 = time.perf_counter()
+    tests = list(dict.fromkeys(t for m in modules for t in MODULES[m] if (ROOT / t.split("::")[0]).exists()))
+    copy = Path(tempfile.mkdtemp(prefix="kvtune-mutation-"))
+    try:
+        copy_repo(copy)
+        write_config(copy, modules, tests)
+        chosen = {m: sample(enumerate_mutants(copy, m), n_sample) for m in modules}
+        log = log_dir / "sample.log"
+        rc = run_mutmut(copy, [n for m in modules for n in chosen[m]], max_children, log, timeout_s)
+        rows = []
+        equivalents = load_equivalents()
+        for m in modules:
+            statuses = {k: v for k, v in read_results(copy, m).items() if k in set(chosen[m])}
+            res = summarise(m, statuses, copy, equivalents)
+            res.update(enumerated=None, sampled=True, mutmut_rc=rc, wall_s=None, tests=MODULES[m], log=str(log))
+            if rc != 0:
+                res["error"] = f"mutmut exited {rc}; see {log}"
+            rows.append(res)
+        print(f"    one run over {len(modules)} modules: {round(time.perf_counter() - t0, 1)} s", flush=True)
+        return rows
+    finally:
+        if keep:
+            print(f"  kept {copy}", file=sys.stderr)
+        else:
+            shutil.rmtree(copy, ignore_errors=True)
+
+
 def planted_mutant(copy: Path, names: list[str]) -> str:
     """The mutant of ModelArch.kv_bytes_per_token that multiplies instead of... whichever its first is."""
     want = [n for n in names if function_of(n) == "ModelArch.kv_bytes_per_token"]
@@ -338,7 +371,7 @@ def table(rows: list[dict]) -> str:
         expl = sum(1 for s in r["survivors"] if s["why"])
         body += (f"| {r['module']} | {r['tested']} | {r['killed']} | {r['timeout']} | {r['survived']} | "
                  f"{r['no_tests']} | {r['other']} | {r['kill_rate_pct']} | {expl}/{len(r['survivors'])} | "
-                 f"{r['wall_s']} |\n")
+                 f"{r['wall_s'] if r['wall_s'] is not None else '-'} |\n")
     return head + body
 
 
@@ -414,7 +447,10 @@ def main() -> int:
         modules = [m for m in modules if m in earlier]
     load_before = round(os.getloadavg()[0], 1)
     rows: list[dict] = []
-    for m in modules:
+    if args.sample:
+        print(f"--- a sample of {args.sample} mutants from each of {len(modules)} modules, one mutmut run ...", flush=True)
+        rows = run_sample(modules, args.sample, args.max_children, args.module_timeout, args.keep, log_dir)
+    for m in ([] if args.sample else modules):
         print(f"--- {m} ({'sample of ' + str(args.sample) if args.sample else 'all mutants'}) ...", flush=True)
         r = run_module(m, MODULES[m], args.sample, args.max_children, args.module_timeout, args.keep, log_dir,
                        only=earlier.get(m) if args.rerun_survivors else None)
