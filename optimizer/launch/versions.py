@@ -183,6 +183,8 @@ FLAGS: dict[str, dict[str, str]] = {
         "-ub": f"{_L} (-ub, --ubatch-size N, physical batch)",
         "-cb": f"{_L} (-cb, --cont-batching)",
         "-kvu": f"{_L} (-kvu, --kv-unified: one KV buffer shared by all slots)",
+        "-t": f"{_L} (-t, --threads N: CPU threads for generation)",
+        "-tb": f"{_L} (-tb, --threads-batch N: CPU threads for batch and prompt processing)",
         "-ngl": f"{_L} (-ngl, --n-gpu-layers)",
         "-ctk": f"{_L} (-ctk, --cache-type-k: f32, f16, bf16, q8_0, ... no fp8)",
         "-ctv": f"{_L} (-ctv, --cache-type-v)",

@@ -1,0 +1,61 @@
+"""The tune loop in-process against the fake engine: budgets end a session part-way and a second
+session on the same storage continues it; a machine that drifts is reported and not fitted across."""
+
+from __future__ import annotations
+
+import pytest
+
+import fake_engine
+from kvtune.optimizer.adapters import LocalAdapter
+from kvtune.optimizer.search import make_storage
+from kvtune.optimizer.tune import Tuner, TuneSettings
+from kvtune.optimizer.tune_store import TuneStore
+from kvtune.optimizer.workload import load_workload
+
+pytestmark = pytest.mark.slow
+
+QUICK = dict(calibration="ideal", grid=False, near=0, run_s=3.0, min_requests=15, warmup=2, pick_multipliers=(1.0,))
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    sh = fake_engine.setup(tmp_path, monkeypatch)
+    yield sh
+    assert not fake_engine.left_behind(sh["pidfile"])
+
+
+def session(sh, tmp_path, name: str, log=lambda s: None, **kw) -> tuple[Tuner, LocalAdapter]:
+    ad = LocalAdapter("llamacpp", binary=str(sh["llama-server"]), model=str(sh["gguf"]), threads=1,
+                      log_dir=sh["logs"])
+    store = TuneStore(make_storage(f"journal:{tmp_path / 'runs.journal'}"), "s", "digest")
+    work = tmp_path / name
+    work.mkdir()
+    return Tuner(load_workload(sh["workload"]), ad, TuneSettings(**{**QUICK, **kw}), store, work, log, 1), ad
+
+
+def test_a_budget_ends_the_session_and_the_next_one_continues_it(fake, tmp_path):
+    t1, ad1 = session(fake, tmp_path, "a", max_runs=3, max_rounds=3)
+    r1 = t1.run()
+    assert r1.status == "budget" and r1.runs == 3 and "run budget (3 runs)" in r1.reason
+    assert r1.evidence in ("measured", "simulated") and ad1.starts == 1
+    t2, ad2 = session(fake, tmp_path, "b", max_runs=12, max_rounds=2)
+    r2 = t2.run()
+    first = r1.jobs[0]
+    assert r2.jobs[0].key == first.key and r2.jobs[0].runs == first.runs   # read back, not measured again
+    assert r2.runs > r1.runs and ad2.starts == len(r2.jobs) - 1
+
+
+def test_drift_is_reported_and_the_fit_starts_after_it(fake, tmp_path, monkeypatch):
+    speed = tmp_path / "speed"
+    speed.write_text("1.0")
+    monkeypatch.setenv("KVTUNE_FAKE_SPEED_FILE", str(speed))
+
+    def log(line: str) -> None:   # the machine gets 2.5x slower after round 1
+        if line.startswith("round 2:"):
+            speed.write_text("2.5")
+    t, _ = session(fake, tmp_path, "a", log=log, max_rounds=2)
+    res = t.run()
+    assert len(res.rounds) == 2 and res.drift, res.drift
+    assert all(":probe" in d and "loadavg" in d for d in res.drift)
+    r2 = res.rounds[1]
+    assert r2.drift and r2.fit["rows"] == len(res.jobs[-1].runs)   # only the runs since the drift
