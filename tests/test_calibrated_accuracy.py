@@ -32,6 +32,7 @@ the list cannot silently go stale. Run with ``-s`` to see every error.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -137,18 +138,23 @@ def _shown(row, metric) -> bool:
     return _selected(row, metric) or (metric == "ttft_ms" and row.concurrency <= 16 and row.output_tokens == 128)
 
 
-def test_calibrated_within_15_percent():
+@functools.cache
+def _predicted() -> tuple[list, str]:
+    """(engine, row, point fit) for every row and metric, each engine's rows predicted with its
+    shipped calibration as the shipped fits simulate them (optimizer.calibrate.fit_shipped)."""
     rows, where = _rows()
-    gpu = get_gpu("h100-sxm")
-    pred = RowPredictor(gpu, stagger=STAGGERED_ENGINES)  # as the shipped fits (optimizer.calibrate.fit_shipped)
-    results = []
+    pred = RowPredictor(get_gpu("h100-sxm"), stagger=STAGGERED_ENGINES)
+    out = []
     for engine in ("trtllm", "vllm", "sglang"):
         eff = load_calibration(find_calibration("h100-sxm", engine))
-        mine = [r for r in rows if r.engine == engine]
-        for p in evaluate(mine, eff, pred):
-            row = next(r for r in mine if r.id == p.id)
-            if _shown(row, p.metric):
-                results.append((engine, row, p))
+        mine = {r.id: r for r in rows if r.engine == engine}
+        out += [(engine, mine[p.id], p) for p in evaluate(list(mine.values()), eff, pred)]
+    return out, where
+
+
+def test_calibrated_within_15_percent():
+    everything, where = _predicted()
+    results = [x for x in everything if _shown(x[1], x[2].metric)]
     held = [x for x in results if _selected(x[1], x[2].metric)]
     print(f"\ncalibrated accuracy against {where}: {len(held)} points held to {LIMIT:.0%} "
           f"(vLLM TTFT, TRT-LLM TTFT above concurrency 16 and SGLang's above 32 shown, not held)")
@@ -177,6 +183,46 @@ def test_calibrated_within_15_percent():
                       f"MAPE {100 * sum(errs) / len(errs):.1f}%")
     assert not bad, f"{len(bad)} points beyond {LIMIT:.0%}: {bad[:10]}"
     assert not stale, f"KNOWN_MISSES now within {LIMIT:.0%}, remove them: {stale}"
+
+
+# The exemptions can only shrink: a point leaves KNOWN_MISSES when the model improves (the test
+# above fails on a stale entry), never joins it to make a regression pass. Lower this number when
+# you remove entries; raising it needs a reviewer's reason in the commit.
+KNOWN_MISSES_MAX = 38
+
+
+def test_known_misses_only_shrink():
+    assert len(KNOWN_MISSES) <= KNOWN_MISSES_MAX
+    for key, why in KNOWN_MISSES.items():
+        assert ":" in key and why.strip(), f"{key}: a known miss names its metric and says why"
+
+
+# Groups not held point by point (the module docstring says why) are held as groups: each group's
+# TTFT MAPE against the measured runs may not grow beyond what the shipped calibration gives today
+# (measured 2026-12-01 with `pytest -s`; the number in brackets). A model change that improves a
+# group lowers its ceiling here. (engine, tp) -> (MAPE ceiling %, sign of the bias)
+TTFT_GROUP_CEILING_PCT: dict[tuple[str, int], tuple[float, int]] = {
+    ("vllm", 1): (23.0, -1),    # [21.8] one run (4000/1000)
+    ("vllm", 2): (52.0, -1),    # [50.5] 31 runs: ~3 prefills even at 8 clients (bench/RESULTS-ttft.md)
+    ("vllm", 4): (60.0, -1),    # [58.3] 30 runs
+    ("vllm", 8): (61.0, -1),    # [59.1] 31 runs
+    ("trtllm", 1): (25.0, -1),  # [23.1] every concurrency, not only the <= 16 held above
+    ("trtllm", 2): (28.0, -1),  # [26.5]
+    ("trtllm", 4): (32.0, -1),  # [30.6]
+    ("trtllm", 8): (41.0, -1),  # [39.5] 64-128 clients jump by up to a second while TPOT stays put
+}
+
+
+def test_ttft_groups_within_their_ceilings():
+    everything, _ = _predicted()
+    for (engine, tp), (ceiling, sign) in TTFT_GROUP_CEILING_PCT.items():
+        errs = [p.err_after for e, r, p in everything if e == engine and r.tp == tp and p.metric == "ttft_ms"]
+        assert errs, f"no {engine} TP{tp} TTFT rows: the table changed"
+        mape = 100 * sum(abs(x) for x in errs) / len(errs)
+        bias = sum(errs) / len(errs)
+        print(f"{engine} TP{tp}: TTFT MAPE {mape:.1f}% (ceiling {ceiling}%), bias {100 * bias:+.1f}% over {len(errs)} runs")
+        assert mape <= ceiling, f"{engine} TP{tp} TTFT MAPE {mape:.1f}% > {ceiling}%"
+        assert bias * sign > 0, f"{engine} TP{tp} TTFT bias changed sign ({100 * bias:+.1f}%): look again"
 
 
 def _waiting_slope(rows, engine: str, c: int) -> list[float]:

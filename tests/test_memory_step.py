@@ -161,7 +161,23 @@ def test_step_time_never_falls_as_batch_or_context_grows(name, mode, batch, ctx,
 def test_kv_bytes_linear_in_tokens(name, tokens, k):
     m = get_model(name)
     per = m.kv_bytes_per_token("bf16")
-    assert per * tokens * k == k * (per * tokens)
+    # hand-derived bytes per token: K and V of every KV head in every layer at 2 bytes (GQA), or
+    # MLA's compressed latent plus its rope key (DeepSeek-V3: 512 + 64 elements), at 2 bytes
+    elements = (m.kv_lora_rank + m.qk_rope_head_dim) if m.is_mla else 2 * m.n_kv_heads * m.head_dim
+    assert per == m.n_layers * elements * 2
+    # a decode step reads the weights once plus each sequence's KV: the bytes above the weights
+    # grow linearly with the context (full-attention models; sliding-window layers cap their read)
+    sm = StepModel(m, H100, _model_tp(name), "fp8" if name == "deepseek-v3" else "bf16", "bf16", IDEAL,
+                   gpu_mem_util=0.95)
+    ctx = min(tokens, 4000)
+    base = sm.decode_step(1, 0).bytes_per_gpu
+    kv_one = sm.decode_step(1, ctx).bytes_per_gpu - base
+    kv_k = sm.decode_step(1, ctx * k).bytes_per_gpu - base
+    if m.kv_read_tokens(ctx * k) == ctx * k:
+        assert kv_one == pytest.approx(ctx * sm.memory.kv_bytes_per_token_per_gpu, rel=1e-9)
+        assert kv_k == pytest.approx(k * kv_one, rel=1e-9)
+    else:  # sliding-window layers: more context never reads less, but less than linearly
+        assert kv_one <= kv_k < k * kv_one
     plan1 = plan_memory(m, H100, _model_tp(name), "fp8" if name == "deepseek-v3" else "bf16", "bf16", 0.95)
     # pool tokens x bytes per token never exceeds the pool bytes, and is within one token of it
     assert plan1.kv_pool_tokens * plan1.kv_bytes_per_token_per_gpu <= plan1.kv_pool_bytes_per_gpu

@@ -91,7 +91,11 @@ def test_tp_must_shard_heads():
     m = get_model("llama-2-70b")
     assert "8 KV heads" in m.tp_error(3)
     assert m.tp_error(8) is None and m.tp_error(16) is None
-    assert "64 attention heads" in m.tp_error(128) or m.tp_error(128) is not None
+    # 128 is a multiple of the 8 KV heads (each rank holds one replicated head) but cannot split
+    # the 64 query heads, and 3 divides neither
+    assert m.tp_error(128) == "tp 128 does not divide llama-2-70b's 64 attention heads"
+    assert m.tp_error(3) == "tp 3 does not divide llama-2-70b's 8 KV heads (nor is it a multiple of them)"
+    assert m.tp_error(0) == "tp must be >= 1, got 0"
 
 
 def test_flops_per_token_is_twice_matmul_params():

@@ -1,0 +1,492 @@
+"""Mutation testing of the core that decides the answer: the kill rate per module (mutmut).
+
+For each module below, mutmut rewrites the module into mutants (one small change each: an
+operator, a number, a comparison, a dropped argument) and runs the tests that exercise it against
+every mutant; a mutant the tests still pass "survived". The kill rate is what share of the
+mutants the tests catch.
+
+Each module runs in its own temporary copy of the repository (so runs never collide and the
+working tree is never touched), one module at a time, under ``nice``. The copy is configured with
+``[tool.mutmut]`` from pyproject.toml (shared settings) plus the module's own ``source_paths`` and
+test selection from ``MODULES`` here.
+
+The package is ``kvtune``, whose ``kvtune/costmodel``, ``kvtune/optimizer`` and
+``kvtune/profiles`` are links to the root folders. mutmut copies ``kvtune/`` with the links
+dereferenced, so a module is mutated through its package path (``kvtune/costmodel/memory.py``):
+mutating ``costmodel/memory.py`` would leave the tests importing an unmutated copy and every
+mutant would "survive". ``--check-planted`` proves the wiring: it plants one mutant the tests
+must kill and fails unless they do.
+
+A survivor is either explained in ``bench/mutation_equivalents.yaml`` (why it is equivalent or
+cannot matter) or listed as UNEXPLAINED in the report.
+
+    python bench/bench_mutation.py                      # every module, all mutants (an hour or more)
+    python bench/bench_mutation.py --module costmodel/memory.py
+    python bench/bench_mutation.py --sample 6           # a deterministic sample per module (CI report)
+    python bench/bench_mutation.py --check-planted      # the wiring check only
+
+A full run writes bench/RESULTS-mutation.json and the generated block of bench/RESULTS-mutation.md
+(the hand-written parts stay); a ``--sample`` run writes only what ``--json``/``--md`` name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_JSON = ROOT / "bench" / "RESULTS-mutation.json"
+RESULTS_MD = ROOT / "bench" / "RESULTS-mutation.md"
+EQUIVALENTS = ROOT / "bench" / "mutation_equivalents.yaml"
+BEGIN, END = "<!-- bench_mutation: begin (generated) -->", "<!-- bench_mutation: end -->"
+
+# module (path from the repository root) -> the tests that exercise it (pytest paths or node ids).
+# Kept to the tests that call the module in-process and run in seconds: every mutant runs the
+# selected tests that reach its function, and a subprocess (the CLI) would import the unmutated
+# package.
+MODULES: dict[str, list[str]] = {
+    "costmodel/memory.py": ["tests/test_memory_step.py", "tests/test_draft_memory.py", "tests/test_fp8_physics.py",
+                            "tests/test_parallel.py", "tests/test_models.py", "tests/test_memory_by_hand.py"],
+    "costmodel/models.py": ["tests/test_models.py", "tests/test_memory_step.py", "tests/test_parallel.py",
+                            "tests/test_fp8_physics.py", "tests/test_models_by_hand.py"],
+    "costmodel/parallel.py": ["tests/test_parallel.py", "tests/test_memory_step.py", "tests/test_parallel_by_hand.py"],
+    "costmodel/step.py": ["tests/test_memory_step.py", "tests/test_fp8_physics.py", "tests/test_parallel.py",
+                          "tests/test_draft_memory.py", "tests/test_simulate.py", "tests/test_step_by_hand.py"],
+    "costmodel/replica.py": ["tests/test_simulate.py",
+                             "tests/test_sim_invariants.py::test_every_simulated_result_is_whole_and_finite",
+                             "tests/test_sim_invariants.py::test_speculation_with_huge_outputs_stays_small_in_memory",
+                             "tests/test_sim_never_fit.py", "tests/test_engines.py", "tests/test_replica_by_hand.py",
+                             "tests/test_deployment_by_hand.py"],   # a decode pool's replica: KV that arrives
+    "costmodel/goodput.py": ["tests/test_goodput.py", "tests/test_sim_invariants.py", "tests/test_sim_never_fit.py",
+                             "tests/test_goodput_by_hand.py"],
+    "costmodel/deployment.py": ["tests/test_deployment.py", "tests/test_deployment_by_hand.py"],
+    "optimizer/simsearch.py": ["tests/test_simsearch.py"],
+    "optimizer/verify.py": ["tests/test_simsearch.py"],
+    "optimizer/recommend.py": ["tests/test_search.py", "tests/test_simsearch.py", "tests/test_multinode_solve.py"],
+    "optimizer/deployment_choice.py": ["tests/test_deployment_choice.py"],
+    "optimizer/gpu_choice.py": ["tests/test_gpu_choice.py"],
+    "optimizer/launch": ["tests/test_launch.py", "tests/test_launch_disagg.py", "tests/test_launch_contracts.py",
+                         "tests/test_capabilities.py", "tests/test_launch_memory_by_hand.py"],
+}
+# Never selected: the golden runs (tests/test_sim_golden.py) kill any change by its hash without
+# saying what is wrong; a mutant counts as killed only by a test that checks a property or a value.
+
+# The planted bug --check-planted expects the tests to catch: KV bytes per token doubled.
+PLANT_MODULE = "costmodel/models.py"
+PLANT_RE = re.compile(r"def kv_bytes_per_token\(self, kv_dtype: str\) -> int:")
+
+
+def package_path(module: str) -> str:
+    """The path mutmut must mutate: through the kvtune package (see the module docstring)."""
+    return f"kvtune/{module}"
+
+
+def mutated_files(module: str) -> list[str]:
+    p = ROOT / module
+    if p.is_dir():
+        return sorted(package_path(str(f.relative_to(ROOT))) for f in p.rglob("*.py"))
+    return [package_path(module)]
+
+
+# --- the temporary copy ---------------------------------------------------------------------------------------
+
+def copy_repo(dst: Path) -> None:
+    """The files git sees (tracked and untracked-not-ignored), links kept as links."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, check=True).stdout.decode()
+    for rel in sorted(set(filter(None, out.split("\0")))):
+        src, tgt = ROOT / rel, dst / rel
+        if not src.is_symlink() and not src.exists():
+            continue   # deleted in the working tree
+        tgt.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), tgt)
+        elif src.is_file():
+            shutil.copy2(src, tgt)
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as TOML")
+
+
+def base_config() -> dict:
+    import tomllib
+    return dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"].get("mutmut", {}))
+
+
+def write_config(dst: Path, module: str | list[str], tests: list[str]) -> dict:
+    """pyproject.toml of the copy: [tool.mutmut] = the shared settings + the module's (modules') paths and tests."""
+    cfg = base_config()
+    cfg["source_paths"] = [package_path(m) for m in ([module] if isinstance(module, str) else module)]
+    cfg["pytest_add_cli_args_test_selection"] = list(tests)
+    text = (dst / "pyproject.toml").read_text()
+    text = re.sub(r"(?ms)^\[tool\.mutmut\]\n.*?(?=^\[|\Z)", "", text)
+    text = text.rstrip() + "\n\n[tool.mutmut]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in cfg.items())
+    (dst / "pyproject.toml").write_text(text)
+    return cfg
+
+
+@contextlib.contextmanager
+def in_dir(path: Path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def enumerate_mutants(copy: Path, module: str) -> list[str]:
+    """Every mutant name mutmut will make of ``module`` (mutmut's own generator, no tests run)."""
+    from mutmut.configuration import reset_config
+    from mutmut.mutation.file_mutation import mutate_file_contents
+    from mutmut.utils.format_utils import get_mutant_name
+    names: list[str] = []
+    with in_dir(copy):
+        reset_config()
+        for f in mutated_files(module):
+            mf = mutate_file_contents(f, Path(f).read_text())
+            names += [get_mutant_name(Path(f), n) for n in mf.mutant_names]
+        reset_config()
+    return names
+
+
+def sample(names: list[str], n: int) -> list[str]:
+    """A deterministic sample: the ``n`` names with the smallest SHA-256 (stable while the function is)."""
+    return sorted(sorted(names, key=lambda s: hashlib.sha256(s.encode()).hexdigest())[:n])
+
+
+# --- running and reading --------------------------------------------------------------------------------------
+
+def mutmut_exe() -> str:
+    exe = Path(sys.executable).parent / "mutmut"
+    if not exe.exists():
+        sys.exit("Error: mutmut is not installed in this environment (pip install -e '.[test]')")
+    return str(exe)
+
+
+def run_mutmut(copy: Path, names: list[str], max_children: int, log: Path, timeout_s: float | None) -> int:
+    cmd = ["nice", "-n", "19", mutmut_exe(), "run", "--max-children", str(max_children), *names]
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    with open(log, "w") as out:
+        try:
+            return subprocess.run(cmd, cwd=copy, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                  timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            out.write(f"\n[bench_mutation] stopped after {timeout_s} s\n")
+            return -1
+
+
+def read_results(copy: Path, module: str) -> dict[str, str]:
+    """mutant name -> mutmut's status (killed, survived, timeout, no tests, not checked, ...)."""
+    from mutmut.stats import status_by_exit_code
+    out: dict[str, str] = {}
+    for f in mutated_files(module):
+        meta = copy / "mutants" / (f + ".meta")
+        if meta.exists():
+            for k, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+                out[k] = status_by_exit_code[code]
+    return out
+
+
+def mutant_diff(copy: Path, name: str, module: str) -> str:
+    from mutmut.configuration import reset_config
+    from mutmut.mutation.diff_apply import find_mutant, get_diff_for_mutant
+    with in_dir(copy):
+        reset_config()
+        try:
+            return get_diff_for_mutant(name, path=find_mutant(name).path)
+        finally:
+            reset_config()
+
+
+def function_of(name: str) -> str:
+    """'kvtune.costmodel.step.xǁStepModelǁdecode__mutmut_3' -> 'StepModel.decode'."""
+    fn = name.rpartition(".")[2].partition("__mutmut_")[0]
+    if fn.startswith("x_"):
+        return fn[2:]
+    return ".".join(p for p in fn[1:].split("ǁ") if p)
+
+
+def changed_lines(diff: str) -> tuple[str, str]:
+    lines = diff.splitlines()
+    minus = [ln[1:].strip() for ln in lines if ln.startswith("-") and not ln.startswith("---")]
+    plus = [ln[1:].strip() for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
+    return "\n".join(minus), "\n".join(plus)
+
+
+def load_equivalents() -> list[dict]:
+    if not EQUIVALENTS.exists():
+        return []
+    return yaml.safe_load(EQUIVALENTS.read_text()) or []
+
+
+def _norm(s: object) -> str:
+    return re.sub(r"\s+", " ", str(s)).strip()
+
+
+def explain(module: str, function: str, before: str, after: str, equivalents: list[dict]) -> str | None:
+    norm = _norm
+    for e in equivalents:
+        if e["module"] != module or e["function"] != function:
+            continue
+        if "after_regex" in e:     # a family of mutants: the mutated line(s) match the pattern
+            if re.fullmatch(e["after_regex"], norm(after)) and re.fullmatch(e.get("before_regex", ".*"), norm(before)):
+                return str(e["why"])
+        elif "before" not in e or (norm(e["before"]) == norm(before) and norm(e["after"]) == norm(after)):
+            return str(e["why"])   # an entry without before/after covers the whole function
+    return None
+
+
+KILLED = ("killed", "timeout")   # a timeout is a mutant the tests stopped (it looped or slowed >15x)
+
+
+def summarise(module: str, statuses: dict[str, str], copy: Path, equivalents: list[dict]) -> dict:
+    counts: dict[str, int] = {}
+    for s in statuses.values():
+        counts[s] = counts.get(s, 0) + 1
+    tested = sum(v for k, v in counts.items() if k not in ("not checked", "skipped"))
+    caught = sum(counts.get(k, 0) for k in KILLED)
+    survivors = []
+    for name, s in sorted(statuses.items()):
+        if s in KILLED or s in ("not checked", "skipped"):
+            continue
+        diff = mutant_diff(copy, name, module)
+        before, after = changed_lines(diff)
+        fn = function_of(name)
+        survivors.append(dict(name=name, status=s, function=fn, before=before, after=after,
+                              why=explain(module, fn, before, after, equivalents)))
+    return dict(module=module, mutants=len(statuses), tested=tested, killed=counts.get("killed", 0),
+                timeout=counts.get("timeout", 0), survived=counts.get("survived", 0),
+                no_tests=counts.get("no tests", 0), other=tested - caught - counts.get("survived", 0)
+                - counts.get("no tests", 0),
+                kill_rate_pct=round(100.0 * caught / tested, 1) if tested else None, survivors=survivors)
+
+
+def run_module(module: str, tests: list[str], n_sample: int | None, max_children: int, timeout_s: float | None,
+               keep: bool, log_dir: Path, plant: bool = False, only: list[str] | None = None) -> dict:
+    t0 = time.perf_counter()
+    missing = [t for t in tests if not (ROOT / t.split("::")[0]).exists()]
+    if missing:
+        print(f"  warning: {module}: no such test file {', '.join(missing)}", file=sys.stderr)
+        tests = [t for t in tests if t not in missing]
+    copy = Path(tempfile.mkdtemp(prefix="kvtune-mutation-"))
+    try:
+        copy_repo(copy)
+        write_config(copy, module, tests)
+        names = enumerate_mutants(copy, module)
+        chosen: list[str] = sample(names, n_sample) if n_sample else []
+        if plant:
+            chosen = [planted_mutant(copy, names)]
+        if only is not None:
+            chosen = [n for n in names if n in set(only)]
+            if not chosen:
+                return dict(module=module, mutants=0, tested=0, killed=0, timeout=0, survived=0, no_tests=0, other=0,
+                            kill_rate_pct=None, survivors=[], enumerated=len(names), sampled=True, mutmut_rc=0,
+                            wall_s=0.0, tests=tests, log="")
+        log = log_dir / (module.replace("/", "_") + ".log")
+        rc = run_mutmut(copy, chosen, max_children, log, timeout_s)
+        statuses = read_results(copy, module)
+        if chosen:
+            statuses = {k: v for k, v in statuses.items() if k in set(chosen)}
+        res = summarise(module, statuses, copy, load_equivalents())
+        res.update(enumerated=len(names), sampled=bool(chosen), mutmut_rc=rc, wall_s=round(time.perf_counter() - t0, 1),
+                   tests=tests, log=str(log))
+        if rc != 0:
+            res["error"] = f"mutmut exited {rc}; see {log}"
+        return res
+    finally:
+        if keep:
+            print(f"  kept {copy}", file=sys.stderr)
+        else:
+            shutil.rmtree(copy, ignore_errors=True)
+
+
+def run_sample(modules: list[str], n_sample: int, max_children: int, timeout_s: float | None, keep: bool,
+               log_dir: Path) -> list[dict]:
+    """``n_sample`` mutants of each module, all in one copy and one mutmut run over the union of the
+    modules' tests (one instrumented pass instead of one per module: what makes the CI report fit in
+    minutes). Each mutant still runs only the tests that reach its function, from that union."""
+    t0 = time.perf_counter()
+    tests = list(dict.fromkeys(t for m in modules for t in MODULES[m] if (ROOT / t.split("::")[0]).exists()))
+    copy = Path(tempfile.mkdtemp(prefix="kvtune-mutation-"))
+    try:
+        copy_repo(copy)
+        write_config(copy, modules, tests)
+        chosen = {m: sample(enumerate_mutants(copy, m), n_sample) for m in modules}
+        log = log_dir / "sample.log"
+        rc = run_mutmut(copy, [n for m in modules for n in chosen[m]], max_children, log, timeout_s)
+        rows = []
+        equivalents = load_equivalents()
+        for m in modules:
+            statuses = {k: v for k, v in read_results(copy, m).items() if k in set(chosen[m])}
+            res = summarise(m, statuses, copy, equivalents)
+            res.update(enumerated=None, sampled=True, mutmut_rc=rc, wall_s=None, tests=MODULES[m], log=str(log))
+            if rc != 0:
+                res["error"] = f"mutmut exited {rc}; see {log}"
+            rows.append(res)
+        print(f"    one run over {len(modules)} modules: {round(time.perf_counter() - t0, 1)} s", flush=True)
+        return rows
+    finally:
+        if keep:
+            print(f"  kept {copy}", file=sys.stderr)
+        else:
+            shutil.rmtree(copy, ignore_errors=True)
+
+
+def planted_mutant(copy: Path, names: list[str]) -> str:
+    """The mutant of ModelArch.kv_bytes_per_token that multiplies instead of... whichever its first is."""
+    want = [n for n in names if function_of(n) == "ModelArch.kv_bytes_per_token"]
+    if not want:
+        sys.exit("Error: --check-planted: no mutant of ModelArch.kv_bytes_per_token in costmodel/models.py")
+    return sorted(want, key=lambda n: int(n.rpartition("_")[2]))[0]
+
+
+# --- reports --------------------------------------------------------------------------------------------------
+
+def table(rows: list[dict]) -> str:
+    head = ("| module | mutants | killed | timeout | survived | no tests | other | kill rate (%) | "
+            "survivors explained | wall (s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    body = ""
+    for r in rows:
+        expl = sum(1 for s in r["survivors"] if s["why"])
+        body += (f"| {r['module']} | {r['tested']} | {r['killed']} | {r['timeout']} | {r['survived']} | "
+                 f"{r['no_tests']} | {r['other']} | {r['kill_rate_pct']} | {expl}/{len(r['survivors'])} | "
+                 f"{r['wall_s'] if r['wall_s'] is not None else '-'} |\n")
+    return head + body
+
+
+def survivors_md(rows: list[dict]) -> str:
+    out = []
+    for r in rows:
+        if not r["survivors"]:
+            continue
+        out.append(f"\n#### {r['module']}\n")
+        for s in r["survivors"]:
+            why = s["why"] or "**UNEXPLAINED**"
+            before = s["before"].replace("\n", " / ").replace("|", "\\|")
+            after = s["after"].replace("\n", " / ").replace("|", "\\|")
+            out.append(f"- `{s['function']}` ({s['status']}): `{before}` -> `{after}`: {why}")
+    return "\n".join(out) + "\n"
+
+
+def markdown_block(meta: dict, rows: list[dict]) -> str:
+    return (f"{BEGIN}\n_Generated by `python bench/bench_mutation.py` at commit {meta['commit']} on {meta['date']} "
+            f"({meta['mode']}; load average {meta['load_before']} before, {meta['load_after']} after, "
+            f"{meta['cpus']} CPUs, mutmut {meta['mutmut']}). Kill rate = (killed + timeout) / mutants tested._\n\n"
+            + table(rows) + "\n### Survivors\n" + survivors_md(rows) + END + "\n")
+
+
+def write_markdown(path: Path, block: str) -> None:
+    text = path.read_text() if path.exists() else "# Mutation testing\n\n"
+    if BEGIN in text and END in text:
+        pre, rest = text.split(BEGIN, 1)
+        post = rest.split(END, 1)[1].lstrip("\n")
+        text = pre + block + post
+    else:
+        text = text.rstrip() + "\n\n" + block
+    path.write_text(text)
+
+
+def git_commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return r.stdout.strip() + ("+uncommitted" if dirty else "")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--module", action="append", choices=list(MODULES), help="only this module (repeatable)")
+    ap.add_argument("--sample", type=int, metavar="N", help="N mutants per module, chosen deterministically")
+    ap.add_argument("--max-children", type=int, default=2, help="mutants tested at once (default 2)")
+    ap.add_argument("--module-timeout", type=float, default=None, metavar="S", help="stop a module's run after S s")
+    ap.add_argument("--json", type=Path, help="write the results here (default: RESULTS-mutation.json on a full run)")
+    ap.add_argument("--md", type=Path, help="update this Markdown's generated block (default: RESULTS-mutation.md "
+                                            "on a full run)")
+    ap.add_argument("--rerun-survivors", type=Path, metavar="JSON",
+                    help="test only the mutants that survived in this earlier results file (while writing tests)")
+    ap.add_argument("--keep", action="store_true", help="keep each temporary copy (to browse with mutmut)")
+    ap.add_argument("--check-planted", action="store_true",
+                    help="plant one mutant of ModelArch.kv_bytes_per_token and fail unless the tests kill it")
+    args = ap.parse_args()
+
+    log_dir = Path(tempfile.mkdtemp(prefix="kvtune-mutation-logs-"))
+    if args.check_planted:
+        r = run_module(PLANT_MODULE, MODULES[PLANT_MODULE], None, 1, args.module_timeout, args.keep, log_dir,
+                       plant=True)
+        ok = r["mutants"] == 1 and r["killed"] == 1
+        print(f"planted mutant of {PLANT_MODULE} ModelArch.kv_bytes_per_token: "
+              f"{'killed' if ok else 'NOT killed'} ({r['wall_s']} s; log {r['log']})")
+        return 0 if ok else 1
+
+    modules = args.module or list(MODULES)
+    earlier: dict[str, list[str]] = {}
+    if args.rerun_survivors:
+        for r in json.loads(args.rerun_survivors.read_text())["modules"]:
+            earlier[r["module"]] = [s["name"] for s in r["survivors"]]
+        modules = [m for m in modules if m in earlier]
+    load_before = round(os.getloadavg()[0], 1)
+    rows: list[dict] = []
+    if args.sample:
+        print(f"--- a sample of {args.sample} mutants from each of {len(modules)} modules, one mutmut run ...", flush=True)
+        rows = run_sample(modules, args.sample, args.max_children, args.module_timeout, args.keep, log_dir)
+    for m in ([] if args.sample else modules):
+        print(f"--- {m} ({'sample of ' + str(args.sample) if args.sample else 'all mutants'}) ...", flush=True)
+        r = run_module(m, MODULES[m], args.sample, args.max_children, args.module_timeout, args.keep, log_dir,
+                       only=earlier.get(m) if args.rerun_survivors else None)
+        rows.append(r)
+        print(f"    {r['killed']} killed, {r['timeout']} timeout, {r['survived']} survived, {r['no_tests']} no tests "
+              f"of {r['tested']} -> {r['kill_rate_pct']} % in {r['wall_s']} s"
+              + (f"  [{r['error']}]" if r.get("error") else ""), flush=True)
+    import mutmut
+    meta = dict(commit=git_commit(), date=dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+                mode=(f"sample of {args.sample} per module" if args.sample
+                      else "earlier survivors only" if args.rerun_survivors else "all mutants"),
+                load_before=load_before, load_after=round(os.getloadavg()[0], 1), cpus=os.cpu_count(),
+                mutmut=getattr(mutmut, "__version__", "?"), python=platform.python_version())
+    print()
+    print(table(rows))
+    partial = bool(args.sample or args.rerun_survivors)
+    json_path = args.json or (None if partial else RESULTS_JSON)
+    md_path = args.md or (None if partial else RESULTS_MD)
+    if json_path:
+        old = json.loads(json_path.read_text()) if json_path.exists() and not partial else {}
+        merged = {r["module"]: r for r in old.get("modules", [])}
+        merged.update({r["module"]: r for r in rows})
+        ordered = [merged[m] for m in MODULES if m in merged]
+        json_path.write_text(json.dumps(dict(meta=meta, modules=ordered), indent=1, ensure_ascii=False) + "\n")
+        rows_for_md = ordered
+    else:
+        rows_for_md = rows
+    if md_path:
+        write_markdown(md_path, markdown_block(meta, rows_for_md))
+    unexplained = sum(1 for r in rows for s in r["survivors"] if not s["why"])
+    print(f"{unexplained} unexplained survivors; logs in {log_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
