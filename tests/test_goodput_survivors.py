@@ -362,11 +362,12 @@ def narrow(lo, hi, a_lo, a_hi, attainment, measure, rel_tol, n_measured, budget)
 
 def _expected(late, start, n_measured=270, rel_tol=0.02, budget=40):
     """The probes after ``start`` (the rates probed to set up the bracket, by hand), and the final bracket."""
-    met = [(r, 1 - late(r)) for r in start]
+    def measure(rate):   # the engine's attainment: whole requests of the measured ones miss
+        return 1 - round(late(rate) * n_measured) / n_measured
+    met = [(r, measure(r)) for r in start]
     lo = max(r for r, a in met if a >= 0.9)
     hi = min(r for r, a in met if a < 0.9)
-    return narrow(lo, hi, 1 - late(lo), 1 - late(hi), 0.9, lambda r: 1 - late(r), rel_tol, n_measured,
-                  budget - len(start))
+    return narrow(lo, hi, measure(lo), measure(hi), 0.9, measure, rel_tol, n_measured, budget - len(start))
 
 
 @pytest.mark.parametrize("edge", [7.3, 0.37, 55.0, 99.0])
@@ -425,3 +426,131 @@ def test_an_aim_near_the_upper_end_stops_after_the_lower_probe_closes_the_bracke
     r = search(Engine(late=logistic(7.3, 2.0)), guess_req_s=7.0, n_requests=20_000)
     assert len(r.history) == 3
     assert r.bracket == pytest.approx((7.3 * 0.991, 7.35), rel=2e-4)
+
+
+def convex(cross_req_s, p):
+    """Attainment 1 - 0.1 x (rate / cross)^p: crosses 0.9 at ``cross_req_s``, its logit far from linear in
+    the rate, so an aim from the ends lands off the crossing and the pairs, Illinois and the
+    bisection fallback all take turns."""
+    return lambda rate: min(1.0, 0.1 * (rate / cross_req_s) ** p)
+
+
+@pytest.mark.parametrize("cross, p, guess", [(6.3, 8, 7.0), (6.3, 30, 7.0), (7.2, 3, 7.0), (30.0, 12, None),
+                                             (0.5, 6, None)])
+def test_a_curve_whose_logit_is_not_linear_is_narrowed_as_documented(cross, p, guess):
+    late = convex(cross, p)
+    r = search(Engine(late=late), guess_req_s=guess, n_requests=20_000)
+    start = [5.95, 7.35] if guess else [0.1, 100.0]   # the geometric steps from (0.1, 100) are step 3's
+    probes, bracket = _expected(late, start, n_measured=18_000)
+    assert rates(r) == pytest.approx(start + probes, rel=1e-9)
+    assert r.bracket == pytest.approx(bracket, rel=1e-9)
+    lo, hi = bracket
+    assert 1 - round(late(lo) * 18_000) / 18_000 >= 0.9 > 1 - round(late(hi) * 18_000) / 18_000
+    assert hi - lo <= 0.02 * lo and r.goodput_req_s == pytest.approx(lo, rel=1e-9)
+
+
+def test_after_saturation_the_narrowing_starts_from_the_highest_rate_met_below_it():
+    # every rate meets but those in (49.5, 50.5]; offline the engine completes 50 req/s. Guess 4: 3.4 meets,
+    # then 4.2 and x1.25 up to the bound (none in the window: ... 39.1155, 48.8944, 61.1180, ...), all met;
+    # the saturated rate 50 misses: the bracket is (48.8944..., 50), the highest rate met below 50
+    late = lambda rate: 1.0 if 49.5 < rate <= 50.5 else 0.0  # noqa: E731
+    r = search(Engine(late=late, saturated_req_s=50.0), guess_req_s=4.0)
+    grown = [4.2 * 1.25 ** k for k in range(15)]
+    start = [3.4] + [g for g in grown if g < 100.0] + [100.0]
+    assert rates(r)[:len(start) + 1] == pytest.approx(start + [50.0], rel=1e-9)
+    lo = max(g for g in start if g <= 50.0)
+    assert lo == pytest.approx(48.89443516731262, rel=1e-12)
+    probes, bracket = narrow(lo, r.history[len(start)][0], 1.0, 0.0, 0.9, lambda x: 1 - late(x), 0.02, 270,
+                             40 - len(start) - 1)
+    assert rates(r)[len(start) + 1:] == pytest.approx(probes, rel=1e-12)
+    assert r.bracket == pytest.approx(bracket, rel=1e-12) and 49.5 / 1.02 <= r.goodput_req_s <= 49.5
+    assert r.saturated_req_s == pytest.approx(50.0, rel=1e-9) and not r.capacity_limited
+
+
+@pytest.mark.parametrize("sat, window, share, rel_tol", [
+    # exactly 2x: 1 req/s (the zero-load rate of the bound 1000) to the saturated 2 req/s: not wider than a
+    # factor 2, so an aimed pair, not a geometric middle
+    (2.0, (1.5, 2.5), 1.0, 0.02),
+    # 1 to 1.9 req/s, the upper end missing by one request (0.89994): the aim lands within 0.2% of it and
+    # the lower probe is held 2% of the width (0.018) below the upper end: 1.882
+    (1.9, (1.895, 2.5), 1801 / 18_000, 0.02),
+    # the same at rel_tol 0.001: the held probe (1.882) meets without closing the bracket; the aim itself
+    # (above 1.882 by more than its 0.045% offset) is never probed: the pair is the one held probe
+    (1.9, (1.895, 2.5), 1801 / 18_000, 0.001),
+    # 1 to 1.9 req/s, 12.9% missing at the upper end: aim 1.87; the lower probe 1.8532 meets (all meet up to
+    # 1.86) and the upper one, 1.8868, is held at 1.882
+    (1.9, (1.86, 2.5), 2318 / 18_000, 0.02),
+])
+def test_a_bracket_from_the_saturated_throughput_is_narrowed_as_documented(sat, window, share, rel_tol):
+    # meets at 1 and at the bound 1000 (a loose SLO), misses inside ``window`` (share of the measured
+    # requests late); offline the engine completes ``sat`` req/s, below the bound: the bracket is (1, sat)
+    def late(rate):
+        return share if window[0] < rate <= window[1] else 0.0
+    r = search(Engine(late=late, saturated_req_s=sat), ub=1000.0, n_requests=20_000, rel_tol=rel_tol)
+    assert rates(r)[:3] == pytest.approx([1.0, 1000.0, sat], rel=1e-9)
+    hi = r.history[2][0]
+
+    def measure(rate):
+        return 1 - round(late(rate) * 18_000) / 18_000
+    probes, bracket = narrow(1.0, hi, 1.0, measure(hi), 0.9, measure, rel_tol, 18_000, 37)
+    assert rates(r)[3:] == pytest.approx(probes, rel=1e-12)
+    assert r.bracket == pytest.approx(bracket, rel=1e-12) and r.saturated_req_s == pytest.approx(sat, rel=1e-9)
+    if sat == 1.9:
+        assert hi - 0.02 * (hi - 1.0) in probes     # the clamp below the upper end is what was probed
+
+
+def test_a_target_within_half_a_request_of_zero_keeps_a_missed_probe_below_it():
+    # target 0.001 of 270 measured requests: it and a probe where every request misses both clip to half a
+    # request (logit distance 0); a missed probe's distance is then held at -1e-9, which makes the next
+    # aim an aimed pair rather than a bisection
+    late = step_at(7.3)
+    r = search(Engine(late=late), attainment=0.001)
+
+    def measure(rate):
+        return 1 - late(rate)
+    probes, bracket = narrow(0.1, 100.0, 1.0, 0.0, 0.001, measure, 0.02, 270, 38)
+    assert rates(r) == pytest.approx([0.1, 100.0] + probes, rel=1e-12)
+    assert r.bracket == pytest.approx(bracket, rel=1e-12) and bracket[0] <= 7.3 < bracket[1]
+
+
+# ---- the real simulator gets the search's seed and warm-up --------------------------------------------
+
+def _traffic(rate, n, seed):
+    """Uniform lengths and evenly spaced arrivals that ignore ``seed``: only the simulator's draws
+    (speculative acceptance) depend on it. At rate inf the arrival times are 1 s apart: an offline
+    run ignores them (``Requests.arrival_s``), so only a run told it is offline queues them all."""
+    rng = np.random.default_rng(1)
+    arr = np.arange(n) / (1.0 if math.isinf(rate) else rate)
+    return Requests(arrival_s=arr, input_tokens=rng.integers(200, 600, n), output_tokens=rng.integers(20, 80, n),
+                    prefix_tokens=np.zeros(n, dtype=np.int64), prefix_group=np.full(n, -1),
+                    ttft_slo_s=np.full(n, 0.5), tpot_slo_s=np.full(n, 0.05), class_idx=np.zeros(n, dtype=np.int64))
+
+
+def _without_wall(summary):
+    return {k: v for k, v in summary.items() if k != "sim_wall_s"}
+
+
+@pytest.mark.parametrize("slo_s, wf", [((0.5, 0.05), 0.25), ((math.inf, math.inf), None)])
+def test_the_simulator_runs_with_the_search_seed_and_warm_up(slo_s, wf):
+    from kvtune.costmodel import SpecConfig, StepModel, get_gpu, get_model
+    from kvtune.costmodel.simulate import simulate
+    step = StepModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm"), 1, speculation=SpecConfig(3, 0.6))
+    cfg = SimConfig(batch_cap=32)
+
+    def make(rate, n, seed):
+        return Requests(**{**_traffic(rate, n, seed).__dict__, "ttft_slo_s": np.full(n, slo_s[0]),
+                           "tpot_slo_s": np.full(n, slo_s[1])})
+
+    r = goodput(step, make, cfg, 0.9, n_requests=200, max_iterations=6, seed=3, warmup_frac=wf)
+    rate = r.history[-1][0] if r.goodput_req_s == 0 else r.goodput_req_s
+    want_wf = 0.1 if wf is None else wf
+    at = simulate(step, make(rate, 200, 3), cfg, "trace", seed=3, warmup_frac=want_wf)
+    assert _without_wall(r.summary) == _without_wall(at.summary())
+    # the seed matters here (speculative acceptance is drawn), so the check above can tell
+    assert _without_wall(simulate(step, make(rate, 200, 3), cfg, "trace", seed=0, warmup_frac=want_wf).summary()) \
+        != _without_wall(at.summary())
+    if r.saturated_req_s is not None:      # the offline run: every request at once, the same seed, nothing warm-up
+        off = simulate(step, make(math.inf, 200, 3), cfg, "inf", seed=3, warmup_frac=0.0)
+        assert r.saturated_req_s == completion_rate_req_s(off)
+        assert completion_rate_req_s(simulate(step, make(math.inf, 200, 3), cfg, "inf", seed=0, warmup_frac=0.0)) \
+            != r.saturated_req_s
