@@ -287,9 +287,10 @@ def test_completion_rate_over_the_middle_sixty_percent_by_hand():
     # 10 completions: the 20%..80% window is sorted completions 2..7: 5 gaps over fin[7] - fin[2]
     fin = [9.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0]       # sorted: 0.5 1 2 3 5 8 9 13 21 34
     assert completion_rate_req_s(_run(fin)) == pytest.approx(5 / (13.0 - 2.0), rel=1e-12)
-    # arrivals count: finish = arrival + e2e (here arrivals 1 s apart, e2e 1 s: finishes 1..10 s)
+    # arrivals count: finish = arrival + e2e (here arrivals 1 s apart, e2e 2 s: finishes 2..11 s; the
+    # e2e times alone are all equal, whose rate would be the run's 10 / 11 s)
     arr = np.arange(10.0)
-    assert completion_rate_req_s(_run(arr + 1.0, arrival_s=arr)) == pytest.approx(5 / 5.0, rel=1e-12)
+    assert completion_rate_req_s(_run(arr + 2.0, arrival_s=arr)) == pytest.approx(5 / 5.0, rel=1e-12)
     # without arrival times: the e2e times themselves
     import dataclasses
     res = dataclasses.replace(_run(fin), arrival_s=None)
@@ -467,50 +468,82 @@ def test_after_saturation_the_narrowing_starts_from_the_highest_rate_met_below_i
     assert r.saturated_req_s == pytest.approx(50.0, rel=1e-9) and not r.capacity_limited
 
 
-@pytest.mark.parametrize("sat, window, share, rel_tol", [
+@pytest.mark.parametrize("sat, window, share, rel_tol, base", [
     # exactly 2x: 1 req/s (the zero-load rate of the bound 1000) to the saturated 2 req/s: not wider than a
     # factor 2, so an aimed pair, not a geometric middle
-    (2.0, (1.5, 2.5), 1.0, 0.02),
+    (2.0, (1.5, 2.5), 1.0, 0.02, 0.0),
     # 1 to 1.9 req/s, the upper end missing by one request (0.89994): the aim lands within 0.2% of it and
     # the lower probe is held 2% of the width (0.018) below the upper end: 1.882
-    (1.9, (1.895, 2.5), 1801 / 18_000, 0.02),
+    (1.9, (1.895, 2.5), 1801 / 18_000, 0.02, 0.0),
     # the same at rel_tol 0.001: the held probe (1.882) meets without closing the bracket; the aim itself
     # (above 1.882 by more than its 0.045% offset) is never probed: the pair is the one held probe
-    (1.9, (1.895, 2.5), 1801 / 18_000, 0.001),
+    (1.9, (1.895, 2.5), 1801 / 18_000, 0.001, 0.0),
     # 1 to 1.9 req/s, 12.9% missing at the upper end: aim 1.87; the lower probe 1.8532 meets (all meet up to
     # 1.86) and the upper one, 1.8868, is held at 1.882
-    (1.9, (1.86, 2.5), 2318 / 18_000, 0.02),
+    (1.9, (1.86, 2.5), 2318 / 18_000, 0.02, 0.0),
+    # 1 to 1.9 req/s, the lower end meeting by one request (0.90006), every request missing at the upper:
+    # the aim lands 0.004% above the lower end and the pair, 1.00904 and 1.0009, are both held 2% of the
+    # width (0.018) above it: one probe, 1.018
+    (1.9, (1.01, 2.5), 1.0, 0.02, 1799 / 18_000),
 ])
-def test_a_bracket_from_the_saturated_throughput_is_narrowed_as_documented(sat, window, share, rel_tol):
+def test_a_bracket_from_the_saturated_throughput_is_narrowed_as_documented(sat, window, share, rel_tol, base):
     # meets at 1 and at the bound 1000 (a loose SLO), misses inside ``window`` (share of the measured
-    # requests late); offline the engine completes ``sat`` req/s, below the bound: the bracket is (1, sat)
+    # requests late, ``base`` elsewhere); offline the engine completes ``sat`` req/s, below the bound:
+    # the bracket is (1, sat)
     def late(rate):
-        return share if window[0] < rate <= window[1] else 0.0
+        return share if window[0] < rate <= window[1] else base
     r = search(Engine(late=late, saturated_req_s=sat), ub=1000.0, n_requests=20_000, rel_tol=rel_tol)
     assert rates(r)[:3] == pytest.approx([1.0, 1000.0, sat], rel=1e-9)
     hi = r.history[2][0]
 
     def measure(rate):
         return 1 - round(late(rate) * 18_000) / 18_000
-    probes, bracket = narrow(1.0, hi, 1.0, measure(hi), 0.9, measure, rel_tol, 18_000, 37)
+    probes, bracket = narrow(1.0, hi, measure(1.0), measure(hi), 0.9, measure, rel_tol, 18_000, 37)
     assert rates(r)[3:] == pytest.approx(probes, rel=1e-12)
     assert r.bracket == pytest.approx(bracket, rel=1e-12) and r.saturated_req_s == pytest.approx(sat, rel=1e-9)
-    if sat == 1.9:
+    if sat == 1.9 and base == 0.0:
         assert hi - 0.02 * (hi - 1.0) in probes     # the clamp below the upper end is what was probed
+    if base:
+        assert probes[0] == pytest.approx(1.0 + 0.02 * (hi - 1.0), rel=1e-12)   # ... above the lower end
 
 
-def test_a_target_within_half_a_request_of_zero_keeps_a_missed_probe_below_it():
+@pytest.mark.parametrize("edge", [7.3, 99.0])
+def test_a_target_within_half_a_request_of_zero_keeps_a_missed_probe_below_it(edge):
     # target 0.001 of 270 measured requests: it and a probe where every request misses both clip to half a
-    # request (logit distance 0); a missed probe's distance is then held at -1e-9, which makes the next
-    # aim an aimed pair rather than a bisection
-    late = step_at(7.3)
+    # request (logit distance 0). A missed probe's distance is then held at -1e-9, which makes the next
+    # aim an aimed pair rather than a bisection (edge 7.3); an upper end never moved keeps distance 0,
+    # which is no straddle: a bisection (edge 99: every geometric probe meets)
+    late = step_at(edge)
     r = search(Engine(late=late), attainment=0.001)
 
     def measure(rate):
         return 1 - late(rate)
     probes, bracket = narrow(0.1, 100.0, 1.0, 0.0, 0.001, measure, 0.02, 270, 38)
     assert rates(r) == pytest.approx([0.1, 100.0] + probes, rel=1e-12)
-    assert r.bracket == pytest.approx(bracket, rel=1e-12) and bracket[0] <= 7.3 < bracket[1]
+    assert r.bracket == pytest.approx(bracket, rel=1e-12) and bracket[0] <= edge < bracket[1]
+
+
+def test_a_lower_end_exactly_at_the_target_is_no_straddle():
+    # exactly 27 of 270 miss at the zero-load rate 0.1 (attainment 0.9 = the target: logit distance 0),
+    # every request misses above 0.15: the geometric probes all miss, the lower end never moves and keeps
+    # distance 0, so the narrowing bisects instead of aiming
+    def late(rate):
+        return 0.1 if rate <= 0.15 else 1.0
+    r = search(Engine(late=late))
+
+    def measure(rate):
+        return 1 - round(late(rate) * 270) / 270
+    probes, bracket = narrow(0.1, 100.0, 0.9, 0.0, 0.9, measure, 0.02, 270, 38)
+    assert rates(r) == pytest.approx([0.1, 100.0] + probes, rel=1e-12)
+    assert r.bracket == pytest.approx(bracket, rel=1e-12) and bracket[0] <= 0.15 < bracket[1]
+
+
+def test_a_guess_probe_exactly_at_the_target_meets_it():
+    # exactly 27 of 270 miss up to 6 req/s: 0.85 x 5 = 4.25 meets (attainment 0.9, the target), so the
+    # upper end is max(1.05 x 5, 1.1 x 4.25) = 5.25, which meets too; x1.25: 6.5625 misses
+    r = search(Engine(late=lambda rate: 0.1 if rate <= 6.0 else 0.2), guess_req_s=5.0)
+    assert rates(r)[:3] == pytest.approx([4.25, 5.25, 6.5625], rel=1e-12)
+    assert [a for _, a in r.history[:3]] == [0.9, 0.9, 0.8]
 
 
 # ---- the real simulator gets the search's seed and warm-up --------------------------------------------
