@@ -44,6 +44,7 @@ import numpy as np
 
 from kvtune import __version__
 from kvtune.costmodel.errors import Infeasible, InputError, KvtuneError
+from kvtune.costmodel.fit import FitResult
 from kvtune.costmodel.profile_table import ProfileRow, read_table
 
 from .adapters import Adapter, RunningEngine
@@ -657,11 +658,12 @@ class Tuner:
                               max_nfev=self.s.max_nfev, name=name) for b in starts]
             res = min(fits, key=lambda f: f.rms_log_residual)
         except InputError as exc:
-            res = self._rescale(use, gpu, predict, name) if lines else None
-            if res is None:
+            rescaled = self._rescale(use, gpu, predict, name) if lines else None
+            if rescaled is None:
                 self.notes.append(f"round {n}: not refitted ({exc}); the calibration stays {self.cal_label}")
                 self.log(f"  refit: {exc}; keeping {self.cal_label}")
                 return
+            res = rescaled
             self.notes.append(f"round {n}: too few runs since the drift for a full fit ({exc}); "
                               f"refitted {', '.join(res.fitted)} on them from {self.cal_label}")
         d = calibration_dict(res, name, gpu, self.engine or None, [{"path": "measured.csv", "rows": len(use),
@@ -683,7 +685,7 @@ class Tuner:
         self.log(f"  refit on {len(use)} rows: MAPE {d['fit']['mape_before_pct']} -> {d['fit']['mape_after_pct']} "
                  f"(fitted {', '.join(d['fit']['fitted'])})")
 
-    def _rescale(self, use: list[ProfileRow], gpu, predict, name: str):
+    def _rescale(self, use: list[ProfileRow], gpu, predict, name: str) -> FitResult | None:
         """After a drift the runs since it are too few for every parameter: refit only the terms
         that set the machine's speed (RESCALE_PARAMS, as many as the runs can carry), the rest
         kept from the latest fit (the drift moved the speed, not the shape of the cost). None when
