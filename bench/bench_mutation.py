@@ -426,6 +426,14 @@ def combine(paths: list[Path], md: Path) -> int:
         runs.append(f"{p.name}: {m['mode']} at commit {m['commit']} on {m['date']}, load average "
                     f"{m['load_before']} before, {m['load_after']} after")
         for r in blob["modules"]:
+            prev = by_module.get(r["module"])
+            if run_kind(r) == "survivors" and prev is not None and run_kind(prev) != "sample" \
+                    and {s["name"] for s in prev["survivors"]} >= {s["name"] for s in r["survivors"]}:
+                # an earlier full run's survivors tested again (after new tests): its counts updated
+                r = dict(prev, killed=prev["killed"] + r["killed"], timeout=prev["timeout"] + r["timeout"],
+                         survived=r["survived"], survivors=r["survivors"], run=f"{run_kind(prev)}, survivors rerun",
+                         wall_s=(prev["wall_s"] or 0) + (r["wall_s"] or 0))
+                r["kill_rate_pct"] = round(100.0 * (r["killed"] + r["timeout"]) / r["tested"], 1)
             by_module[r["module"]] = r
     rows = [by_module[m] for m in MODULES if m in by_module]
     meta0 = json.loads(paths[-1].read_text())["meta"]
@@ -483,6 +491,7 @@ def main() -> int:
             earlier[r["module"]] = [s["name"] for s in r["survivors"]]
         modules = [m for m in modules if m in earlier]
     load_before = round(os.getloadavg()[0], 1)
+    commit = git_commit()   # the tree each copy is taken from now, not whatever is committed when the run ends
     rows: list[dict] = []
     if args.sample:
         print(f"--- a sample of {args.sample} mutants from each of {len(modules)} modules, one mutmut run ...", flush=True)
@@ -499,7 +508,7 @@ def main() -> int:
               f"of {r['tested']} -> {r['kill_rate_pct']} % in {r['wall_s']} s"
               + (f"  [{r['error']}]" if r.get("error") else ""), flush=True)
     import mutmut
-    meta = dict(commit=git_commit(), date=dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+    meta = dict(commit=commit, date=dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
                 mode=(f"sample of {args.sample} per module" if args.sample
                       else "earlier survivors only" if args.rerun_survivors else "all mutants"),
                 load_before=load_before, load_after=round(os.getloadavg()[0], 1), cpus=os.cpu_count(),
