@@ -135,7 +135,7 @@ def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibratio
                    and math.isfinite(score(c)[0])]
     finals.sort(key=lambda f: (f[0], f[1]))
     top = [(kv, c) for _, _, kv, c in finals[:DISAGG_VERIFY]]
-    best = _best_unit(ctx, fork_map(lambda kc: verify_unit(ctx, kc[1], kc[0], eng), top, jobs), usd_cap)
+    best = _best_unit(ctx, fork_map(lambda kc: verify_unit(ctx, kc[1], kc[0], eng), top, jobs), usd_cap, jobs)
     if best is None:
         return DisaggregatedAnswer(DisaggregatedMiss(
             status="infeasible", reason="no disaggregated deployment of single-node replicas met the SLOs"
@@ -143,11 +143,12 @@ def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibratio
     return DisaggregatedAnswer(_summary(ctx, best), tuple(searches), best), ctx
 
 
-def _best_unit(ctx: SolveContext, nominal: list[UnitVerification], usd_cap: float = math.inf
+def _best_unit(ctx: SolveContext, nominal: list[UnitVerification], usd_cap: float = math.inf, jobs: int = 1
                ) -> UnitVerification | None:
     """The best of the nominal verifications under the objective, made robust to the draw: in
     nominal rank order, each that could still beat the best (a nominal figure bounds its robust
-    one) is made robust (``robust_unit``); none dearer than ``usd_cap`` (min_cost)."""
+    one) is made robust (``robust_unit``, its draws on ``jobs`` processes); none dearer than
+    ``usd_cap`` (min_cost)."""
     cap = usd_cap if ctx.spec.objective == "min_cost" else math.inf
 
     def ok(u: UnitVerification) -> bool:
@@ -156,7 +157,7 @@ def _best_unit(ctx: SolveContext, nominal: list[UnitVerification], usd_cap: floa
     for u in sorted((u for u in nominal if ok(u)), key=lambda u: unit_rank(ctx, u)):
         if best is not None and not unit_rank(ctx, u) < unit_rank(ctx, best):
             break
-        r = robust_unit(ctx, u)
+        r = robust_unit(ctx, u, jobs)
         if ok(r) and (best is None or unit_rank(ctx, r) < unit_rank(ctx, best)):
             best = r
     return best
