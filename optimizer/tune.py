@@ -44,6 +44,7 @@ import numpy as np
 
 from kvtune import __version__
 from kvtune.costmodel.errors import Infeasible, InputError, KvtuneError
+from kvtune.costmodel.fit import FitResult
 from kvtune.costmodel.profile_table import ProfileRow, read_table
 
 from .adapters import Adapter, RunningEngine
@@ -154,6 +155,12 @@ def _machine() -> dict[str, Any]:
                 cpu = line.split(":", 1)[1].strip()
                 break
     return {"host": socket.gethostname(), "cpu": cpu, "logical_cpus": os.cpu_count(), "platform": platform.platform()}
+
+
+# the terms a drift of the machine's speed moves, in the order a refit on few runs takes them:
+# decode reads (TPOT), prefill arithmetic (TTFT), then the fixed per-step and per-prefill costs
+RESCALE_PARAMS = ("bw_efficiency", "prefill_flops_efficiency", "step_overhead_s", "prefill_overhead_s",
+                  "decode_flops_efficiency")
 
 
 def _loadavg() -> float | None:
@@ -651,9 +658,14 @@ class Tuner:
                               max_nfev=self.s.max_nfev, name=name) for b in starts]
             res = min(fits, key=lambda f: f.rms_log_residual)
         except InputError as exc:
-            self.notes.append(f"round {n}: not refitted ({exc}); the calibration stays {self.cal_label}")
-            self.log(f"  refit: {exc}; keeping {self.cal_label}")
-            return
+            rescaled = self._rescale(use, gpu, predict, name) if lines else None
+            if rescaled is None:
+                self.notes.append(f"round {n}: not refitted ({exc}); the calibration stays {self.cal_label}")
+                self.log(f"  refit: {exc}; keeping {self.cal_label}")
+                return
+            res = rescaled
+            self.notes.append(f"round {n}: too few runs since the drift for a full fit ({exc}); "
+                              f"refitted {', '.join(res.fitted)} on them from {self.cal_label}")
         d = calibration_dict(res, name, gpu, self.engine or None, [{"path": "measured.csv", "rows": len(use),
                                                                        "source": f"kvtune tune session {self.store.name}"}],
                              self.s.calibration or "ideal",
@@ -672,6 +684,20 @@ class Tuner:
             self.rounds[-1] = dataclasses.replace(self.rounds[-1], fit=self.fit_report, drift=tuple(lines))
         self.log(f"  refit on {len(use)} rows: MAPE {d['fit']['mape_before_pct']} -> {d['fit']['mape_after_pct']} "
                  f"(fitted {', '.join(d['fit']['fitted'])})")
+
+    def _rescale(self, use: list[ProfileRow], gpu, predict, name: str) -> FitResult | None:
+        """After a drift the runs since it are too few for every parameter: refit only the terms
+        that set the machine's speed (RESCALE_PARAMS, as many as the runs can carry), the rest
+        kept from the latest fit (the drift moved the speed, not the shape of the cost). None when
+        not even one term can be fitted."""
+        from .calibrate import calibrate, resolve_base
+        base = resolve_base(self.calibration or "ideal", gpu, self.engine or None)
+        for k in range(len(RESCALE_PARAMS), 0, -1):
+            try:
+                return calibrate(use, gpu, base, RESCALE_PARAMS[:k], predict, max_nfev=self.s.max_nfev, name=name)
+            except InputError:
+                continue
+        return None
 
     def _provenance(self, rows: list[ProfileRow]) -> dict[str, Any]:
         reports = [j.engine for j in self.jobs.values() if j.engine]
