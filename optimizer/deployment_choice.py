@@ -135,7 +135,7 @@ def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibratio
                    and math.isfinite(score(c)[0])]
     finals.sort(key=lambda f: (f[0], f[1]))
     top = [(kv, c) for _, _, kv, c in finals[:DISAGG_VERIFY]]
-    best = _best_unit(ctx, fork_map(lambda kc: verify_unit(ctx, kc[1], kc[0], eng), top, jobs), usd_cap)
+    best = _best_unit(ctx, fork_map(lambda kc: verify_unit(ctx, kc[1], kc[0], eng), top, jobs), usd_cap, jobs)
     if best is None:
         return DisaggregatedAnswer(DisaggregatedMiss(
             status="infeasible", reason="no disaggregated deployment of single-node replicas met the SLOs"
@@ -143,11 +143,12 @@ def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibratio
     return DisaggregatedAnswer(_summary(ctx, best), tuple(searches), best), ctx
 
 
-def _best_unit(ctx: SolveContext, nominal: list[UnitVerification], usd_cap: float = math.inf
+def _best_unit(ctx: SolveContext, nominal: list[UnitVerification], usd_cap: float = math.inf, jobs: int = 1
                ) -> UnitVerification | None:
     """The best of the nominal verifications under the objective, made robust to the draw: in
     nominal rank order, each that could still beat the best (a nominal figure bounds its robust
-    one) is made robust (``robust_unit``); none dearer than ``usd_cap`` (min_cost)."""
+    one) is made robust (``robust_unit``, its draws on ``jobs`` processes); none dearer than
+    ``usd_cap`` (min_cost)."""
     cap = usd_cap if ctx.spec.objective == "min_cost" else math.inf
 
     def ok(u: UnitVerification) -> bool:
@@ -156,7 +157,7 @@ def _best_unit(ctx: SolveContext, nominal: list[UnitVerification], usd_cap: floa
     for u in sorted((u for u in nominal if ok(u)), key=lambda u: unit_rank(ctx, u)):
         if best is not None and not unit_rank(ctx, u) < unit_rank(ctx, best):
             break
-        r = robust_unit(ctx, u)
+        r = robust_unit(ctx, u, jobs)
         if ok(r) and (best is None or unit_rank(ctx, r) < unit_rank(ctx, best)):
             best = r
     return best
@@ -239,12 +240,30 @@ def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] 
         from .gpu_choice import solve_gpu_choice
         return solve_gpu_choice(spec, solve_one=lambda s, **kw: solve_deployments(s, one, **kw), **kwargs)
     kinds = tuple(spec.search.deployment)
-    agg = solve_one(spec, **kwargs)
+    over = {k: kwargs.get(k) for k in ("calibration", "engine", "profile")}
+    jobs = int(kwargs.get("jobs") or 1)
+
+    def disaggregated() -> tuple[DisaggregatedAnswer, SolveContext | None]:
+        return disaggregated_answer(spec, kwargs.get("seed"), over["calibration"], over["engine"], over["profile"],
+                                    jobs, kwargs.get("usd_cap", math.inf))
+    # the two kinds' searches are independent: with jobs > 1 the disaggregated one runs on a forked
+    # process beside the aggregated one, filling the cores each leaves idle in its sequential steps
+    beside = (_Beside(lambda: disaggregated()[0]) if "disaggregated" in kinds and spec.speculative is None
+              and jobs > 1 and not kwargs.get("storage") and _may_fork() else None)
+    try:
+        agg = solve_one(spec, **kwargs)
+    except BaseException:
+        if beside is not None:
+            beside.cancel()
+        raise
     if "disaggregated" not in kinds:
         return dataclasses.replace(agg, deployment=DeploymentChoice(searched=kinds, kind="aggregated"))
-    over = {k: kwargs.get(k) for k in ("calibration", "engine", "profile")}
-    dis, ctx = disaggregated_answer(spec, kwargs.get("seed"), over["calibration"], over["engine"], over["profile"],
-                                    int(kwargs.get("jobs") or 1), kwargs.get("usd_cap", math.inf))
+    got = beside.result() if beside is not None else None
+    if got is None:     # not forked, or the process failed: here (an error then says what it says)
+        dis, ctx = disaggregated()
+    else:               # the context the search ran in, built again (a function of these inputs)
+        dis, ctx = got, SolveContext.build(spec, kwargs.get("seed"), over["calibration"], over["engine"],
+                                           over["profile"])
     shown = _agg_summary(agg)
     a = shown if "aggregated" in kinds else None
     x = dis.pick
@@ -259,6 +278,53 @@ def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] 
             against="disaggregated" if d_ok else None))
     assert ctx is not None and dis.verified is not None and dis.at_target is not None   # completed above
     return _disaggregated_result(spec, agg, ctx, dis, x, a, block, over)
+
+
+def _may_fork() -> bool:
+    """A forked process may start others (a pool's daemonic workers may not)."""
+    import multiprocessing as mp
+    return not mp.current_process().daemon
+
+
+class _Beside:
+    """``fn()`` on a forked process while this one goes on; ``result()`` waits for its value (None
+    if the process failed or its value could not come back: the caller then runs ``fn`` itself, so
+    an error is raised where it would have been), ``cancel()`` ends it."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        import multiprocessing as mp
+        mpc = mp.get_context("fork")
+        self._recv, send = mpc.Pipe(duplex=False)
+
+        def target() -> None:
+            try:
+                out = fn()
+            except BaseException:
+                out = None
+            try:
+                send.send(out)
+            except Exception:
+                send.send(None)
+            finally:
+                send.close()
+        self._proc = mpc.Process(target=target, daemon=False)
+        self._proc.start()
+        send.close()
+
+    def result(self) -> Any:
+        try:
+            return self._recv.recv()
+        except (EOFError, OSError):
+            return None
+        finally:
+            self._recv.close()
+            self._proc.join()
+
+    def cancel(self) -> None:
+        if self._proc.is_alive():
+            self._proc.terminate()
+        self._proc.join()
+        self._recv.close()
 
 
 def _disaggregated_result(spec: WorkloadSpec, agg: SolveResult, ctx: SolveContext, dis: DisaggregatedAnswer,

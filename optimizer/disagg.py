@@ -37,7 +37,7 @@ from kvtune.costmodel.simulate import SimConfig
 from kvtune.costmodel.step import StepCost
 
 __all__ = ["PoolChoice", "DisaggCandidate", "DisaggSearch", "search_disaggregated", "margin", "DEFAULT_ENGINE",
-           "uncached_prompt_tokens", "fork_map"]
+           "uncached_prompt_tokens", "fork_map", "ForkPool"]
 
 DEFAULT_ENGINE = "vllm"     # the engine whose disaggregation rules apply when the workload names none
 PREFILL_CHUNKS = (2048, 8192)
@@ -191,12 +191,22 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
                     sim=sim, upper_bound_req_s=ub)
         return float(g.goodput_req_s), int(g.iterations), g.reason or ""
 
+    # independent bisections on ``jobs`` forked processes (candidates by their index: they reach the
+    # processes by the fork), one pool for rounds 2 and 3
+    with ForkPool(lambda a: run(cands[a[0]], a[1], a[2]), jobs if time_budget_s is None else 1) as pool:
+        return _rounds(cands, run, pool, score, screened, short_n, short_keep, final_n, final_keep, final_max,
+                       rel_tol, time_budget_s, wall0, eng)
+
+
+def _rounds(cands, run, pool: ForkPool, score, screened, short_n, short_keep, final_n, final_keep, final_max,
+            rel_tol, time_budget_s, wall0, eng) -> DisaggSearch:
+    """Rounds 2 and 3 of ``search_disaggregated`` (module docstring) on ``cands``, screened and ordered."""
     # ---- 2. short simulations, branch and bound on the bound per GPU ----------------------------
     short: list[tuple[Any, float, int, str]] = []
     sims = 0
-    if time_budget_s is None and jobs > 1:   # independent bisections: on ``jobs`` processes, in order
+    if pool.active:   # independent bisections: on ``jobs`` processes, in order
         todo = cands[:short_keep]
-        short = [(c, *r) for c, r in zip(todo, fork_map(lambda c: run(c, short_n, 0.1), todo, jobs))]
+        short = [(c, *r) for c, r in zip(todo, pool.map([(k, short_n, 0.1) for k in range(len(todo))]))]
         sims = sum(it for _, _, it, _ in short)
     else:
         for c in cands:
@@ -216,6 +226,17 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
     out = []
     shapes: set[tuple[int, int, int, int]] = set()
     best_final = None
+    ahead: dict[int, tuple[float, int, str]] = {}
+    if pool.active:   # the first ``final_keep`` shapes run whatever the others give: side by side
+        first: list = []
+        seen: set[tuple[int, int, int, int]] = set()
+        for c, g, _, _ in short:
+            shape = (c[2].tp, c[2].replicas, c[3].tp, c[3].replicas)
+            if g > 0 and shape not in seen and len(seen) < min(final_keep, final_max):
+                seen.add(shape)
+                first.append(c)
+        index = {id(c): k for k, c in enumerate(cands)}
+        ahead = dict(zip((id(c) for c in first), pool.map([(index[id(c)], final_n, rel_tol) for c in first])))
     for c, g, it, why in short:
         shape = (c[2].tp, c[2].replicas, c[3].tp, c[3].replicas)
         sc = score(DisaggCandidate(c[2], c[3], c[4], c[1], g))
@@ -223,7 +244,7 @@ def search_disaggregated(step_for: Callable[[int], StepCost | Exception | None],
               and (len(shapes) < final_keep or best_final is None or sc < best_final))
         if go:
             shapes.add(shape)
-            gf, itf, whyf = run(c, final_n, rel_tol)
+            gf, itf, whyf = ahead[id(c)] if id(c) in ahead else run(c, final_n, rel_tol)
             sims += itf
             o = DisaggCandidate(c[2], c[3], c[4], c[1], gf, it + itf, "final", whyf)
             best_final = score(o) if best_final is None or score(o) < best_final else best_final
@@ -259,6 +280,51 @@ def fork_map(fn: Callable[[Any], Any], items: list, jobs: int) -> list:
             return pool.map(_forked_call, range(len(items)), chunksize=1)
     finally:
         _FORKED = None
+
+
+_FORK_FN: Callable[[Any], Any] | None = None   # the function the processes of a ``ForkPool`` run
+
+
+def _fork_fn_call(x):
+    assert _FORK_FN is not None, "set by ForkPool before its pool forks"
+    return _FORK_FN(x)
+
+
+class ForkPool:
+    """``map(xs)``: ``[fn(x) for x in xs]`` on ``jobs`` forked processes kept for the whole ``with``
+    block (``fork_map`` forks a pool per call), results in order. ``fn`` reaches the processes by
+    the fork, so closures over large state work; each ``x`` by pickling (keep them small: indices,
+    seeds, rates). In this process when ``jobs`` < 2 or a batch has fewer than 2 items; the pool
+    forks at the first batch that needs it. One at a time in a process (``fn`` is a module global)."""
+
+    def __init__(self, fn: Callable[[Any], Any], jobs: int):
+        self.fn, self.jobs = fn, int(jobs)
+        self._pool: Any = None   # a multiprocessing Pool, forked at the first batch that needs it
+
+    @property
+    def active(self) -> bool:
+        """Batches run on several processes."""
+        return self.jobs > 1
+
+    def __enter__(self) -> "ForkPool":
+        return self
+
+    def map(self, xs: list) -> list:
+        global _FORK_FN
+        if self.jobs < 2 or len(xs) < 2:
+            return [self.fn(x) for x in xs]
+        if self._pool is None:
+            import multiprocessing as mp
+            _FORK_FN = self.fn
+            self._pool = mp.get_context("fork").Pool(self.jobs)
+        return self._pool.map(_fork_fn_call, xs, chunksize=1)
+
+    def __exit__(self, *exc) -> None:
+        global _FORK_FN
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool = None
+            _FORK_FN = None
 
 
 def uncached_prompt_tokens(req) -> float:

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .disagg import DisaggCandidate, PoolChoice, uncached_prompt_tokens
+from .disagg import DisaggCandidate, ForkPool, PoolChoice, uncached_prompt_tokens
 from .objective import objective_rank
 from .search import SolveContext
 from .verify import REL_TOL, DrawSet, Draws, draw_seeds, sim_requests
@@ -163,15 +163,25 @@ def verify_unit(ctx: SolveContext, c: DisaggCandidate, kv: str, engine: str) -> 
     return _sized(ctx, base, float(g.goodput_req_s))
 
 
-def robust_unit(ctx: SolveContext, u: UnitVerification) -> UnitVerification:
+def robust_unit(ctx: SolveContext, u: UnitVerification, jobs: int = 1) -> UnitVerification:
     """``u`` made robust to the request draw as ``verify.robust`` makes an aggregated config:
     every fresh draw meets at the per-unit load (min_cost: units added until they do; max_goodput:
-    the goodput the least over the draws)."""
+    the goodput the least over the draws). ``jobs`` > 1: the draws the checks need at once on that
+    many forked processes (the same answer)."""
     if u.draws is not None or not u.per_unit_goodput_req_s > 0:
         return u
     sim, _, _, _ = _run_one(ctx, u.cand, u.kv_dtype, u.engine)
     make, n = _maker(ctx), u.n_requests
-    d = DrawSet(lambda s, rate: sim(make(rate, n, s), "trace", None, s).slo_attainment, ctx.spec.slo.attainment)
+
+    def attain(seed_rate: tuple[int, float]) -> float:
+        s, rate = seed_rate
+        return float(sim(make(rate, n, s), "trace", None, s).slo_attainment)
+    with ForkPool(attain, jobs) as pool:
+        d = DrawSet(lambda s, rate: attain((s, rate)), ctx.spec.slo.attainment, pool.map)
+        return _robust_unit(ctx, u, d, n)
+
+
+def _robust_unit(ctx: SolveContext, u: UnitVerification, d: DrawSet, n: int) -> UnitVerification:
     seeds = draw_seeds(ctx)
     least: float | None = None
     if ctx.spec.objective == "min_cost":

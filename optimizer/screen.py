@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
@@ -131,7 +132,18 @@ def _lumpy_step_s(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int, t
     return t0_s + (b if riders is None else riders) * step.tokens_per_step / w.mean_output_tokens * max(per_req, 0.0)
 
 
-def _at_batch(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int, cap: int | None = None):
+def _cached(memo: dict | None, key: tuple, fn: Callable[[], Any]) -> Any:
+    """``fn()``, remembered in ``memo`` under ``key`` (every value here is a function of the step
+    model, the workload statistics and the key alone; None: nothing remembered)."""
+    if memo is None:
+        return fn()
+    if key not in memo:
+        memo[key] = fn()
+    return memo[key]
+
+
+def _at_batch(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int, cap: int | None = None,
+              memo: dict | None = None):
     """Step time, TPOT, per-request TTFT and SLO share at ``b`` concurrent sequences.
 
     A sequence's TPOT carries the prompts prefilled beside its decode steps: b per lifetime
@@ -139,12 +151,15 @@ def _at_batch(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int, cap: 
     ``cap``: a waiting prompt then starts only when a sequence leaves, so it rides with the
     b - 1 others, and at cap 1 no prompt ever rides with a decode (the simulator's and
     llama.cpp's behaviour with one slot). The step time, and so the goodput bound, still
-    carries every prompt."""
-    bd = _mean_step(step, w, b, chunk_tokens, b)
+    carries every prompt. ``memo``: the mean steps and TTFT grids already computed for this step
+    model and workload (configs that differ only in the batch cap share them)."""
+    bd = _cached(memo, ("mean_step", b, chunk_tokens, b), lambda: _mean_step(step, w, b, chunk_tokens, b))
     tpot_s = bd.time_s / step.tokens_per_step
     if cap is not None and b >= cap:
-        tpot_s = _mean_step(step, w, b, chunk_tokens, b - 1).time_s / step.tokens_per_step
-    ttft = np.interp(w.todo_tokens, w.len_grid, _ttft_grid(step, w, b - 1, chunk_tokens))
+        tpot_s = _cached(memo, ("mean_step", b, chunk_tokens, b - 1),
+                         lambda: _mean_step(step, w, b, chunk_tokens, b - 1)).time_s / step.tokens_per_step
+    ttft = np.interp(w.todo_tokens, w.len_grid,
+                     _cached(memo, ("ttft_grid", b - 1, chunk_tokens), lambda: _ttft_grid(step, w, b - 1, chunk_tokens)))
     met = (ttft <= w.ttft_slo_s) & (tpot_s <= w.tpot_slo_s)
     p = b * step.tokens_per_step * w.mean_prefill_tokens / w.mean_output_tokens
     return bd, tpot_s, ttft, float(met.mean()), p + b * step.verify_tokens_per_seq
@@ -172,7 +187,15 @@ def _mean_step(step: StepCost, w: WorkloadStats, b: int, chunk_tokens: int, ride
     return bd
 
 
-def screen(step: StepCost, w: WorkloadStats, batch_cap: int, chunk_tokens: int) -> Screen:
+def screen(step: StepCost, w: WorkloadStats, batch_cap: int, chunk_tokens: int, memo: dict | None = None) -> Screen:
+    """One config screened: its operating batch and goodput bound, or why it cannot serve.
+    ``memo``: a dict kept per (step model, workload statistics) across configs (``search.evaluate``
+    keeps one per step model): what configs that differ only in batch cap or chunk budget share is
+    computed once (the same figures, bit for bit)."""
+    def at(b: int):
+        # _at_batch depends on the cap only through whether b reaches it
+        return _cached(memo, ("at_batch", b, chunk_tokens, b >= batch_cap),
+                       lambda: _at_batch(step, w, b, chunk_tokens, batch_cap, memo))
     pool = step.memory.kv_pool_tokens
     hold = w.mean_input_tokens + w.mean_output_tokens / 2  # KV a running sequence holds on average
     b_pool = int(pool // hold)
@@ -181,8 +204,9 @@ def screen(step: StepCost, w: WorkloadStats, batch_cap: int, chunk_tokens: int) 
     q = step.verify_tokens_per_seq
     b_chunk = int(chunk_tokens // (q + step.tokens_per_step * w.mean_prefill_tokens / w.mean_output_tokens))
     limits["chunk"] = b_chunk
-    bd1, tpot1, ttft1, share1, _ = _at_batch(step, w, 1, chunk_tokens, batch_cap)
-    zero = float(np.quantile(np.interp(w.todo_tokens, w.len_grid, _ttft_grid(step, w, 0, chunk_tokens)), w.attainment))
+    bd1, tpot1, ttft1, share1, _ = at(1)
+    zero = float(np.quantile(np.interp(w.todo_tokens, w.len_grid, _cached(
+        memo, ("ttft_grid", 0, chunk_tokens), lambda: _ttft_grid(step, w, 0, chunk_tokens))), w.attainment))
     common = dict(pool_tokens=pool, tpot_batch1_ms=tpot1 * 1e3, ttft_zero_load_ms=zero * 1e3)
     if b_pool < 1:
         return Screen(fits=False, feasible=False, batch=0, batch_limit="kv_pool", goodput_req_s=0.0,
@@ -203,7 +227,7 @@ def screen(step: StepCost, w: WorkloadStats, batch_cap: int, chunk_tokens: int) 
     best = (bd1, tpot1, ttft1, share1)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        r = _at_batch(step, w, mid, chunk_tokens, batch_cap)
+        r = at(mid)
         if r[3] >= w.attainment:
             lo, best = mid, r[:4]
         else:
@@ -211,7 +235,7 @@ def screen(step: StepCost, w: WorkloadStats, batch_cap: int, chunk_tokens: int) 
     b = lo
     bd, tpot_s, ttft, share = best
     if b < hard:
-        slo_limit = _slo_binding(w, *_at_batch(step, w, b + 1, chunk_tokens, batch_cap)[1:3])
+        slo_limit = _slo_binding(w, *at(b + 1)[1:3])
         limit = slo_limit
     else:
         limit = min(("batch_cap", "kv_pool", "chunk"), key=lambda k: limits[k])

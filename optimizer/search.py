@@ -278,7 +278,10 @@ def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> 
         short = getattr(sm, "shortfall_bytes", 0.0) / 1e9
         return Evaluation(params=params, fits=False, feasible=False, constraint=(max(short, 1e-3), 1.0, 0.0),
                           value=2 * worst, reason=str(sm), per_replica_goodput_req_s=0.0, bottleneck="memory")
-    s = screen(sm, ctx.stats, params["batch_cap"], params["chunk_tokens"])
+    # what configs of one step model share is screened once (the step model and the statistics live
+    # as long as the context, so their identities key its memo)
+    memo = ctx.memo.setdefault(("screen", id(sm), id(ctx.stats)), {})
+    s = screen(sm, ctx.stats, params["batch_cap"], params["chunk_tokens"], memo)
     size = _size(ctx, gpus_per_replica(params), s.goodput_req_s, nodes_pick)
     over = 0.0
     if s.feasible:

@@ -302,6 +302,10 @@ class LocalRunner:
     def _get_pool(self):
         if self._pool is None and self.jobs > 1:
             import multiprocessing as mp
+
+            # what every probe imports, imported once here so the forked processes inherit it
+            # (scipy.special takes ~0.3 s to import: each process of each pool paid it again)
+            import scipy.special  # noqa: F401
             global _POOL_CTX
             _POOL_CTX = self.ctx
             self._pool = mp.get_context("fork").Pool(self.jobs)
@@ -763,18 +767,46 @@ class _State:
         ctx = self.ctx
         for i in range(0, len(alive), BATCH):
             self.stage("race", len(alive[i:i + BATCH]))
-            for ev, bar, _r, _why in self.meets_bar(self.screen_bar(alive[i:i + BATCH])):
+            winners = self.meets_bar(self.screen_bar(alive[i:i + BATCH]))
+            for j, (ev, bar, _r, _why) in enumerate(winners):
                 p = ev.params
                 bar2, _r2, why2 = bar_req_s(ctx, p, self.best, self.usd_cap)
                 if bar2 is None:                      # an earlier winner of this batch is cheaper
                     self.out(ev, "beaten", f"meets {bar:.3g} req/s per replica, but {why2}")
                     continue
                 if bar2 > bar:                        # ... so it must serve more per replica
+                    self._probe_ahead(winners[j:])
                     pr = self.probe([(p, bar2, _n(ctx, ev))])[0]
                     if not _meets(pr):
                         self.out(ev, "beaten", _beaten(pr, bar2, why2))
                         continue
                 self.consider(self.verify([ev]))
+
+    def _probe_ahead(self, winners: list[tuple[Evaluation, float, int, str]]) -> None:
+        """Side by side (``LocalRunner.jobs`` at a time), the probes that the first of ``winners``
+        and the ones after it will need at the bars the best as it stands sets, up to the first
+        that goes straight to verification: a winner whose probe misses leaves the best as it is,
+        so the next one's probe is then already run. Each result goes to the runner's cache only
+        (a function of config, rate and requests: the race reads it as if run when asked, and
+        counts it then); one left unread (a winner that met and became the best moved the bar)
+        is the only cost. Not with a shared storage (``optimizer.scaleout``): there the race's
+        batches are the unit of work."""
+        if not isinstance(self.runner, LocalRunner) or self.runner.jobs < 2:
+            return
+        work: list[Work] = []
+        for ev, bar, _r, _why in winners:
+            if len(work) >= self.runner.jobs:
+                break
+            bar2, _r2, _why2 = bar_req_s(self.ctx, ev.params, self.best, self.usd_cap)
+            if bar2 is None:          # beaten without a simulation: the best stays
+                continue
+            if not bar2 > bar:        # verified next: the best may move
+                break
+            w = Work("probe", _freeze(ev.params), bar2, _n(self.ctx, ev))
+            if w.key not in self.runner.cache:   # run ahead already
+                work.append(w)
+        if len(work) > 1:
+            self.runner.run(work)
 
     def race_goodput(self, alive: list[Evaluation], n_seeds: int) -> None:
         """max_goodput: seeds verified, then every config against the best goodput per GPU."""

@@ -108,7 +108,13 @@ def _least_goodput_first(objective, usd, good, kv, kvs):
 
 @pytest.mark.parametrize("make_spec, order", [
     (_costlier_first_spec, None), (_equal_cost_spec, None),
-    (_costlier_first_spec, _most_expensive_first), (_equal_cost_spec, _least_goodput_first)],
+    (_costlier_first_spec, _most_expensive_first),
+    # since the race verifies an equal-cost config only when it may beat the best by
+    # EQUAL_COST_MARGIN, on this lattice the better one is verified first and the worse one never
+    # is: a wrong tie-break has nothing to order end to end. The order itself is held by
+    # tests/test_objective.py on synthetic verifications; this case says so rather than pass.
+    pytest.param(_equal_cost_spec, _least_goodput_first, marks=pytest.mark.xfail(
+        strict=True, reason="end to end, the race never verifies two equal-cost configs on this lattice"))],
     ids=["costs differ", "goodputs differ at equal cost", "bug: most expensive first", "bug: tie-break least goodput"])
 def test_the_race_returns_the_exhaustive_optimum_and_a_wrong_order_does_not(make_spec, order, monkeypatch):
     ctx = SolveContext.build(make_spec())

@@ -8,7 +8,7 @@ import pytest
 from kvtune.optimizer.recommend import solve
 from kvtune.optimizer.search import Evaluation, SolveContext, config_key, evaluate
 from kvtune.optimizer.simsearch import (EQUAL_COST_MARGIN, Outcome, Probe, Work, LocalRunner, bar_req_s, lattice_configs,
-                                        race, rank)
+                                        race, rank, ranked_goodput)
 from kvtune.optimizer.verify import REL_TOL, Verification, verify_config
 from kvtune.optimizer.workload import load_workload_dict
 
@@ -45,8 +45,11 @@ def test_race_finds_the_exhaustive_simulated_optimum(objective):
     if objective == "min_cost":
         assert pick.usd_per_hour == min(v.usd_per_hour for v in ok)
     else:
-        best = max(v.goodput_req_s / v.usd_per_hour for v in ok)
-        assert pick.goodput_req_s / pick.usd_per_hour >= 0.98 * best
+        # on the workload's own draw, as the race ranks (the pick's goodput_req_s is robust: the least
+        # over its fresh draws, never above the nominal the oracle's verifications carry)
+        best = max(ranked_goodput(v) / v.usd_per_hour for v in ok)
+        assert ranked_goodput(pick) / pick.usd_per_hour >= 0.98 * best
+        assert pick.goodput_req_s <= ranked_goodput(pick) * (1 + 1e-12)
     # the race simulated fewer configs fully than the lattice holds
     assert len(r.verified) < len(lattice_configs(ctx))
     assert {o.status for o in r.outcomes} <= {"verified", "sized", "beaten", "pruned", "zero_load", "never_fits"}
