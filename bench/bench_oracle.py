@@ -23,9 +23,11 @@ Target: both >= ``PASS`` (0.98) on every workload.
 
 The oracle is CPU-heavy (hundreds of bisections per workload): it runs on ``--jobs`` processes
 and caches every config's verification in ``--cache-dir`` (one JSON per workload, keyed by the
-workload file's, its calibration's and the cost model's sha256; after a change to the code alone,
-a sample of cached verifications is re-run and the cache kept only if each matches exactly), so a
-rerun only simulates what changed. A config whose simulation raises is recorded as a crash,
+sha256 of every file the answer depends on: the workload file and each file it names (trace, model
+config, calibration, profile, hardware), the calibration it runs on, and every source and data
+file of ``costmodel/``, ``optimizer/`` and ``profiles/``, ``CODE_GLOBS``; when any of them changes
+the cache is dropped and every config re-verified), so a rerun of the same code and inputs
+simulates nothing. A config whose simulation raises is recorded as a crash,
 counted in the table (column ``crash``) and never the optimum. ``--oracle-only`` skips the solves.
 """
 
@@ -48,17 +50,58 @@ from kvtune.optimizer.search import SolveContext, config_key, evaluate
 from kvtune.optimizer.workload import load_workload
 ROOT = Path(__file__).resolve().parents[1]
 
-CODE_FILES = ("costmodel/simulate.py", "costmodel/goodput.py", "costmodel/step.py", "costmodel/memory.py",
-              "costmodel/sim_clock.py", "costmodel/traffic.py", "optimizer/verify.py", "optimizer/screen.py")
+# every file the answer depends on (issue 25, item 6): the whole cost model, the optimizer and the
+# shipped profiles, code and data, not a hand-kept list that misses a module
+CODE_DIRS = ("costmodel", "optimizer", "profiles")
+CODE_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".csv")
+CODE_EXTRA = ("kvtune/__init__.py",)
 PASS = 0.98  # issue 22: both ratios at least this on every workload
 
 
 def _sha(paths) -> str:
+    """sha256 over each file's name and bytes (a missing one hashes as '-'), in the order given."""
     h = hashlib.sha256()
     for p in paths:
         p = Path(p)
-        h.update(p.read_bytes() if p.exists() else b"-")
+        h.update(str(p).encode() + b"\0")
+        h.update(p.read_bytes() if p.is_file() else b"-")
+        h.update(b"\0")
     return h.hexdigest()[:16]
+
+
+def code_files(root: Path = ROOT) -> list[Path]:
+    """Every source and data file of the cost model, the optimizer and the profiles (sorted)."""
+    out = [root / f for f in CODE_EXTRA]
+    for d in CODE_DIRS:
+        out += [p for p in (root / d).rglob("*") if p.is_file() and p.suffix in CODE_SUFFIXES
+                and "__pycache__" not in p.parts]
+    return sorted(out)
+
+
+def workload_files(path: str) -> list[Path]:
+    """The workload file and every existing file its YAML names by a path relative to it (or absolute):
+    a trace, a model config, a calibration, a profile, a hardware file."""
+    import yaml
+    p = Path(path)
+    found = {p.resolve()}
+
+    def walk(v) -> None:
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, str) and v and "\n" not in v and len(v) < 4096:
+            q = Path(v) if Path(v).is_absolute() else p.parent / v
+            try:
+                if q.is_file():
+                    found.add(q.resolve())
+            except OSError:
+                pass
+
+    walk(yaml.safe_load(p.read_text()))
+    return sorted(found)
 
 
 _CTX: dict = {}
@@ -88,8 +131,8 @@ def _oracle_one(args) -> tuple[str, dict]:
 def _stamps(path: str) -> tuple[str, str]:
     """(workload stamp, code stamp): the workload file and the calibration it runs on (its sha256 is
     in the efficiency's source); the cost model and verification code."""
-    wl = _sha([path]) + "-" + hashlib.sha256(_ctx(path).eff.source.encode()).hexdigest()[:8]
-    return wl, _sha(ROOT / f for f in CODE_FILES)
+    wl = _sha(workload_files(path)) + "-" + hashlib.sha256(_ctx(path).eff.source.encode()).hexdigest()[:8]
+    return wl, _sha(code_files())
 
 
 def oracle(path: str, jobs: int, cache_dir: Path) -> tuple[dict, float]:
@@ -101,9 +144,9 @@ def oracle(path: str, jobs: int, cache_dir: Path) -> tuple[dict, float]:
         blob = json.loads(cache.read_text())
         if blob.get("workload_sha") == wl and blob.get("code_sha") == code:
             got = blob["configs"]
-        elif blob.get("workload_sha") == wl and _still_valid(path, blob["configs"]):
-            got = blob["configs"]
-            _write(cache, {"workload_sha": wl, "code_sha": code, "configs": got})
+        else:   # a file the answer depends on changed: every config is verified again
+            print(f"  {Path(path).stem}: {'workload' if blob.get('workload_sha') != wl else 'code'} changed since "
+                  f"the cache was written: every config re-verified", flush=True)
     ctx = _ctx(path)
     todo = [(path, p) for p in lattice_configs(ctx) if config_key(p) not in got]
     spent = 0.0
@@ -115,30 +158,6 @@ def oracle(path: str, jobs: int, cache_dir: Path) -> tuple[dict, float]:
                 if i % 20 == 19 or i == len(todo) - 1:
                     _write(cache, {"workload_sha": wl, "code_sha": code, "configs": got})
     return got, spent
-
-
-SPOT_CHECKS = 6  # cached verifications re-run when the code changed; all must match to keep the cache
-
-
-def _still_valid(path: str, configs: dict) -> bool:
-    """The cost model or verification code changed since the cache was written: re-verify a
-    spread of cached configs (feasible ones first); keep the cache only if each matches exactly."""
-    keys = sorted(k for k, r in configs.items() if r.get("feasible")) or sorted(configs)
-    picks = keys[:: max(1, len(keys) // SPOT_CHECKS)][:SPOT_CHECKS]
-    for k in picks:
-        old = configs[k]
-        if "params" not in old:
-            continue
-        _, new = _oracle_one((path, old["params"]))
-        same = all(new.get(f) == old.get(f) for f in ("feasible", "per_replica_goodput_req_s", "usd_per_hour",
-                                                       "goodput_req_s", "crash"))
-        if not same:
-            print(f"  {Path(path).stem}: cache invalid after a code change ({k}: {old.get('per_replica_goodput_req_s')} "
-                  f"-> {new.get('per_replica_goodput_req_s')}); recomputing", flush=True)
-            return False
-    print(f"  {Path(path).stem}: code changed; {len(picks)} cached verifications re-run, all identical: cache kept",
-          flush=True)
-    return True
 
 
 def _write(path: Path, blob: dict) -> None:

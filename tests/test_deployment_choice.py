@@ -55,7 +55,10 @@ def test_long_prompts_and_tight_slos_pick_a_disaggregated_deployment_with_its_po
     # cheaper than the best aggregated deployment by the margin it prints, both simulated
     a = d["aggregated"]
     assert r["cost"]["usd_per_hour"] < a["usd_per_hour"]
-    assert d["margin_pct"] == pytest.approx(100 * (a["usd_per_hour"] / r["cost"]["usd_per_hour"] - 1))
+    # both kinds on the example's $3.00 H100-hour: each $/h is its GPU count x 3, and the margin (min_cost:
+    # the $/h saved) is the ratio of the GPU counts, not of the figures the code printed
+    assert a["usd_per_hour"] == pytest.approx(3.0 * a["gpus"]) and r["cost"]["usd_per_hour"] == pytest.approx(3.0 * rec["gpus"])
+    assert a["gpus"] > rec["gpus"] and d["margin_pct"] == pytest.approx(100 * (a["gpus"] / rec["gpus"] - 1))
     assert r["predicted"]["goodput_req_s"] >= r["target_rate_req_s"] and r["predicted"]["evidence"] == "simulated"
     assert r["predicted"]["slo_attainment"] >= 0.9
     assert f"by {d['margin_pct']:.1f}% in $/h" in text and "Recommendation: disaggregated" in text

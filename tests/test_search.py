@@ -85,11 +85,27 @@ def test_screen_impossible_ttft_names_prefill():
 # ---- evaluate and the space -------------------------------------------------------------------
 def test_evaluate_sizes_replicas_from_screened_goodput():
     ctx = SolveContext.build(small_spec())
-    ev = evaluate(ctx, {"tp": 1, "batch_cap": 64, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 2048})
+    cfg = {"tp": 1, "batch_cap": 64, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 2048}
+    ev = evaluate(ctx, cfg)
     assert ev.feasible and ev.constraint == (0.0, 0.0, 0.0)
-    import math
-    assert ev.replicas == math.ceil(20 / ev.per_replica_goodput_req_s)
-    assert ev.usd_per_hour == ev.gpus * 2.0 and ev.gpus == ev.replicas
+    per = ev.per_replica_goodput_req_s
+    assert per > 0
+
+    def at_rate(rate_req_s, **c):
+        w = {"rate_req_s": rate_req_s, "classes": [{"name": "c", "share": 1.0, "input_tokens": 1000,
+                                                    "output_tokens": 200}]}
+        return evaluate(SolveContext.build(small_spec(workload=w)), {**cfg, **c})
+
+    # the fewest replicas that carry the rate: exactly k replicas' goodput needs k, a hair more k + 1
+    # (one replica's screened goodput does not depend on the rate offered to the fleet)
+    for k in (1, 3):
+        assert at_rate(k * per).per_replica_goodput_req_s == per
+        assert at_rate(k * per).replicas == k and at_rate(k * per * 1.001).replicas == k + 1
+    # $2.00 a GPU-hour (small_spec): 3 replicas of one GPU are $6/h; of two GPUs (TP 2) 6 GPUs, $12/h
+    three = at_rate(3 * per)
+    assert (three.gpus, three.usd_per_hour) == (3, 6.0)
+    tp2 = at_rate(20.0, tp=2)
+    assert tp2.gpus == 2 * tp2.replicas and tp2.usd_per_hour == 4.0 * tp2.replicas
 
 
 def test_over_node_budget_is_a_positive_constraint():
