@@ -4,6 +4,7 @@ exit 2/3, nothing half-written and no process left behind; a crashed or interrup
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -121,7 +122,7 @@ def test_a_crash_mid_run_is_one_line_and_the_same_command_resumes(fake, tmp_path
 def test_ctrl_c_stops_the_engine_and_the_same_command_resumes(fake, tmp_path):
     cmd = [sys.executable, "-m", "kvtune", "tune", *map(str, llama_args(fake, "--calibration", "ideal", "--no-grid",
                                                                         "--near", "1", "--rates", "1.0", "--max-rounds",
-                                                                        "1", "--run-s", "2", "--min-requests", "12"))]
+                                                                        "2", "--run-s", "2", "--min-requests", "12"))]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     seen = []
     assert proc.stderr is not None
@@ -134,7 +135,10 @@ def test_ctrl_c_stops_the_engine_and_the_same_command_resumes(fake, tmp_path):
     proc.wait(timeout=60)
     out = "".join(seen) + rest
     assert proc.returncode == 130, out
-    assert "Error: interrupted: the engine was stopped; 1 finished jobs are stored" in rest
+    # a second round leaves the signal time to land while the session runs (with one round, the near
+    # job's early-stopped run could end the session first on a loaded machine: exit 1, not 130)
+    stored = re.search(r"Error: interrupted: the engine was stopped; (\d+) finished jobs are stored", rest)
+    assert stored and int(stored.group(1)) >= 1, rest
     assert not fake_engine.left_behind(fake["pidfile"])
     nothing_written(tmp_path)
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
