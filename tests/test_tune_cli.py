@@ -120,6 +120,17 @@ def test_a_crash_mid_run_is_one_line_and_the_same_command_resumes(fake, tmp_path
 
 @pytest.mark.slow
 def test_ctrl_c_stops_the_engine_and_the_same_command_resumes(fake, tmp_path):
+    # the signal races the session: where it ended before the signal landed (exit 0/1, no
+    # "interrupted"), the harness missed its window, not kvtune; try again in a fresh folder
+    for attempt in range(3):
+        work = tmp_path / f"a{attempt}"
+        work.mkdir()
+        if _ctrl_c_once(fake, work):
+            return
+    pytest.fail("the session ended before SIGINT landed, three times")
+
+
+def _ctrl_c_once(fake, tmp_path) -> bool:
     cmd = [sys.executable, "-m", "kvtune", "tune", *map(str, llama_args(fake, "--calibration", "ideal", "--no-grid",
                                                                         "--near", "1", "--rates", "1.0", "--max-rounds",
                                                                         "2", "--run-s", "2", "--min-requests", "12"))]
@@ -134,6 +145,8 @@ def test_ctrl_c_stops_the_engine_and_the_same_command_resumes(fake, tmp_path):
     rest = proc.stderr.read()
     proc.wait(timeout=60)
     out = "".join(seen) + rest
+    if proc.returncode in (0, 1) and "interrupted" not in rest:
+        return False
     assert proc.returncode == 130, out
     # a second round leaves the signal time to land while the session runs (with one round, the near
     # job's early-stopped run could end the session first on a loaded machine: exit 1, not 130)
@@ -145,6 +158,7 @@ def test_ctrl_c_stops_the_engine_and_the_same_command_resumes(fake, tmp_path):
     assert again.returncode in (0, 1), again.stderr
     assert "measured before, read from the storage" in again.stderr
     assert (tmp_path / "out" / "tune.json").exists()
+    return True
 
 
 def wrong_calibration(path: Path) -> Path:
@@ -173,8 +187,13 @@ def test_tune_converges_on_the_fake_engine_from_no_or_a_wrong_calibration(fake, 
     assert res["status"] == "converged" and res["evidence"] == "measured"
     assert res["attainment_at_promise"]["value"] >= 0.9 > res["attainment_at_check"]["value"]
     first = res["rounds"][0]
-    if start == "wrong":   # the wrong model's first promise did not hold up: the loop had to refit
-        assert len(res["rounds"]) >= 2 and not (first["meets"] and first["tight"])
+    if start == "wrong":   # the wrong model could not stand: the loop refitted, either on a grid
+        # measured because the wrong model called everything infeasible (then round 1 may already
+        # hold), or after a first promise that did not hold up
+        grid = [j for j in res["jobs"] if j["role"] == "grid" and j["round"] == 0]
+        assert grid or (len(res["rounds"]) >= 2 and not (first["meets"] and first["tight"])), res["rounds"]
+        if grid:   # round 1 already ran on the grid's fit, not on the wrong file
+            assert first["calibration"].startswith("calibration-r0.yaml"), first["calibration"]
     import yaml
     cal = yaml.safe_load((tmp_path / "out" / "calibration.yaml").read_text())
     assert cal["provenance"]["engine"] == "llamacpp" and cal["provenance"]["threads"] == [1]
