@@ -134,7 +134,11 @@ def _ctrl_c_once(fake, tmp_path) -> bool:
     cmd = [sys.executable, "-m", "kvtune", "tune", *map(str, llama_args(fake, "--calibration", "ideal", "--no-grid",
                                                                         "--near", "1", "--rates", "1.0", "--max-rounds",
                                                                         "2", "--run-s", "2", "--min-requests", "12"))]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    # SIGINT as a terminal delivers it: a test run started in the background by a non-interactive
+    # shell (`.ci/run &`) ignores SIGINT, the child inherits that and Python then never turns it
+    # into KeyboardInterrupt (every fresh-clone CI started with `&` here failed on exit 0/1)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     assert proc.stderr is not None
     for line in proc.stderr:     # the near config's engine is up: the pick's job is stored
