@@ -21,17 +21,7 @@ N = 300            # requests per simulation; 10% warm-up: 270 measured
 TTFT_SLO_S = 1.0
 
 
-class _LinearStep:
-    """A step costing 10 ms + 1 us per cached token, 2 tokens per step, a 100,000-token pool."""
-
-    class memory:
-        kv_pool_tokens = 100_000
-
-    tokens_per_step = 2.0
-
-    @staticmethod
-    def step_time_s(n_decode, ctx_sum, *rest):
-        return 0.010 + 1e-6 * ctx_sum
+from test_goodput_by_hand import _LinearStep  # noqa: E402  (the same known step, one definition)
 
 
 STEP = _LinearStep()
