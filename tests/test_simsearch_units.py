@@ -1,0 +1,699 @@
+"""The race (``optimizer.simsearch``) on fake engines whose answer is known by hand (issue 25).
+
+A fake runner (``tests/race_fakes.py``) answers every work item from a per-replica goodput per
+config, so the exhaustive optimum is computed here independently of the race's own ranking code,
+and each test runs in well under a second. The unit tests below pin each piece of the race's
+bookkeeping: the bars, the replicas that could beat the best, the state machine's ``consider``,
+``settle``, ``out``, ``meets_bar`` and ``screen_bar``, the work items, the runner and the
+candidates."""
+
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from kvtune.costmodel.goodput import capacity_bound_req_s
+from kvtune.optimizer import simsearch as ss
+from kvtune.optimizer.search import config_key, evaluate
+from kvtune.optimizer.simsearch import (CAPACITY_SLACK, CLOSEST, EQUAL_COST_MARGIN, OVERLOAD, Outcome, Probe, Race,
+                                        Work, bar_req_s)
+from kvtune.optimizer.verify import DRAWS, REL_TOL, Verification, config_requests, sim_requests
+
+from race_fakes import MEETS, FakeRunner, make_ctx, params, patch_simulation
+
+KEYS = [f"tp{tp}-b{cap}-{kv}-k0-c1024" for tp in (1, 2) for kv in ("bf16", "fp8") for cap in (16, 32, 64)]
+
+# per-replica goodput by hand: the cheapest at rate 30 is tp1 b64 fp8 (16 req/s: 2 replicas, 2 GPUs, $4/h)
+G = {"tp1-b16-bf16-k0-c1024": 5, "tp1-b32-bf16-k0-c1024": 10, "tp1-b64-bf16-k0-c1024": 12,
+     "tp1-b16-fp8-k0-c1024": 6, "tp1-b32-fp8-k0-c1024": 11, "tp1-b64-fp8-k0-c1024": 16,
+     "tp2-b16-bf16-k0-c1024": 8, "tp2-b32-bf16-k0-c1024": 14, "tp2-b64-bf16-k0-c1024": 20,
+     "tp2-b16-fp8-k0-c1024": 9, "tp2-b32-fp8-k0-c1024": 15, "tp2-b64-fp8-k0-c1024": 25}
+
+
+def _p(key: str) -> dict:
+    tp, cap, kv, k, c = key.split("-")
+    return params(int(tp[2:]), int(cap[1:]), kv, int(k[1:]), int(c[1:]))
+
+
+def _ver(ctx, p: dict, per_replica: float, replicas: int | None = None, robust: bool = False) -> Verification:
+    """A verification sized by hand: ceil(rate / per-replica) replicas (or ``replicas``), TP GPUs each, $2/GPU-h."""
+    r = replicas or math.ceil(ctx.rate_req_s / per_replica)
+    gpus = r * p["tp"]
+    draws = None
+    if robust:
+        from kvtune.optimizer.verify import Draws
+        draws = Draws((1,), 100, None, ctx.rate_req_s / r, (MEETS,), 1)
+    return Verification(p, per_replica, 1, True, replicas=r, gpus=gpus, nodes=1, usd_per_hour=2.0 * gpus,
+                        goodput_req_s=per_replica * r, nominal_per_replica_goodput_req_s=per_replica,
+                        sim_requests=100, draws=draws)
+
+
+# ---- the whole race against the exhaustive optimum (computed here, not by the race's rank) ----------------------
+def _robust_replicas(rate: float, g: float, least_factor: float) -> int:
+    """min_cost: the fewest replicas at whose load (rate / r) every fresh draw (goodput g x factor) meets."""
+    r = max(1, math.ceil(rate / g * (1 - 1e-12)))
+    while rate / r > g * least_factor:
+        r += 1
+    return r
+
+
+def _exhaustive_min_cost(ctx, goodput, factor, dead_keys, usd_cap=math.inf):
+    """(usd, fp8 last, -goodput on draw 0) of every config that serves the rate robustly on 8 GPUs."""
+    least = min([1.0, *factor.values()])
+    rows = []
+    for k, g in goodput.items():
+        if g <= 0 or k in dead_keys:
+            continue
+        p = _p(k)
+        r = _robust_replicas(ctx.rate_req_s, g, least)
+        gpus = r * p["tp"]
+        usd = 2.0 * gpus
+        if gpus <= 8 and usd <= usd_cap:
+            rows.append(((usd, p["kv_dtype"] == "fp8", -g * r), k, r))
+    return sorted(rows)
+
+
+def _capacity(ctx, p):
+    return capacity_bound_req_s(ctx.step(p["tp"], p["kv_dtype"], 0), 1000.0, 200.0, p["batch_cap"])
+
+
+def _random_goodput(ctx, seed: int) -> dict[str, float]:
+    """A physical table: each config serves between 30% and 100% of its decode-bound capacity (an
+    integer number of req/s, so two goodputs at one price differ by more than EQUAL_COST_MARGIN unless equal)."""
+    rnd = random.Random(seed)
+    return {k: float(max(1, int(_capacity(ctx, _p(k)) * rnd.uniform(0.3, 1.0)))) for k in KEYS}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_min_cost_race_returns_the_exhaustive_optimum_of_a_known_engine(seed, monkeypatch):
+    """Random goodput tables, some fresh draws slower (robust sizing adds replicas), one group dead at
+    zero load, sometimes a cost cap: the pick costs what the cheapest robust config costs, is in its
+    KV class, and serves at least its goodput within the equal-cost margin."""
+    rnd = random.Random(100 + seed)
+    ctx = make_ctx(rate=rnd.choice([20, 30, 45]))
+    goodput = _random_goodput(ctx, seed)
+    factor = {s: rnd.choice([1.0, 1.0, 0.93, 0.85]) for s in range(1, DRAWS + 1)}
+    dead_group = rnd.choice([None, ("1", "bf16"), ("2", "fp8")])
+    dead = {k for k in KEYS if dead_group and k.startswith(f"tp{dead_group[0]}-") and dead_group[1] in k}
+    usd_cap = rnd.choice([math.inf, math.inf, 8.0])
+    run = FakeRunner(ctx, goodput, dead=dead, factor=factor, jobs=rnd.choice([1, 2]))
+    patch_simulation(monkeypatch, run)
+    r = ss.race(ctx, run, usd_cap=usd_cap)
+    want = _exhaustive_min_cost(ctx, goodput, factor, dead, usd_cap)
+    if not want:
+        assert r.best is None
+        return
+    (usd, fp8, neg_good), key, replicas = want[0]
+    b = r.best
+    assert b is not None and b.robust
+    assert (b.usd_per_hour, b.params["kv_dtype"] == "fp8") == (usd, fp8), (config_key(b.params), want[:3])
+    assert ss.ranked_goodput(b) >= -neg_good / (1 + EQUAL_COST_MARGIN) * (1 - 1e-12)
+    assert b.replicas == _robust_replicas(ctx.rate_req_s, goodput[config_key(b.params)], min([1.0, *factor.values()]))
+    for o in r.outcomes:   # every config out for a stated reason; the dead groups at zero load
+        assert o.status in ("verified", "beaten", "pruned", "zero_load")
+        assert (o.status == "zero_load") == (config_key(o.config) in dead)
+        assert o.reason or o.status == "verified"
+    # every simulation is counted once, on the config it ran (a zero-load probe on its group's largest cap)
+    assert r.simulations == sum(o.simulations for o in r.outcomes)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_max_goodput_race_returns_the_most_goodput_per_dollar_of_a_known_engine(seed, monkeypatch):
+    """max_goodput: every replica of the node (8 / TP), ranked on draw 0's goodput per $: the pick's
+    goodput per GPU is the best one's within the bisection tolerance; its robust goodput is the least
+    over the fresh draws (every draw then meets at its load)."""
+    rnd = random.Random(200 + seed)
+    ctx = make_ctx("max_goodput", rate=1000)
+    goodput = _random_goodput(ctx, 50 + seed)
+    factor = {s: rnd.choice([1.0, 1.0, 0.9]) for s in range(1, DRAWS + 1)}
+    run = FakeRunner(ctx, goodput, factor=factor, jobs=rnd.choice([1, 2]))
+    at = patch_simulation(monkeypatch, run)
+    r = ss.race(ctx, run)
+    best_per_gpu = max(g / _p(k)["tp"] for k, g in goodput.items())
+    b = r.best
+    assert b is not None and b.robust
+    assert b.replicas == 8 // b.params["tp"] and b.gpus == 8 and b.usd_per_hour == 16.0
+    g0 = goodput[config_key(b.params)]
+    assert g0 / b.params["tp"] >= best_per_gpu / (1 + REL_TOL) * (1 - 1e-12)
+    assert ss.ranked_goodput(b) == pytest.approx(g0 * b.replicas)
+    least = g0 * min([1.0, *factor.values()])
+    assert least / (1 + 2 * REL_TOL) <= b.per_replica_goodput_req_s <= least
+    assert b.goodput_req_s == pytest.approx(b.per_replica_goodput_req_s * b.replicas)
+    assert at and at[-1][1] == b.replicas and at[-1][3] == ctx.workload_seed + 1
+
+
+def test_min_cost_hand_case_the_cheapest_fp8_config_and_only_the_pick_made_robust(monkeypatch):
+    """G by hand: tp1 b64 fp8 (16 req/s) serves 30 req/s on 2 GPUs, the only config on 2; the race
+    verifies fewer configs than the lattice holds, and with every draw meeting, only the pick is made
+    robust (a nominal winner becomes the best without its draws until the race settles)."""
+    ctx = make_ctx()
+    run = FakeRunner(ctx, G)
+    patch_simulation(monkeypatch, run)
+    r = ss.race(ctx, run)
+    b = r.best
+    assert config_key(b.params) == "tp1-b64-fp8-k0-c1024"
+    assert (b.replicas, b.gpus, b.usd_per_hour, b.goodput_req_s) == (2, 2, 4.0, 32.0)
+    robust = [o for o in r.outcomes if o.verification is not None and o.verification.robust]
+    assert [config_key(o.config) for o in robust] == ["tp1-b64-fp8-k0-c1024"]
+    assert len(r.verified) < len(KEYS)
+    assert r.work_items == len({w.key for batch in run.batches for w in batch})
+    assert r.counts() == {s: sum(1 for o in r.outcomes if o.status == s) for s in {o.status for o in r.outcomes}}
+    assert [config_key(o.config) for o in r.outcomes] == [config_key(p) for p in ss.lattice_configs(ctx)]
+
+
+def test_bf16_wins_at_equal_cost_and_the_note_of_fp8_at_the_same_price(monkeypatch):
+    """tp1 b64 bf16 at 15 req/s also serves 30 on 2 GPUs: at the same $/h bf16 KV wins over fp8's 16."""
+    ctx = make_ctx()
+    run = FakeRunner(ctx, {**G, "tp1-b64-bf16-k0-c1024": 15})
+    patch_simulation(monkeypatch, run)
+    b = ss.race(ctx, run).best
+    assert config_key(b.params) == "tp1-b64-bf16-k0-c1024" and b.usd_per_hour == 4.0
+
+
+def test_robust_sizing_that_costs_the_pick_its_rank_races_the_rest_again(monkeypatch):
+    """Fresh draw 3 serves 90% of draw 0 on every config: tp1 b64 fp8 then needs 3 replicas (16 x 0.9
+    < 15 req/s), and on 3 GPUs bf16 KV wins: tp1 b64 bf16 (12 x 0.9 >= 10 req/s per replica), found
+    by racing again the configs beaten against the nominal best; they are made robust before they
+    become the best."""
+    ctx = make_ctx()
+    run = FakeRunner(ctx, G, factor={3: 0.9})
+    patch_simulation(monkeypatch, run)
+    stages = []
+    r = ss.race(ctx, run, on_stage=lambda name, n: stages.append(name))
+    b = r.best
+    assert config_key(b.params) == "tp1-b64-bf16-k0-c1024" and (b.replicas, b.usd_per_hour) == (3, 6.0)
+    assert b.robust and b.draws.load_req_s == 10.0
+    assert "race again" in stages and stages[0] == "zero load"
+    fp8 = next(o for o in r.outcomes if config_key(o.config) == "tp1-b64-fp8-k0-c1024")
+    assert fp8.verification.robust and fp8.verification.replicas == 3
+
+
+def test_a_cost_cap_below_every_deployment_gives_no_pick_and_no_closest(monkeypatch):
+    ctx = make_ctx()
+    run = FakeRunner(ctx, G)
+    patch_simulation(monkeypatch, run)
+    r = ss.race(ctx, run, usd_cap=3.99)
+    assert r.best is None
+    assert not r.verified   # nothing raced below $4/h; no closest miss is looked for under a cap
+    assert any("$3.99/h" in o.reason for o in r.outcomes)
+
+
+def test_nothing_serves_the_rate_the_closest_distinct_structures_are_verified(monkeypatch):
+    """1,000 req/s on one node: nothing qualifies; the ``CLOSEST`` configs of distinct (TP, KV)
+    structures with the most screened goodput per GPU are verified, so the answer names the nearest."""
+    ctx = make_ctx(rate=1000)
+    run = FakeRunner(ctx, G)
+    patch_simulation(monkeypatch, run)
+    r = ss.race(ctx, run)
+    assert r.best is None
+    evs = sorted((evaluate(ctx, _p(k)) for k in KEYS),
+                 key=lambda e: (-(e.per_replica_goodput_req_s or 0.0) / e.params["tp"], config_key(e.params)))
+    want, structs = [], set()
+    for e in evs:
+        s = (e.params["tp"], e.params["kv_dtype"])
+        if s not in structs:
+            structs.add(s)
+            want.append(config_key(e.params))
+    got = [config_key(v.params) for v in r.verified]
+    assert sorted(got) == sorted(want[:CLOSEST])
+    assert all(not v.feasible and "max_nodes is 1" in v.reason for v in r.verified)
+
+
+def test_every_group_dead_at_zero_load_is_out_with_the_reason(monkeypatch):
+    ctx = make_ctx()
+    run = FakeRunner(ctx, G, dead=set(KEYS))
+    patch_simulation(monkeypatch, run)
+    r = ss.race(ctx, run)
+    assert r.best is None and not r.verified
+    assert {o.status for o in r.outcomes} == {"zero_load"}
+    assert all(o.reason == f"misses at zero load (attainment {0.5:.3f} < 0.9): too slow" for o in r.outcomes)
+    # one probe per (tp, kv) group at its largest cap, at 1e-3 x its decode-bound capacity, short
+    assert len(r.zero_load) == 4 and all(z.config.startswith(("tp1-b64", "tp2-b64")) for z in r.zero_load)
+    for z in r.zero_load:
+        assert z.rate_req_s == pytest.approx(ss.ZERO_LOAD_SHARE * _capacity(ctx, _p(z.config)))
+        assert z.n_requests == min(ss.SHORT_MIN, sim_requests(0.9, 1))
+    assert r.simulations == 4
+
+
+def test_a_zero_load_probe_that_straddles_the_target_is_run_again_in_full(monkeypatch):
+    """A short probe whose bounds straddle the target (lower < a <= upper) decides nothing: the full
+    one (goodput's default count at batch 1) is run, and its own verdict counts."""
+    ctx = make_ctx()
+    run = FakeRunner(ctx, G, dead=set(KEYS), upper=0.95)   # a miss whose bound reaches the target
+    patch_simulation(monkeypatch, run)
+    r = ss.race(ctx, run)
+    assert all(z.n_requests == sim_requests(0.9, 1) for z in r.zero_load)
+    assert r.simulations == 8 and {o.status for o in r.outcomes} == {"zero_load"}
+
+
+# ---- bars, replicas to beat, rank ------------------------------------------------------------------------------
+def test_bar_with_no_best_and_a_cost_cap_or_a_node_budget():
+    ctx = make_ctx()
+    p = params(2, 64)
+    # no best: the rate on the most replicas max_nodes (8 GPUs) allows, unless replicas_bound is lower
+    bar, r, why = bar_req_s(ctx, p, None)
+    assert (bar, r) == (30 / 4, 4) and why == "the most 2-GPU replicas hardware.max_nodes allows (4)"
+    bar, r, why = bar_req_s(ctx, p, None, usd_cap=8.0)         # $8/h buys 4 GPUs: 2 replicas
+    assert (bar, r) == (15.0, 2) and why == "the most 2-GPU replicas within $8.00/h, found on another GPU type (2)"
+    bar, r, why = bar_req_s(ctx, p, None, usd_cap=3.99)        # not one 2-GPU replica
+    assert (bar, r) == (None, 0) and why == "a replica of 2 GPUs costs more than $3.99/h, found on another GPU type"
+    bar, r, why = bar_req_s(ctx, params(16), None)
+    assert (bar, r) == (None, 0) and why == "a replica needs 16 GPUs > the 8 GPUs of hardware.max_nodes 1"
+    # max_nodes far beyond what the config could need: the bar stops at replicas_bound
+    big = make_ctx(max_nodes=1000)
+    need = ss.replicas_bound(big, p)
+    assert need == math.ceil(30 / (ss.ZERO_LOAD_SHARE * _capacity(big, p))) and need < 4000
+    bar, r, why = bar_req_s(big, p, None)
+    assert (bar, r) == (30 / need, need) and why == f"the most 2-GPU replicas it could need ({need})"
+
+
+def test_bar_against_a_best_names_it_and_takes_the_lowest_option():
+    ctx = make_ctx()
+    best = _ver(ctx, params(1, 64, "bf16"), 12.0)               # 3 GPUs, $6/h, 36 req/s
+    bar, r, why = bar_req_s(ctx, params(1, 32, "bf16"), best)
+    # fewer GPUs (2: 15 each) or as many (3) with 1% more goodput (36.36 / 3 = 12.12 each): the lower
+    assert (bar, r) == (pytest.approx(36 * (1 + EQUAL_COST_MARGIN) / 3), 3)
+    assert why == f"{36.0:.3g} req/s on $6.00/h (3 GPUs) of tp1-b64-bf16-k0-c1024"
+    bar, r, why = bar_req_s(ctx, params(2, 32, "bf16"), best)   # 2 GPUs per replica: only cheaper (1 replica)
+    assert (bar, r, why) == (30.0, 1, "$6.00/h (3 GPUs) of tp1-b64-bf16-k0-c1024")
+    one = _ver(ctx, params(1, 64, "bf16"), 30.0)                # 1 GPU: a 2-GPU replica cannot beat it
+    assert bar_req_s(ctx, params(2, 32, "bf16"), one) == (None, 0, "2 GPUs per replica cannot beat "
+                                                                   "$2.00/h (1 GPUs) of tp1-b64-bf16-k0-c1024")
+    # fp8 best on 2 GPUs: a bf16 config wins on as many at the target rate (15 each), or on 1 GPU (30)
+    fp8 = _ver(ctx, params(1, 64, "fp8"), 16.0)
+    assert bar_req_s(ctx, params(1, 16, "bf16"), fp8) == (15.0, 2, "$4.00/h (2 GPUs) of tp1-b64-fp8-k0-c1024 "
+                                                                   "(bf16 KV on as many GPUs)")
+    # the goodput option never asks less than the target rate: a best with little goodput to spare
+    low = _ver(ctx, params(2, 64, "bf16"), 15.0)                # 2 replicas x 2 GPUs, 30 req/s
+    assert bar_req_s(ctx, params(2, 16, "bf16"), low)[:2] == (pytest.approx(30 * 1.01 / 2), 2)
+    # a TP1 config: 3 GPUs at 10 req/s each, or 4 with 30.3 req/s (7.575 each): the lower rate
+    assert bar_req_s(ctx, params(1, 16, "bf16"), low)[:2] == (pytest.approx(30 * 1.01 / 4), 4)
+
+
+def test_bar_on_an_exact_tie_of_rates_takes_the_fewer_replicas():
+    """Two options at the same rate: the cheaper (fewer replicas) is the one named."""
+    ctx = make_ctx()
+    best = _ver(ctx, params(1, 64, "bf16"), 10.0, replicas=4)   # 4 GPUs, 40 req/s on draw 0
+    best = Verification(**{**best.__dict__, "nominal_per_replica_goodput_req_s": 40.0 / 4 / (1 + EQUAL_COST_MARGIN)})
+    bar, r, why = bar_req_s(ctx, params(1, 16, "bf16"), best)
+    assert bar == pytest.approx(10.0) and r == 3 and why == "$8.00/h (4 GPUs) of tp1-b64-bf16-k0-c1024"
+
+
+def test_bar_max_goodput():
+    ctx = make_ctx("max_goodput", rate=1000)
+    assert bar_req_s(ctx, params(), None) == (None, 0, "no config verified yet")
+    best = Verification(params(2, 64), 10.0, 0, True, replicas=4, gpus=8, nominal_per_replica_goodput_req_s=12.0)
+    bar, r, why = bar_req_s(ctx, params(1, 16), best)
+    # 12 req/s per replica of 2 GPUs = 6 per GPU; a 1-GPU replica must serve more by the tolerance
+    assert bar == pytest.approx(6.0 * (1 + REL_TOL)) and r == 8 and why == "6 req/s per GPU of tp2-b64-bf16-k0-c1024"
+    assert bar_req_s(ctx, params(4, 16), best)[:2] == (pytest.approx(24 * (1 + REL_TOL)), 2)
+
+
+def test_replicas_to_beat_by_hand():
+    ctx = make_ctx()
+    assert ss._replicas_to_beat(ctx, _ver(ctx, params(2), 10.0), None) == 4          # 8 GPUs / 2
+    assert ss._replicas_to_beat(ctx, _ver(ctx, params(1), 10.0), None, 5.0) == 2     # $5/h buys 2 GPUs
+    best = _ver(ctx, params(1, 64, "bf16"), 12.0)                                      # 3 GPUs, 36 req/s
+    # same KV class on as many GPUs: 3 replicas only with more goodput (13 x 3 > 36), else 2
+    assert ss._replicas_to_beat(ctx, _ver(ctx, params(1, 32, "bf16"), 13.0), best) == 3
+    assert ss._replicas_to_beat(ctx, _ver(ctx, params(1, 32, "bf16"), 12.0), best) == 2
+    assert ss._replicas_to_beat(ctx, _ver(ctx, params(1, 32, "fp8"), 20.0), best) == 2   # fp8 never ties bf16
+    fp8 = _ver(ctx, params(1, 64, "fp8"), 12.0)
+    assert ss._replicas_to_beat(ctx, _ver(ctx, params(1, 32, "bf16"), 1.0), fp8) == 3    # bf16 ties fp8
+    assert ss._replicas_to_beat(ctx, _ver(ctx, params(2, 32, "bf16"), 50.0), best) == 1  # 3 GPUs: no tie on TP2
+    # the nominal goodput is what counts, not the robust one
+    v = Verification(**{**_ver(ctx, params(1, 32, "bf16"), 11.0).__dict__, "nominal_per_replica_goodput_req_s": 13.0})
+    assert ss._replicas_to_beat(ctx, v, best) == 3
+
+
+def test_gpus_within_a_cost_cap():
+    ctx = make_ctx(max_nodes=2)
+    assert ss._gpus_within(ctx, math.inf) == 16
+    assert ss._gpus_within(ctx, 10.0) == 5 and ss._gpus_within(ctx, 9.99) == 4 and ss._gpus_within(ctx, 100.0) == 16
+    assert ss._gpus_within(ctx, 6.0 * (1 - 1e-14)) == 3     # a cap a rounding below 3 GPUs' price buys 3
+
+
+def test_rank_and_ranked_goodput():
+    ctx = make_ctx()
+    a = _ver(ctx, params(1, 64, "bf16"), 12.0)     # $6/h, 36
+    b = _ver(ctx, params(1, 32, "bf16"), 10.0)     # $6/h, 30
+    c = _ver(ctx, params(1, 64, "fp8"), 13.0)      # $6/h, 39 but fp8
+    d = _ver(ctx, params(1, 64, "fp8"), 16.0)      # $4/h
+    assert sorted([a, b, c, d], key=lambda v: ss.rank(ctx, v)) == [d, a, b, c]
+    assert ss.rank(ctx, a) == (6.0, False, -36.0, 1, "tp1-b64-bf16-k0-c1024")
+    assert ss.ranked_goodput(Verification(params(), 3.0, 0, True, replicas=4)) == 12.0
+    assert ss.ranked_goodput(Verification(params(), 3.0, 0, True, replicas=4, nominal_per_replica_goodput_req_s=5.0)) == 20.0
+    assert ss.ranked_goodput(Verification(params(), 3.0, 0, True)) == 0.0
+    unsized = Verification(params(), 3.0, 0, True, replicas=1)
+    assert ss.rank(ctx, unsized)[0] == math.inf
+
+
+def test_meets_and_beaten_texts():
+    pr = Probe("k", 10.0, 1000, 0.95, True, served_req_s=8.0)
+    assert ss._meets(pr) and not ss._meets(Probe("k", 10.0, 1000, 0.95, True, served_req_s=7.99))
+    assert not ss._meets(Probe("k", 10.0, 1000, 0.5, False, served_req_s=10.0))
+    assert ss._beaten(Probe("k", 10.0, 1000, 0.95, True, served_req_s=7.0), 10.0, "X") == (
+        f"overloaded at 10 req/s per replica (completes 7 req/s in the middle of the run, < {OVERLOAD:g} x the rate): "
+        "cannot beat X")
+    assert ss._beaten(Probe("k", 10.0, 1000, 0.5, False), 12.5, "X") == (
+        "attainment 0.500 at 12.5 req/s per replica: cannot beat X")
+
+
+def test_prior_orders_screen_feasible_first_then_capacity_per_gpu():
+    ctx = make_ctx()
+    ev = evaluate(ctx, params(1, 64))
+    assert ev.feasible and ss._prior(ctx, ev) == (0, ev.value, "tp1-b64-bf16-k0-c1024")
+    bad = SimpleNamespace(params=params(2, 64), feasible=False, value=1.0)
+    assert ss._prior(ctx, bad) == (1, -_capacity(ctx, params(2, 64)) / 2, "tp2-b64-bf16-k0-c1024")
+
+
+# ---- the state machine -----------------------------------------------------------------------------------------
+def _state(ctx, goodput=G, **kw):
+    run = FakeRunner(ctx, goodput, **kw)
+    return ss._State(ctx, run, None), run
+
+
+def test_out_records_the_simulations_spent_on_the_config():
+    ctx = make_ctx()
+    st, _ = _state(ctx)
+    ev = evaluate(ctx, params(1, 16))
+    st.probe([(ev.params, 1.0, 300), (ev.params, 2.0, 300), (params(2), 1.0, 300)])
+    st.out(ev, "beaten", "why")
+    assert st.outcomes["tp1-b16-bf16-k0-c1024"] == Outcome(ss._freeze(ev.params), "beaten", "why", 2)
+    st.out(evaluate(ctx, params(1, 32)), "pruned", "no")
+    assert st.outcomes["tp1-b32-bf16-k0-c1024"].simulations == 0
+    assert st.sims == 3 and st.spent == {"tp1-b16-bf16-k0-c1024": 2, "tp2-b16-bf16-k0-c1024": 1}
+
+
+def test_verify_records_its_simulations_and_a_miss_keeps_its_reason():
+    ctx = make_ctx()
+    st, _ = _state(ctx, {**G, "tp1-b16-bf16-k0-c1024": 0.0})
+    evs = [evaluate(ctx, params(1, 16)), evaluate(ctx, params(1, 64))]
+    st.probe([(evs[1].params, 1.0, 300)])
+    res = st.verify(evs)
+    assert [v.feasible for v in res] == [False, True]
+    o0, o1 = st.outcomes["tp1-b16-bf16-k0-c1024"], st.outcomes["tp1-b64-bf16-k0-c1024"]
+    assert (o0.status, o0.reason, o0.simulations) == ("verified", "misses at a trickle", 5)
+    assert (o1.status, o1.reason, o1.simulations) == ("verified", "", 6) and o1.verification == res[1]
+    assert st.sims == 11
+
+
+def test_consider_takes_the_best_in_rank_order_and_skips_what_the_cap_or_feasibility_rules_out():
+    ctx = make_ctx()
+    st, _ = _state(ctx)
+    a = _ver(ctx, params(1, 64, "bf16"), 12.0)             # $6/h
+    d = _ver(ctx, params(1, 64, "fp8"), 16.0)              # $4/h
+    miss = Verification(params(1, 16), 0.0, 1, False, "x")
+    st.consider([a, miss, d])
+    assert st.best is d
+    st.consider([a])                                        # worse: the best stays
+    assert st.best is d
+    capped = ss._State(ctx, st.runner, None, usd_cap=5.0)
+    capped.consider([_ver(ctx, params(2, 64), 20.0)])       # $8/h > $5/h: never the best
+    assert capped.best is None
+    capped.consider([d])
+    assert capped.best is d
+    assert not st._ok(Verification(**{**a.__dict__, "feasible": False}))
+    assert ss._State(ctx, st.runner, None, usd_cap=6.0)._ok(a)
+
+
+def test_consider_before_the_race_settles_takes_nominal_figures_and_runs_no_draw():
+    ctx = make_ctx()
+    st, run = _state(ctx, factor={1: 0.5})
+    a = _ver(ctx, params(1, 64, "fp8"), 16.0)
+    st.consider([a])
+    assert st.best is a and not st.best.robust and run.batches == []
+
+
+def test_consider_once_robust_makes_a_winner_robust_first(monkeypatch):
+    """``robust_now``: a winner is made robust (checking no more replicas than could beat the best)
+    and becomes the best only if its robust figures still beat it."""
+    ctx = make_ctx()
+    st, run = _state(ctx, factor={2: 0.9})
+    patch_simulation(monkeypatch, run)
+    st.robust_now = True
+    best = _ver(ctx, params(1, 64, "bf16"), 12.0, robust=True)    # 3 GPUs, $6/h
+    st.best = best
+    # tp1 b64 fp8: 2 replicas nominal; robust: 16 x 0.9 = 14.4 < 15 needs 3, and 3 fp8 GPUs cannot beat 3 bf16
+    v = st.verify([evaluate(ctx, params(1, 64, "fp8"))])
+    st.consider(v)
+    assert st.best is best
+    o = st.outcomes["tp1-b64-fp8-k0-c1024"]
+    assert not o.verification.feasible and "up to 2 replicas" in o.verification.reason
+    # tp2 b64 fp8 at 25: one replica (2 GPUs) cannot serve 30, needs 2 (4 GPUs): worse; tp1 b32 bf16 at 16 x 2
+    st2, run2 = _state(ctx, {**G, "tp1-b32-bf16-k0-c1024": 17.0}, factor={2: 0.9})
+    patch_simulation(monkeypatch, run2)
+    st2.robust_now, st2.best = True, best
+    st2.consider(st2.verify([evaluate(ctx, params(1, 32))]))   # 17 x 0.9 = 15.3 >= 15 on 2 replicas: $4/h
+    assert config_key(st2.best.params) == "tp1-b32-bf16-k0-c1024" and st2.best.robust and st2.best.replicas == 2
+    # max_goodput never makes a winner robust in consider (its ranking goodput is draw 0's)
+    gctx = make_ctx("max_goodput", rate=1000)
+    st3, run3 = _state(gctx)
+    st3.robust_now = True
+    v3 = st3.verify([evaluate(gctx, params(1, 64))])
+    st3.consider(v3)
+    assert st3.best is v3[0] and not st3.best.robust and all(w.kind == "verify" for w in run3.executed)
+
+
+def test_settle_keeps_the_rank_or_says_it_lost_it(monkeypatch):
+    ctx = make_ctx()
+    st, run = _state(ctx)
+    patch_simulation(monkeypatch, run)
+    st.consider(st.verify([evaluate(ctx, params(1, 64, "fp8")), evaluate(ctx, params(1, 64, "bf16"))]))
+    assert st.settle() is True and st.best.robust and config_key(st.best.params) == "tp1-b64-fp8-k0-c1024"
+    # the second verified config cannot beat the robust best: it is not made robust
+    assert not st.outcomes["tp1-b64-bf16-k0-c1024"].verification.robust
+    st2, run2 = _state(ctx, factor={5: 0.9})
+    patch_simulation(monkeypatch, run2)
+    st2.consider(st2.verify([evaluate(ctx, params(1, 64, "fp8")), evaluate(ctx, params(1, 64, "bf16"))]))
+    assert st2.settle() is False                    # 3 replicas: the bf16 one at 3 GPUs now ranks first
+    assert config_key(st2.best.params) == "tp1-b64-bf16-k0-c1024" and st2.best.replicas == 3
+    assert st2.misses.get(5, 0) >= 1                # the draw that missed is remembered (tried first next)
+    st3, _ = _state(ctx)
+    assert st3.settle() is True and st3.best is None
+
+
+def test_robust_tries_the_draws_that_missed_most_first(monkeypatch):
+    ctx = make_ctx()
+    st, run = _state(ctx, factor={7: 0.5})
+    patch_simulation(monkeypatch, run)
+    st.misses = {4: 1, 7: 3, 2: 3}
+    v = st.verify([evaluate(ctx, params(1, 64, "fp8"))])[0]
+    sims = st.sims
+    r = st.robust(v, 8)
+    draws = [w for b in run.batches for w in b if w.kind == "draw"]
+    assert [w.seed for w in draws[:2]] == [2, 7]           # most misses first, then the lower seed
+    assert r.robust and r.replicas == 4                     # 16 x 0.5 = 8 >= 30 / 4
+    assert st.misses[7] >= 4 and st.sims == sims + r.simulations - v.simulations
+    assert st.outcomes["tp1-b64-fp8-k0-c1024"].verification is r
+
+
+def test_screen_bar_prunes_on_capacity_and_on_an_unbeatable_best():
+    ctx = make_ctx()
+    st, run = _state(ctx)
+    st.best = _ver(ctx, params(1, 64, "fp8"), 30.0)          # 1 GPU, $2/h
+    evs = [evaluate(ctx, params(2, 64)), evaluate(ctx, params(1, 64, "fp8")), evaluate(ctx, params(1, 16))]
+    keep = st.screen_bar(evs)
+    assert st.outcomes["tp2-b64-bf16-k0-c1024"].status == "pruned"
+    assert st.outcomes["tp2-b64-bf16-k0-c1024"].reason.startswith("2 GPUs per replica cannot beat $2.00/h")
+    # tp1 b16 bf16 must serve 30 req/s on 1 GPU (bf16 on as many): capacity 11.5 x 1.2 < 30, pruned
+    cap = _capacity(ctx, params(1, 16))
+    assert cap * CAPACITY_SLACK < 30
+    assert st.outcomes["tp1-b16-bf16-k0-c1024"].reason == (
+        f"decode-bound capacity {cap:.3g} req/s x {CAPACITY_SLACK:g} < the 30 req/s per replica it needs to beat "
+        "$2.00/h (1 GPUs) of tp1-b64-fp8-k0-c1024 (bf16 KV on as many GPUs)")
+    # tp1 b64 fp8: more goodput on 1 GPU (30.3 req/s) exceeds its capacity 40.8 / 1.2? no: kept
+    assert [config_key(e.params) for e, _, _, _ in keep] == ["tp1-b64-fp8-k0-c1024"]
+    assert keep[0][1:3] == (pytest.approx(30 * 1.01), 1) and run.batches == []
+
+
+def test_meets_bar_a_clear_short_miss_is_out_and_the_rest_still_run():
+    """A short probe whose upper bound is below the target rules its config out; the configs after
+    it still get their full probes; a full probe that misses or is overloaded is beaten."""
+    ctx = make_ctx()
+    st, run = _state(ctx, {**G, "tp1-b32-bf16-k0-c1024": 5.0})
+    evs = [evaluate(ctx, params(1, 32)), evaluate(ctx, params(1, 64)), evaluate(ctx, params(2, 64))]
+    cands = [(evs[0], 10.0, 3, "A"), (evs[1], 10.0, 3, "B"), (evs[2], 21.0, 1, "C")]
+    winners = st.meets_bar(cands)
+    assert [config_key(c[0].params) for c in winners] == ["tp1-b64-bf16-k0-c1024"]
+    o = st.outcomes["tp1-b32-bf16-k0-c1024"]
+    n = max(ss.SHORT_MIN, int(ss.SHORT_SHARE * config_requests(ctx, evs[0].params)))
+    assert o.status == "beaten" and o.reason == (f"attainment 0.500 (at most 0.600 at 99% confidence) at 10 req/s "
+                                                 f"per replica ({n} requests): cannot beat A")
+    # tp2 b64 (20 req/s) misses 21 in its short probe; the fake's bound (0.6) rules it out too
+    assert st.outcomes["tp2-b64-bf16-k0-c1024"].reason.endswith("cannot beat C")
+    probes = [w for b in run.batches for w in b]
+    assert [w.n_requests for w in probes] == [n, max(ss.SHORT_MIN, int(ss.SHORT_SHARE * config_requests(ctx, evs[1].params))),
+                                              max(ss.SHORT_MIN, int(ss.SHORT_SHARE * config_requests(ctx, evs[2].params))),
+                                              config_requests(ctx, evs[1].params)]
+    # with bounds that reach the target, every short miss gets its full probe, which then beats it
+    st2, run2 = _state(ctx, {**G, "tp1-b32-bf16-k0-c1024": 5.0}, upper=0.95)
+    assert [config_key(c[0].params) for c in st2.meets_bar(cands)] == ["tp1-b64-bf16-k0-c1024"]
+    assert st2.outcomes["tp1-b32-bf16-k0-c1024"].reason == "attainment 0.500 at 10 req/s per replica: cannot beat A"
+    assert sum(len(b) for b in run2.batches) == 6
+
+
+def test_race_goodput_seeds_one_config_per_structure():
+    ctx = make_ctx("max_goodput", rate=1000)
+    st, run = _state(ctx)
+    alive = sorted((evaluate(ctx, _p(k)) for k in KEYS), key=lambda e: ss._prior(ctx, e))
+    st.race_goodput(alive, 3)
+    first = run.batches[0]
+    assert all(w.kind == "verify" for w in first) and len(first) == 3
+    structs = [(dict(w.params)["tp"], dict(w.params)["kv_dtype"]) for w in first]
+    assert len(set(structs)) == 3
+    want, seen = [], set()
+    for e in alive:
+        s = (e.params["tp"], e.params["kv_dtype"])
+        if s not in seen:
+            seen.add(s)
+            want.append(config_key(e.params))
+    assert [config_key(dict(w.params)) for w in first] == want[:3]
+    assert set(st.outcomes) == set(KEYS)
+
+
+def test_race_goodput_with_no_seed_verified_verifies_the_next_batch():
+    ctx = make_ctx("max_goodput", rate=1000)
+    st, run = _state(ctx, {k: (0.0 if k.endswith("c1024") and "b64" in k else v) for k, v in G.items()})
+    alive = [evaluate(ctx, _p(k)) for k in KEYS if "b64" in k] + [evaluate(ctx, params(1, 16))]
+    st.race_goodput(alive, 4)
+    assert [len(b) for b in run.batches] == [4, 1]
+    assert config_key(st.best.params) == "tp1-b16-bf16-k0-c1024"
+
+
+# ---- work items, runner, candidates ----------------------------------------------------------------------------
+def test_work_keys_and_records():
+    p = ss._freeze(params(2, 64, "fp8", 0))
+    assert Work("verify", p).key == "verify:tp2-b64-fp8-k0-c1024"
+    assert Work("robust", p, 1.5, 300).key == "robust:tp2-b64-fp8-k0-c1024@1.5x300"
+    assert Work("draw", p, 0.1, 300, 7).key == "draw:tp2-b64-fp8-k0-c1024@0.1x300s7"
+    assert Work("probe", p, 1 / 3, 300).key == "probe:tp2-b64-fp8-k0-c1024@0.333333333x300"
+    w = Work("draw", p, 0.25, 300, 7)
+    assert w.to_json() == {"kind": "draw", "params": params(2, 64, "fp8"), "rate_req_s": 0.25, "n_requests": 300,
+                           "seed": 7}
+    assert Work.from_json(w.to_json()) == w
+    assert ss._freeze(dict(params(), layout="L", pp=2, extra=1)) == (*ss._freeze(params()), ("layout", "L"), ("pp", 2))
+    v = Verification(params(), 1.0, 2, True)
+    o = Outcome(ss._freeze(params()), "verified", "", 4, v)
+    assert o.to_json() == {"config": params(), "status": "verified", "reason": "", "simulations": 4,
+                           "verification": v.to_json()}
+    assert Outcome.from_json(o.to_json()) == o
+    bare = Outcome(ss._freeze(params()), "pruned", "r", 0)
+    assert bare.to_json()["verification"] is None and Outcome.from_json(bare.to_json()) == bare
+    race = Race((o, bare, Outcome(ss._freeze(params(2)), "pruned", "r", 1)), 5, ())
+    assert race.counts() == {"verified": 1, "pruned": 2} and race.verified == [v]
+    assert Race((Outcome(ss._freeze(params()), "verified", "", 1),), 1, ()).verified == []
+
+
+def test_local_runner_runs_each_item_once_and_answers_in_order(monkeypatch):
+    ctx = make_ctx()
+    calls = []
+    monkeypatch.setattr(ss, "execute", lambda c, w: calls.append(w.key) or {"k": w.key})
+    run = ss.LocalRunner(ctx)
+    a, b = Work("probe", ss._freeze(params()), 1.0, 10), Work("probe", ss._freeze(params(2)), 1.0, 10)
+    assert run.run([a, b, a]) == [{"k": a.key}, {"k": b.key}, {"k": a.key}]
+    assert run.run([b]) == [{"k": b.key}] and calls == [a.key, b.key]
+    assert run.jobs == 1 and ss.LocalRunner(ctx, 0).jobs == 1 and ss.LocalRunner(ctx, 3).jobs == 3
+
+
+def test_local_runner_screens_in_order_in_process_and_on_a_pool():
+    ctx = make_ctx()
+    configs = ss.lattice_configs(ctx) * 6          # 72 configs: over 64, a pool screens them
+    with ss.LocalRunner(ctx, 2) as run:
+        pooled = run.screen(configs)
+        assert run._pool is not None
+    assert run._pool is None
+    alone = ss.LocalRunner(ctx, 1).screen(configs[:12])
+    assert [e.to_json() for e in pooled] == [e.to_json() for e in alone] * 6
+
+
+def test_candidates_use_the_runner_screen_and_split_on_fit():
+    from kvtune.optimizer.search import SolveContext
+    from kvtune.optimizer.workload import load_workload_dict
+    from race_fakes import spec_dict
+    d = dict(spec_dict(), gpu_mem_util=0.2)       # 8B bf16 weights (16.1 GB) do not fit in 0.2 x 80 GB
+    ctx = SolveContext.build(load_workload_dict(d, "<test>"))
+    seen = []
+
+    class Screening:
+        def screen(self, configs):
+            seen.append(len(configs))
+            return [evaluate(ctx, p) for p in configs]
+    fit, nofit = ss.candidates(ctx, Screening())
+    assert seen == [12]
+    assert [config_key(e.params) for e in fit] == [config_key(p) for p in ss.lattice_configs(ctx) if p["tp"] == 2]
+    assert {e.params["tp"] for e in nofit} == {1} and len(nofit) == 6
+    assert [e.to_json() for e in ss.candidates(ctx, object())[0]] == [e.to_json() for e in fit]
+
+
+def test_lattice_configs_every_combination_in_order():
+    ctx = make_ctx()
+    got = [config_key(p) for p in ss.lattice_configs(ctx)]
+    assert got == [f"tp{tp}-b{c}-{kv}-k0-c1024" for tp in (1, 2) for kv in ("bf16", "fp8") for c in (16, 32, 64)]
+    assert all(list(p) == list(ss._PARAM_KEYS) for p in ss.lattice_configs(ctx))
+
+
+# ---- a probe's record and the reason it misses -------------------------------------------------------------------
+def test_miss_reason_names_the_slo_missed_at_the_percentile():
+    inf = math.inf
+    res = SimpleNamespace(measured=np.array([True, True, True, False, True]),
+                          ttft_s=np.array([0.5, 2.0, 3.0, 9.0, inf]), tpot_s=np.array([0.01, 0.06, np.nan, 0.2, 0.0]),
+                          rejected=1, reject_reason="", slo_attainment=0.4)
+    req = SimpleNamespace(ttft_slo_s=np.full(5, 1.0), tpot_slo_s=np.full(5, 0.05),
+                          output_tokens=np.array([10, 10, 1, 10, 10]), input_tokens=np.array([1000, 20000, 30000, 5, 5]))
+    got = ss._miss_reason(res, req, 0.9)
+    # measured and served: the first three; TTFT misses 2 of 3; TPOT misses 1 (the one-token output has none)
+    ttft_p = np.percentile([0.5, 2.0, 3.0], 90) * 1e3
+    long_in = int(np.percentile([1000, 20000, 30000], 90))
+    tpot_p = np.percentile([0.01, 0.06], 90) * 1e3
+    assert got == (f"TTFT p90 {ttft_p:,.0f} ms > 1,000 ms (67% of requests miss it; the p90 prompt is "
+                   f"{long_in / 1e3:,.0f}k tokens); TPOT p90 {tpot_p:.1f} ms > 50.0 ms (33% of requests miss it); "
+                   "1 requests never fit the KV pool")
+    none = SimpleNamespace(measured=np.zeros(2, bool), ttft_s=np.ones(2), tpot_s=np.ones(2), rejected=0,
+                           reject_reason="", slo_attainment=0.25)
+    assert ss._miss_reason(none, req, 0.9) == "attainment 0.250 < 0.9"
+    short = SimpleNamespace(**{**res.__dict__, "rejected": 2, "reject_reason": "too long",
+                               "ttft_s": np.array([0.5, 0.6, 0.7, 9.0, inf])})
+    req2 = SimpleNamespace(**{**req.__dict__, "input_tokens": np.array([900, 1000, 1100, 5, 5])})
+    assert ss._miss_reason(short, req2, 0.5) == ("TPOT p50 35.0 ms > 50.0 ms (33% of requests miss it); too long")
+    assert "p50 prompt is 1,000 tokens" in ss._miss_reason(
+        SimpleNamespace(**{**short.__dict__, "ttft_s": np.array([5.0, 6.0, 7.0, 9.0, inf])}), req2, 0.5)
+
+
+def test_execute_a_probe_at_a_trickle_and_in_overload():
+    """The real simulator: 200 requests of the 8B workload at 0.5 req/s all meet (attainment 1, exact
+    bounds around it); at 500 req/s the queue grows: a miss on TTFT, served below the rate."""
+    ctx = make_ctx()
+    p = params(1, 64)
+    ok = Probe.from_json(ss.execute(ctx, Work("probe", ss._freeze(p), 0.5, 200)))
+    assert (ok.config, ok.rate_req_s, ok.n_requests, ok.meets, ok.reason, ok.rejected) == (
+        "tp1-b64-bf16-k0-c1024", 0.5, 200, True, "", 0)
+    assert ok.attainment == 1.0 and ok.upper == 1.0 and 0.9 < ok.lower < 1.0
+    bad = Probe.from_json(ss.execute(ctx, Work("probe", ss._freeze(p), 500.0, 200)))
+    assert not bad.meets and bad.attainment < 0.9 and bad.reason.startswith("TTFT p90")
+    assert bad.lower <= bad.attainment <= bad.upper < 1.0 and bad.served_req_s < OVERLOAD * 500
+    d = ss.execute(ctx, Work("draw", ss._freeze(p), 0.5, 100, 3))
+    assert d == {"attainment": 1.0}
+
+
+def test_never_fit_names_the_largest_requests_and_is_cached():
+    """60k-token prompts in a pool squeezed to ~30k tokens on TP1 bf16: never fit; on TP2 they do."""
+    from kvtune.optimizer.workload import load_workload_dict
+    from race_fakes import spec_dict
+    from kvtune.optimizer.search import SolveContext
+    d = spec_dict()
+    d["workload"]["classes"][0]["input_tokens"] = 60000
+    d["gpu_mem_util"] = 0.25
+    ctx = SolveContext.build(load_workload_dict(d, "<test>"))
+    why = ss.never_fit_reason(ctx, params(1, 16))
+    assert why.startswith("the workload's largest requests can never fit the KV pool (") and why.endswith(
+        "; of 6,000 drawn)")
+    assert ss.never_fit_reason(ctx, params(1, 64)) == why            # one check per (tp, kv, k)
+    assert ("never_fit", 1, None, "bf16", 0) in ctx.memo
+    big = ctx.memo["largest"]
+    assert len(big.input_tokens) == ss.NEVER_FIT_CHECK and (big.prefix_tokens == 0).all()
+    assert (np.diff(big.arrival_s) == 1e6).all()
