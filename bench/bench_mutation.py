@@ -74,9 +74,13 @@ MODULES: dict[str, list[str]] = {
     "costmodel/goodput.py": ["tests/test_goodput.py", "tests/test_sim_invariants.py", "tests/test_sim_never_fit.py",
                              "tests/test_goodput_by_hand.py", "tests/test_goodput_survivors.py"],
     "costmodel/deployment.py": ["tests/test_deployment.py", "tests/test_deployment_by_hand.py"],
-    "optimizer/simsearch.py": ["tests/test_simsearch.py"],
-    "optimizer/verify.py": ["tests/test_simsearch.py"],
-    "optimizer/recommend.py": ["tests/test_search.py", "tests/test_simsearch.py", "tests/test_multinode_solve.py"],
+    # the race, verification and the answer: their own unit tests on a fake engine whose answer is known by hand
+    # (tests/race_fakes.py), milliseconds each, then the in-process tests of the whole search
+    "optimizer/simsearch.py": ["tests/test_simsearch_units.py", "tests/test_objective.py", "tests/test_simsearch.py"],
+    "optimizer/verify.py": ["tests/test_verify_units.py", "tests/test_simsearch_units.py", "tests/test_simsearch.py"],
+    "optimizer/recommend.py": ["tests/test_recommend_units.py", "tests/test_search.py", "tests/test_simsearch.py",
+                               "tests/test_multinode_solve.py"],
+    "optimizer/objective.py": ["tests/test_objective.py", "tests/test_simsearch_units.py"],
     "optimizer/deployment_choice.py": ["tests/test_deployment_choice.py"],
     "optimizer/gpu_choice.py": ["tests/test_gpu_choice.py"],
     "optimizer/launch": ["tests/test_launch.py", "tests/test_launch_disagg.py", "tests/test_launch_contracts.py",
