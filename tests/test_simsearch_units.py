@@ -697,3 +697,52 @@ def test_never_fit_names_the_largest_requests_and_is_cached():
     big = ctx.memo["largest"]
     assert len(big.input_tokens) == ss.NEVER_FIT_CHECK and (big.prefix_tokens == 0).all()
     assert (np.diff(big.arrival_s) == 1e6).all()
+
+
+def test_a_probe_runs_on_the_workload_draw_with_exact_and_batch_mean_bounds():
+    """A probe simulates the workload's own draw (seed ``workload_seed``), the very requests a draw of
+    that seed would (``verify.draw_attainment``); at a trickle every one of the 180 measured (10% warm-up)
+    of 200 requests meets: the exact one-sided 99% lower bound is 0.01 ** (1 / 180), the batch means'
+    all 1."""
+    from kvtune.optimizer.verify import draw_attainment
+    ctx = make_ctx()
+    p = params(1, 64)
+    ok = Probe.from_json(ss.execute(ctx, Work("probe", ss._freeze(p), 0.5, 200)))
+    assert ok.lower == pytest.approx(0.01 ** (1 / 180)) and ok.upper == 1.0
+    mid = Probe.from_json(ss.execute(ctx, Work("probe", ss._freeze(p), 45.0, 300)))
+    assert mid.attainment == draw_attainment(ctx, p, 45.0, 300, ctx.workload_seed)
+    assert mid == Probe.from_json(ss.execute(ctx, Work("probe", ss._freeze(p), 45.0, 300)))
+    assert 0 < mid.served_req_s < math.inf     # the middle completions measured, not the default
+
+
+def test_execute_dispatches_verify_and_robust_work():
+    from kvtune.optimizer.verify import robust_config, verify_config
+    ctx = make_ctx()
+    p = params(1, 64)
+    assert ss.execute(ctx, Work("verify", ss._freeze(p))) == verify_config(ctx, p).to_json()
+    got = ss.execute(ctx, Work("robust", ss._freeze(p), 5.0, 100))
+    assert got == robust_config(ctx, p, 5.0, 100).to_json() and got["draws"]["n_requests"] == 100
+
+
+def test_the_largest_requests_are_checked_alone():
+    """The ``NEVER_FIT_CHECK`` largest (prompt + output) of a 6,000-request draw, in draw order, one at
+    a time (a million seconds apart), without shared prefixes."""
+    from kvtune.optimizer.search import SolveContext
+    from kvtune.optimizer.workload import load_workload_dict
+    from race_fakes import spec_dict
+    d = spec_dict()
+    d["workload"]["classes"] = [{"name": "a", "share": 0.5, "input_tokens": {"dist": "lognormal", "mean": 1000,
+                                                                           "sigma": 1.0, "max": 30000},
+                                 "output_tokens": 100},
+                                {"name": "b", "share": 0.5, "input_tokens": 200, "output_tokens": 300}]
+    ctx = SolveContext.build(load_workload_dict(d, "<test>"))
+    req = ctx.spec.requests(6000, ctx.workload_seed, rate_req_s=1.0)
+    tot = req.input_tokens + req.output_tokens
+    idx = sorted(np.argsort(-tot, kind="stable")[:4])
+    big = ss._largest_requests(ctx)
+    assert list(big.input_tokens) == list(req.input_tokens[idx]) and list(big.output_tokens) == list(req.output_tokens[idx])
+    assert list(big.class_idx) == list(req.class_idx[idx]) and list(big.ttft_slo_s) == list(req.ttft_slo_s[idx])
+    assert list(big.tpot_slo_s) == list(req.tpot_slo_s[idx])
+    assert list(big.arrival_s) == [0.0, 1e6, 2e6, 3e6] and list(big.prefix_group) == [-1] * 4
+    assert list(big.prefix_tokens) == [0] * 4 and min(tot[idx]) == sorted(tot)[-4]
+    assert ss.never_fit_reason(ctx, params(1, 64)) == ""
