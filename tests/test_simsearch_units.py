@@ -746,3 +746,18 @@ def test_the_largest_requests_are_checked_alone():
     assert list(big.arrival_s) == [0.0, 1e6, 2e6, 3e6] and list(big.prefix_group) == [-1] * 4
     assert list(big.prefix_tokens) == [0] * 4 and min(tot[idx]) == sorted(tot)[-4]
     assert ss.never_fit_reason(ctx, params(1, 64)) == ""
+
+
+# ---- the lexicographic objective (optimizer/objective.py) ---------------------------------------------------------
+def test_objective_rank_by_hand():
+    from kvtune.optimizer.objective import objective_rank, prefers_bf16
+    assert prefers_bf16(["bf16", "fp8"]) and prefers_bf16(("fp8", "bf16")) and prefers_bf16(k for k in ("bf16", "fp8"))
+    assert not prefers_bf16(["bf16"]) and not prefers_bf16(["fp8"]) and not prefers_bf16([]) and not prefers_bf16(["bf16", "bf16"])
+    assert objective_rank("min_cost", 6, 36, "bf16", ("bf16", "fp8")) == (6.0, False, -36.0)
+    assert objective_rank("min_cost", 6, 36, "fp8", ("bf16", "fp8")) == (6.0, True, -36.0)
+    assert objective_rank("min_cost", 6, 36, "fp8") == (6.0, False, -36.0)      # only bf16 searched by default
+    assert objective_rank("min_cost", 6, None, "bf16") == (6.0, False, 0.0)
+    assert objective_rank("max_goodput", 8, 40, "fp8", ("bf16", "fp8")) == (-5.0, 8.0)
+    assert objective_rank("max_goodput", 0, 40, "bf16") == (0.0, 0.0)
+    assert objective_rank("max_goodput", 4, None, "bf16") == (0.0, 4.0)
+    assert isinstance(objective_rank("min_cost", 6, 36, "bf16")[0], float)
