@@ -293,17 +293,20 @@ def test_solve_runs_the_trials_then_recommends_with_its_overrides(monkeypatch):
     assert len(got[-1]["evals"]) == 3 and got[-1]["runner"].jobs == 2
 
 
-@pytest.mark.slow   # an SQLite study: seconds
-def test_solve_shares_the_race_through_a_storage(monkeypatch, tmp_path):
+def test_solve_shares_the_race_through_a_storage_and_reads_a_profile(monkeypatch, tmp_path):
     from race_fakes import spec_dict
     from kvtune.optimizer.scaleout import StudyRunner
     from kvtune.optimizer.workload import load_workload_dict
     got = []
-    monkeypatch.setattr(rc, "recommend", lambda ctx, study, sampler, vt, runner, *a: got.append((runner, study)) or 1)
+    monkeypatch.setattr(rc, "recommend", lambda ctx, study, sampler, vt, runner, *a: got.append((ctx, runner, study)) or 1)
     spec = load_workload_dict(spec_dict(), "<test>")
-    rc.solve(spec, trials=2, storage=f"sqlite:///{tmp_path}/s.db", study_name="mine")
-    runner, study = got[-1]
-    assert isinstance(runner, StudyRunner) and study.study_name == "mine"
+    rc.solve(spec, trials=2, storage=f"journal:{tmp_path}/s.log", study_name="mine")
+    ctx, runner, study = got[-1]
+    assert isinstance(runner, StudyRunner) and study.study_name == "mine" and runner.study.study_name == "mine:sim"
+    assert (tmp_path / "s.log").stat().st_size > 0        # the trials went to the journal
+    rc.solve(spec, trials=2, profile="profiles/tables/h100-published.csv")
+    assert got[-1][0].engine.record()["profile"]["path"] == "profiles/tables/h100-published.csv"
+    assert "profile" not in got[0][0].engine.record()
 
 
 def test_lengths_size_the_context():

@@ -182,8 +182,10 @@ def test_robust_sizing_that_costs_the_pick_its_rank_races_the_rest_again(monkeyp
     ctx = make_ctx()
     run = FakeRunner(ctx, G, factor={3: 0.9})
     patch_simulation(monkeypatch, run)
-    stages = []
-    r = ss.race(ctx, run, on_stage=lambda name, n: stages.append(name))
+    heard = []
+    r = ss.race(ctx, run, on_stage=lambda name, n: heard.append((name, n)))
+    stages = [name for name, _ in heard]
+    assert all(isinstance(n, int) and n >= 1 for _, n in heard) and heard[0] == ("zero load", 4)
     b = r.best
     assert config_key(b.params) == "tp1-b64-bf16-k0-c1024" and (b.replicas, b.usd_per_hour) == (3, 6.0)
     assert b.robust and b.draws.load_req_s == 10.0

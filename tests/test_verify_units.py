@@ -408,3 +408,12 @@ def test_a_fake_runner_race_robust_stage_counts(monkeypatch):
     # in batches of two; the 19th draw, a batch of one, runs alone
     assert sorted(pairs_seen) == [(s, 15.0) for s in range(1, DRAWS)]
     assert r.draws.simulations == DRAWS + 1 and r.simulations == 4 + DRAWS + 1
+
+
+def test_every_draw_at_the_load_runs_as_one_batch_even_below_one_req_s():
+    """max_goodput on a slow model (goodputs below 1 req/s): the draws at the deployment's load are
+    still handed to the batch runner together (the race runs them side by side)."""
+    f = Fake({1: 0.5, 2: 0.6, 3: 0.7})
+    g, load = DrawSet(f.attain, 0.9, f.many).goodput_at_load([1, 2, 3], 0.4, lambda g: g / 2)
+    assert (g, load) == (0.4, 0.2)
+    assert [(1, 0.2), (2, 0.2), (3, 0.2)] in f.batches and len(f.calls) == 6
