@@ -763,3 +763,16 @@ def test_objective_rank_by_hand():
     assert objective_rank("max_goodput", 0, 40, "bf16") == (0.0, 0.0)
     assert objective_rank("max_goodput", 4, None, "bf16") == (0.0, 4.0)
     assert isinstance(objective_rank("min_cost", 6, 36, "bf16")[0], float)
+
+
+def test_local_runner_on_two_processes_answers_as_one():
+    """Work items on a pool of two (the longest first) come back in the order asked, each as this
+    process computes it, and are remembered."""
+    ctx = make_ctx()
+    p, q = ss._freeze(params(1, 64)), ss._freeze(params(2, 16))
+    items = [Work("probe", p, 5.0, 40), Work("draw", q, 2.0, 30, 4), Work("probe", q, 1.0, 60), Work("probe", p, 5.0, 40)]
+    with ss.LocalRunner(ctx, 2) as two:
+        got = two.run(items)
+        assert set(two.cache) == {w.key for w in items}
+    one = ss.LocalRunner(ctx, 1)
+    assert got == one.run(items) and got[0] == got[3]
