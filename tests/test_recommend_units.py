@@ -312,3 +312,17 @@ def test_solve_shares_the_race_through_a_storage_and_reads_a_profile(monkeypatch
 def test_lengths_size_the_context():
     ctx = make_ctx()
     assert rc._lengths(ctx.spec) == {"max_request_tokens": 1200, "max_prompt_tokens": 1000}
+
+
+def test_a_speculative_pick_launches_with_its_draft(monkeypatch):
+    """EAGLE3 at k = 2: the answer carries spec_k and every launch line the workload's draft."""
+    ctx = make_ctx(speculative={"method": "eagle3", "acceptance": 0.75, "draft_cost": 0.05,
+                                "draft_model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}, spec_k=2)
+    run = FakeRunner(ctx, {}, default=10.0)
+    patch_simulation(monkeypatch, run)
+    r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
+    assert r.status == "ok" and r.recommendation.spec_k == 2 and r.recommendation.replicas == 3
+    assert ('--speculative-config \'{"method":"eagle3","num_speculative_tokens":2,'
+            '"model":"yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}\'') in r.launch["vllm"]
+    assert "--speculative-algorithm EAGLE3" in r.launch["sglang"]
+    assert "--speculative-draft-model-path yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" in r.launch["sglang"]

@@ -776,3 +776,51 @@ def test_local_runner_on_two_processes_answers_as_one():
         assert set(two.cache) == {w.key for w in items}
     one = ss.LocalRunner(ctx, 1)
     assert got == one.run(items) and got[0] == got[3]
+
+
+def test_lattice_of_a_model_beyond_one_node_walks_its_layouts():
+    """405B on two nodes: each multi-node layout (TP x PP) is a config with its whole parallelism."""
+    from kvtune.optimizer.search import SolveContext
+    from kvtune.optimizer.workload import load_workload_dict
+    from race_fakes import spec_dict
+    d = dict(spec_dict(tp=(8,), max_nodes=2, kv=("fp8",), caps=(64, 64)), model="llama-3.1-405b")
+    ctx = SolveContext.build(load_workload_dict(d, "<test>"))
+    got = ss.lattice_configs(ctx)
+    assert got == [dict(params(ctx.layouts[k]["tp"], 64, "fp8"), layout=k, **{x: ctx.layouts[k][x] for x in
+                                                                               ("pp", "ep", "dp_attention")})
+                   for k in ctx.layouts]
+    assert {(p["tp"], p["pp"]) for p in got} == {(8, 2), (16, 1)}
+    assert ss._freeze(got[0])[-4:] == (("layout", got[0]["layout"]), ("pp", got[0]["pp"]), ("ep", 1),
+                                       ("dp_attention", False))
+
+
+def test_bounds_of_no_measured_request_say_nothing():
+    assert ss.binomial_interval(0, 0) == (0.0, 1.0)
+    assert ss.upper_attainment(np.array([], dtype=bool)) == (0.0, 1.0)
+    lo, hi = ss.binomial_interval(3, 3)
+    assert lo == pytest.approx(0.01 ** (1 / 3)) and hi == 1.0
+    lo, hi = ss.binomial_interval(0, 3)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.01 ** (1 / 3))
+
+
+def test_requests_that_never_fit_rule_configs_out_of_the_race(monkeypatch):
+    """60k-token prompts in a pool squeezed to ~30k tokens: TP1 bf16 can never hold them, whatever
+    its goodput looks like; the race says so and picks among the rest."""
+    from kvtune.optimizer.search import SolveContext
+    from kvtune.optimizer.workload import load_workload_dict
+    from race_fakes import spec_dict
+    d = spec_dict(rate=2, kv=("bf16",))
+    d["workload"]["classes"][0]["input_tokens"] = 60000
+    d["slo"] = {"ttft_ms": 20000, "tpot_ms": 100, "attainment": 0.9}
+    d["gpu_mem_util"] = 0.25
+    ctx = SolveContext.build(load_workload_dict(d, "<test>"))
+    keys = [config_key(p) for p in ss.lattice_configs(ctx)]
+    run = FakeRunner(ctx, {k: (10.0 if k.startswith("tp1") else 2.0) for k in keys})
+    patch_simulation(monkeypatch, run)
+    r = ss.race(ctx, run)
+    never = {config_key(o.config) for o in r.outcomes if o.status == "never_fits"}
+    assert never == {k for k in keys if k.startswith("tp1")}
+    assert all(o.reason.startswith("the workload's largest requests can never fit the KV pool")
+               for o in r.outcomes if o.status == "never_fits")
+    assert r.best.params["tp"] == 2 and r.best.replicas == 1 and r.best.usd_per_hour == 4.0
+    assert all(config_key(dict(w.params)).startswith("tp2") for b in run.batches for w in b)
