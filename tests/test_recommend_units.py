@@ -16,7 +16,7 @@ from kvtune import __version__
 from kvtune.optimizer import recommend as rc
 from kvtune.optimizer import simsearch as ss
 from kvtune.optimizer.result import ParetoPoint
-from kvtune.optimizer.search import UNLAUNCHABLE, completed_evals, config_key, evaluate, open_study, run_search
+from kvtune.optimizer.search import UNLAUNCHABLE, completed_evals, evaluate, open_study, run_search
 from kvtune.optimizer.simsearch import Outcome, Probe, Race
 from kvtune.optimizer.verify import Verification
 
