@@ -177,9 +177,11 @@ def enumerate_mutants(copy: Path, module: str) -> list[str]:
     return names
 
 
-def sample(names: list[str], n: int) -> list[str]:
-    """A deterministic sample: the ``n`` names with the smallest SHA-256 (stable while the function is)."""
-    return sorted(sorted(names, key=lambda s: hashlib.sha256(s.encode()).hexdigest())[:n])
+def sample(names: list[str], n: int, skip: int = 0) -> list[str]:
+    """A deterministic sample: the ``n`` names with the smallest SHA-256 (stable while the function is).
+    ``skip``: the ``n`` after the first ``skip`` of that order (a fresh sample, disjoint from ``--sample skip``:
+    mutants nobody looked at while writing the tests)."""
+    return sorted(sorted(names, key=lambda s: hashlib.sha256(s.encode()).hexdigest())[skip:skip + n])
 
 
 # --- running and reading --------------------------------------------------------------------------------------
@@ -329,7 +331,7 @@ def run_module(module: str, tests: list[str], n_sample: int | None, max_children
 
 
 def run_sample(modules: list[str], n_sample: int, max_children: int, timeout_s: float | None, keep: bool,
-               log_dir: Path) -> list[dict]:
+               log_dir: Path, skip: int = 0) -> list[dict]:
     """``n_sample`` mutants of each module, all in one copy and one mutmut run over the union of the
     modules' tests (one instrumented pass instead of one per module: what makes the CI report fit in
     minutes). Each mutant still runs only the tests that reach its function, from that union."""
@@ -339,7 +341,7 @@ def run_sample(modules: list[str], n_sample: int, max_children: int, timeout_s: 
     try:
         copy_repo(copy)
         write_config(copy, modules, tests)
-        chosen = {m: sample(enumerate_mutants(copy, m), n_sample) for m in modules}
+        chosen = {m: sample(enumerate_mutants(copy, m), n_sample, skip) for m in modules}
         log = log_dir / "sample.log"
         rc = run_mutmut(copy, [n for m in modules for n in chosen[m]], max_children, log, timeout_s)
         rows = []
@@ -462,6 +464,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--module", action="append", choices=list(MODULES), help="only this module (repeatable)")
     ap.add_argument("--sample", type=int, metavar="N", help="N mutants per module, chosen deterministically")
+    ap.add_argument("--sample-skip", type=int, default=0, metavar="K",
+                    help="with --sample: the N after the first K (a fresh sample, disjoint from --sample K)")
     ap.add_argument("--max-children", type=int, default=2, help="mutants tested at once (default 2)")
     ap.add_argument("--module-timeout", type=float, default=None, metavar="S", help="stop a module's run after S s")
     ap.add_argument("--json", type=Path, help="write the results here (default: RESULTS-mutation.json on a full run)")
@@ -499,9 +503,10 @@ def main() -> int:
     rows: list[dict] = []
     if args.sample:
         print(f"--- a sample of {args.sample} mutants from each of {len(modules)} modules, one mutmut run ...", flush=True)
-        rows = run_sample(modules, args.sample, args.max_children, args.module_timeout, args.keep, log_dir)
+        rows = run_sample(modules, args.sample, args.max_children, args.module_timeout, args.keep, log_dir,
+                          args.sample_skip)
         for r in rows:
-            r["run"] = f"sample of {args.sample}"
+            r["run"] = f"sample of {args.sample}" + (f" after the first {args.sample_skip}" if args.sample_skip else "")
     for m in ([] if args.sample else modules):
         print(f"--- {m} ({'sample of ' + str(args.sample) if args.sample else 'all mutants'}) ...", flush=True)
         r = run_module(m, MODULES[m], args.sample, args.max_children, args.module_timeout, args.keep, log_dir,
@@ -513,7 +518,8 @@ def main() -> int:
               + (f"  [{r['error']}]" if r.get("error") else ""), flush=True)
     import mutmut
     meta = dict(commit=commit, date=dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
-                mode=(f"sample of {args.sample} per module" if args.sample
+                mode=(f"sample of {args.sample} per module"
+                      + (f" after the first {args.sample_skip}" if args.sample_skip else "") if args.sample
                       else "earlier survivors only" if args.rerun_survivors else "all mutants"),
                 load_before=load_before, load_after=round(os.getloadavg()[0], 1), cpus=os.cpu_count(),
                 mutmut=getattr(mutmut, "__version__", "?"), python=platform.python_version())
