@@ -761,6 +761,7 @@ def test_objective_rank_by_hand():
     assert objective_rank("min_cost", 6, None, "bf16") == (6.0, False, 0.0)
     assert objective_rank("max_goodput", 8, 40, "fp8", ("bf16", "fp8")) == (-5.0, 8.0)
     assert objective_rank("max_goodput", 0, 40, "bf16") == (0.0, 0.0)
+    assert objective_rank("max_goodput", 0.5, 4, "bf16") == (-8.0, 0.5)     # under $1/h (a small GPU): per $ still
     assert objective_rank("max_goodput", 4, None, "bf16") == (0.0, 4.0)
     assert isinstance(objective_rank("min_cost", 6, 36, "bf16")[0], float)
 
