@@ -21,7 +21,7 @@ MEETS, MISSES = 0.95, 0.5
 
 def spec_dict(objective: str = "min_cost", rate: float | None = 30, kv=("bf16", "fp8"), tp=(1, 2),
               caps=(16, 64), max_nodes: int = 1, attainment: float = 0.9, usd: float = 2.0,
-              speculative: dict | None = None, spec_k: int | None = None) -> dict:
+              speculative: dict | None = None, spec_k: int | None = None, weights: str | None = None) -> dict:
     """A small 8B workload: 1,000-token prompts, 200-token outputs; 2 TPs x 3 caps x 2 KV = 12 configs."""
     w: dict = {"classes": [{"name": "c", "share": 1.0, "input_tokens": 1000, "output_tokens": 200}]}
     if rate is not None:
@@ -32,6 +32,8 @@ def spec_dict(objective: str = "min_cost", rate: float | None = 30, kv=("bf16", 
             "objective": objective,
             "search": {"tp": list(tp), "batch_cap": list(caps), "kv_dtype": list(kv), "chunk_tokens": 1024,
                        "trials": 5, "seed": 0}}
+    if weights is not None:
+        out["weights"] = weights
     if speculative is not None:
         out["speculative"] = speculative
         out["search"]["spec_k"] = spec_k

@@ -124,6 +124,8 @@ def test_dtype_notes():
         "goodput against 36.00 (simulated); fp8 KV is never chosen unless cheaper"]
     nothing = ["bf16 KV: FP8 KV buys no saving here (every fp8 config was raced for a cheaper deployment)"]
     assert rc._dtype_notes(ctx, pick, race_of(pick, dear, miss)) == nothing
+    bf16_more = dataclasses.replace(fp8_more, params=params(2, 32, "bf16"))   # more goodput, but bf16: no note
+    assert rc._dtype_notes(ctx, pick, race_of(pick, bf16_more)) == nothing
     less = dataclasses.replace(fp8, goodput_req_s=36.0)       # as much goodput is no cost of the preference
     assert rc._dtype_notes(ctx, pick, race_of(pick, less)) == nothing
     gctx = make_ctx("max_goodput", rate=1000)
@@ -142,6 +144,7 @@ def test_pareto_front_by_hand():
     assert rc.pareto_front([]) == []
     assert [(x.usd_per_hour, x.goodput_req_s) for x in rc.pareto_front([pt(1, 0.0)])] == [(1, 0.0)]
     assert len(rc.pareto_front([pt(4, 10), pt(5, 10 + 1e-13)])) == 1     # no real gain: not on the front
+    assert len(rc.pareto_front([pt(4, 10), pt(5, 10 + 1e-12)])) == 1     # a gain must exceed 1e-12 req/s
 
 
 # ---- answers with no pick ----------------------------------------------------------------------------------------
@@ -279,7 +282,11 @@ def test_solve_runs_the_trials_then_recommends_with_its_overrides(monkeypatch):
     monkeypatch.setattr(rc, "recommend", fake_recommend)
     spec = load_workload_dict(spec_dict(), "<test>")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    assert rc.solve(spec, seed=3, sampler="grid", verify_top=2, jobs=1, usd_cap=9.0, calibration="h100-sxm") == "answer"
+    heard = []
+    stage = lambda name, n: None   # noqa: E731
+    assert rc.solve(spec, seed=3, sampler="grid", verify_top=2, jobs=1, usd_cap=9.0, calibration="h100-sxm",
+                    on_trial=lambda done, total: heard.append((done, total)), on_stage=stage) == "answer"
+    assert heard and heard[-1] == (12, 12) and got[-1]["on_stage"] is stage
     g = got[-1]
     assert len(g["evals"]) == 12                       # grid: every config of the lattice (2 TP x 3 caps x 2 KV)
     assert g["ctx"].seed == 3 and g["sampler"] == "grid" and g["verify_top"] == 2 and g["usd_cap"] == 9.0
@@ -291,6 +298,8 @@ def test_solve_runs_the_trials_then_recommends_with_its_overrides(monkeypatch):
     assert got[-1]["usd_cap"] == math.inf and got[-1]["verify_top"] == rc.VERIFY_TOP
     rc.solve(spec, trials=3, sampler="tpe", jobs=2)
     assert len(got[-1]["evals"]) == 3 and got[-1]["runner"].jobs == 2
+    rc.solve(spec, trials=3, sampler="nsga2")          # two objectives ($/h, goodput): told as such
+    assert len(got[-1]["evals"]) == 3 and got[-1]["sampler"] == "nsga2"
 
 
 def test_solve_shares_the_race_through_a_storage_and_reads_a_profile(monkeypatch, tmp_path):
@@ -329,3 +338,20 @@ def test_a_speculative_pick_launches_with_its_draft(monkeypatch):
             '"model":"yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}\'') in r.launch["vllm"]
     assert "--speculative-algorithm EAGLE3" in r.launch["sglang"]
     assert "--speculative-draft-model-path yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" in r.launch["sglang"]
+
+
+def test_a_pick_at_a_trickle_is_still_priced(monkeypatch):
+    """0.004 req/s x 200 tokens = 0.8 output tok/s: $2/h over 2,880 tokens an hour = $694.44 per million."""
+    ctx, r, _ = _answer(monkeypatch, rate=0.004)
+    assert r.status == "ok" and r.cost.usd_per_hour == 2.0
+    assert r.cost.usd_per_million_output_tokens == pytest.approx(2.0 / (0.8 * 3600) * 1e6)
+
+
+def test_fp8_weights_and_another_draft_method_reach_the_launch_lines(monkeypatch):
+    ctx = make_ctx(weights="fp8", speculative={"method": "eagle", "acceptance": 0.7, "draft_cost": 0.05,
+                                               "draft_model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"}, spec_k=2)
+    run = FakeRunner(ctx, {}, default=10.0)
+    patch_simulation(monkeypatch, run)
+    r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
+    assert "weights FP8 (1-byte GEMM weights" in r.launch["vllm"] and "weights bf16" not in r.launch["vllm"]
+    assert '"method":"eagle","num_speculative_tokens":2' in r.launch["vllm"]

@@ -774,7 +774,7 @@ def test_local_runner_on_two_processes_answers_as_one():
     items = [Work("probe", p, 5.0, 40), Work("draw", q, 2.0, 30, 4), Work("probe", q, 1.0, 60), Work("probe", p, 5.0, 40)]
     with ss.LocalRunner(ctx, 2) as two:
         got = two.run(items)
-        assert set(two.cache) == {w.key for w in items}
+        assert set(two.cache) == {w.key for w in items} and two._pool is not None   # run on the pool
     one = ss.LocalRunner(ctx, 1)
     assert got == one.run(items) and got[0] == got[3]
 
@@ -791,6 +791,10 @@ def test_lattice_of_a_model_beyond_one_node_walks_its_layouts():
                                                                                ("pp", "ep", "dp_attention")})
                    for k in ctx.layouts]
     assert {(p["tp"], p["pp"]) for p in got} == {(8, 2), (16, 1)}
+    # the never-fit check is one per layout (two layouts may share TP, KV and k)
+    for p in got:
+        assert ss.never_fit_reason(ctx, p) == ""
+        assert ("never_fit", p["tp"], p["layout"], "fp8", 0) in ctx.memo
     assert ss._freeze(got[0])[-4:] == (("layout", got[0]["layout"]), ("pp", got[0]["pp"]), ("ep", 1),
                                        ("dp_attention", False))
 

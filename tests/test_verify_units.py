@@ -257,7 +257,7 @@ def test_goodput_at_load_lowers_the_goodput_for_a_draw_late_at_the_load():
     g3, load3 = DrawSet(f3.attain, 0.9, f3.many).goodput_at_load([1, 2], 8.0, lambda g: g / 2)
     assert 3.0 / (1 + REL_TOL) <= g3 <= 3.0 and load3 == g3 / 2
     z = Fake({1: 0.0})
-    assert DrawSet(z.attain, 0.9).goodput_at_load([1], 5.0, lambda g: g) == (0.0, 0.0)
+    assert DrawSet(z.attain, 0.9).goodput_at_load([1], 5.0, lambda g: g + 1.0) == (0.0, 0.0)   # no goodput: no load
 
 
 # ---- robust ------------------------------------------------------------------------------------------------------
@@ -417,3 +417,10 @@ def test_every_draw_at_the_load_runs_as_one_batch_even_below_one_req_s():
     g, load = DrawSet(f.attain, 0.9, f.many).goodput_at_load([1, 2, 3], 0.4, lambda g: g / 2)
     assert (g, load) == (0.4, 0.2)
     assert [(1, 0.2), (2, 0.2), (3, 0.2)] in f.batches and len(f.calls) == 6
+
+
+def test_robust_below_one_req_s_per_replica(monkeypatch):
+    """A slow config (0.8 req/s per replica, 2 replicas for 1.5 req/s) is made robust like any other."""
+    ctx, p, run, at = _robust_setup(monkeypatch, g=0.8, rate=1.5)
+    r = vf.robust(ctx, vf._sized(ctx, p, 0.8, 4, 1000, nominal=0.8))
+    assert r.robust and r.replicas == 2 and r.draws.load_req_s == 0.75 and at == [(1.5, 2, 1000, 1)]
