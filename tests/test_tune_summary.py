@@ -2,8 +2,8 @@
 
 import pytest
 
-from optimizer.tune_records import TuneResult
-from optimizer.tune_report import summary_lines
+from kvtune.optimizer.tune_records import TuneResult
+from kvtune.optimizer.tune_report import summary_lines
 
 
 def _result(status: str) -> TuneResult:
