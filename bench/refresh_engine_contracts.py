@@ -490,42 +490,77 @@ def llamacpp_contract(arg_cpp: Path, src: dict, commit: str) -> dict:
 
 # ---- TensorRT-LLM ----------------------------------------------------------------------------
 
-TRTLLM_CLASSES = ("TorchLlmArgs", "KvCacheConfig", "CacheTransceiverConfig", "EagleDecodingConfig",
-                  "MTPDecodingConfig", "NGramDecodingConfig", "DraftTargetDecodingConfig")
+TRTLLM_CLASSES = ("TorchLlmArgs", "KvCacheConfig", "CacheTransceiverConfig", "DecodingBaseConfig",
+                  "EagleDecodingConfig", "MTPDecodingConfig", "NGramDecodingConfig", "DraftTargetDecodingConfig")
+
+
+def _click_kind(node: ast.Call) -> dict:
+    kw = {k.arg: k.value for k in node.keywords if k.arg}
+    kind: dict = {"type": "flag" if "is_flag" in kw else "str"}
+    if "type" in kw:
+        t = ast.unparse(kw["type"])
+        if t in ("int", "float", "str"):
+            kind["type"] = t
+        elif "Choice" in t and isinstance(kw["type"], ast.Call) and kw["type"].args:
+            ch = kw["type"].args[0]
+            if isinstance(ch, (ast.List, ast.Tuple)):
+                kind["choices"] = [e.value for e in ch.elts if isinstance(e, ast.Constant)]
+    return kind
+
+
+def click_programs(serve: Path, base: str = "trtllm-serve") -> dict:
+    """The click commands of tensorrt_llm/commands/serve.py, each with its options: ``serve`` is
+    trtllm-serve's default command (DefaultGroup), the others are ``trtllm-serve NAME``."""
+    programs: dict[str, dict] = {}
+    for fn in ast.walk(ast.parse(serve.read_text())):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        name, flags = None, {}
+        for d in fn.decorator_list:
+            if not isinstance(d, ast.Call):
+                continue
+            func = ast.unparse(d.func)
+            if func.endswith("click.command"):
+                name = (_str_args(d) or [fn.name])[0]
+            elif func.endswith("click.option"):
+                for n in (n for n in _str_args(d) if n.startswith("-")):
+                    flags[n] = _click_kind(d)
+        if name is not None:
+            prog = base if name == "serve" else f"{base} {name}"
+            programs[prog] = {"flags": dict(sorted(flags.items()))}
+    return programs
+
+
+def decoding_types(llm_args: Path) -> dict:
+    """DecodingBaseConfig.from_dict's table: the YAML's speculative_config.decoding_type -> class."""
+    for node in ast.walk(ast.parse(llm_args.read_text())):
+        if isinstance(node, ast.Dict) and node.keys and all(isinstance(k, ast.Constant) for k in node.keys) \
+                and any(getattr(k, "value", None) == "Eagle" for k in node.keys):
+            return {k.value: ast.unparse(v) for k, v in zip(node.keys, node.values)}   # type: ignore[union-attr]
+    return {}
 
 
 def trtllm_contract(src_root: Path) -> dict:
+    """TensorRT-LLM from a source tree (or the extract of one, with PROVENANCE.json beside it)."""
     llm_args = next(iter(sorted(src_root.rglob("llmapi/llm_args.py"))), None)
     serve = next(iter(sorted(src_root.rglob("commands/serve.py"))), None)
-    if llm_args is None:
-        raise SystemExit(f"--trtllm-src {src_root}: no tensorrt_llm/llmapi/llm_args.py under it")
+    if llm_args is None or serve is None:
+        raise SystemExit(f"--trtllm-src {src_root}: needs tensorrt_llm/llmapi/llm_args.py and "
+                         f"tensorrt_llm/commands/serve.py under it")
     idx = Index([llm_args])
     configs = {c: {f: field_kind(a, idx) for f, a in idx.fields(c).items()} for c in TRTLLM_CLASSES}
-    flags: dict[str, dict] = {}
-    files = {"llm_args.py": sha256(llm_args)}
-    if serve is not None:
-        files["serve.py"] = sha256(serve)
-        tree = ast.parse(serve.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("click.option"):
-                names = [n for n in _str_args(node) if n.startswith("-")]
-                kw = {k.arg: k.value for k in node.keywords if k.arg}
-                kind: dict = {"type": "flag" if "is_flag" in kw else "str"}
-                if "type" in kw:
-                    t = ast.unparse(kw["type"])
-                    if t in ("int", "float", "str"):
-                        kind["type"] = t
-                    elif "Choice" in t and isinstance(kw["type"], ast.Call) and kw["type"].args:
-                        ch = kw["type"].args[0]
-                        if isinstance(ch, (ast.List, ast.Tuple)):
-                            kind["choices"] = [e.value for e in ch.elts if isinstance(e, ast.Constant)]
-                for n in names:
-                    flags[n] = kind
-    return {"engine": "trtllm", "name": "TensorRT-LLM", "version": PINS["trtllm"][1],
-            "source": {"archive": f"source tree {src_root.name}", "files_sha256": files,
-                       "origin": "--trtllm-src (NVIDIA/TensorRT-LLM v1.0.0)"},
-            "extracted_by": SCRIPT, "programs": {"trtllm-serve": {"flags": dict(sorted(flags.items()))}},
-            "configs": configs}
+    files = {str(p.relative_to(src_root)): sha256(p) for p in (llm_args, serve)}
+    source: dict = {"archive": f"source tree {src_root.name}", "files_sha256": files}
+    prov = next((p / "PROVENANCE.json" for p in (src_root, src_root.parent) if (p / "PROVENANCE.json").exists()),
+                None)
+    if prov is not None:
+        source["provenance"] = json.loads(prov.read_text())
+        source["origin"] = "NVIDIA/TensorRT-LLM files as stored in a public code index (see provenance)"
+    else:
+        source["origin"] = "--trtllm-src (NVIDIA/TensorRT-LLM v1.0.0)"
+    return {"engine": "trtllm", "name": "TensorRT-LLM", "version": PINS["trtllm"][1], "source": source,
+            "extracted_by": SCRIPT, "programs": click_programs(serve), "configs": configs,
+            "decoding_types": decoding_types(llm_args)}
 
 
 # ---- main ------------------------------------------------------------------------------------

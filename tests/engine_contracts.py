@@ -17,11 +17,13 @@ from pathlib import Path
 
 CONTRACTS = Path(__file__).parent / "contracts"
 FILES = {"vllm": "vllm-0.33.0.json", "sglang": "sglang-0.5.23.json", "vllm-router": "vllm-router-0.1.17.json",
-         "sglang-router": "sglang-router-0.3.2.json", "llamacpp": "llamacpp-0c1e57098.json"}
+         "sglang-router": "sglang-router-0.3.2.json", "llamacpp": "llamacpp-0c1e57098.json",
+         "trtllm": "tensorrt-llm-1.0.0.json", "trtllm-disagg": "tensorrt-llm-1.0.0.json"}
 # how many leading words name the program, and how many positionals follow it
 PROGRAMS = {"vllm": ("vllm serve", 2, 1), "sglang": ("python -m sglang.launch_server", 3, 0),
             "vllm-router": ("vllm-router", 1, 0), "sglang-router": ("python -m sglang_router.launch_router", 3, 0),
-            "llamacpp": ("llama-server", 1, 0)}
+            "llamacpp": ("llama-server", 1, 0), "trtllm": ("trtllm-serve", 1, 1),
+            "trtllm-disagg": ("trtllm-serve disaggregated", 2, 0)}
 # a value kvtune leaves for the user or the cluster to fill: <placeholder>, $(ENV_VAR)
 _PLACEHOLDER = re.compile(r"^(<[^>]+>|\$\([A-Z_]+\))$")
 VLLM_BLOCK_TOKENS = 16   # vLLM 0.33.0 CacheConfig.block_size on CUDA (platforms/cuda.py)
@@ -148,3 +150,59 @@ def vllm_startup_errors(argv: list[str], pool_tokens_per_gpu: int | None) -> lis
         return [f"--max-model-len {v} needs {need_blocks} KV blocks; the {pool_tokens_per_gpu}-token pool has "
                 f"{have_blocks} after the null block: vLLM refuses to start"]
     return []
+
+
+def _value_errors(path: str, f: dict, v) -> list[str]:
+    """A YAML value against a config field's kind (pydantic: literal sets, int, float, bool, str)."""
+    if v is None:
+        return [] if f.get("nullable") else [f"{path}: null where the field is not Optional"]
+    t = f.get("type")
+    if t == "literal" and v not in f["choices"]:
+        return [f"{path} = {v!r} is not one of {f['choices']}"]
+    if t == "int" and not (isinstance(v, int) and not isinstance(v, bool)):
+        return [f"{path} = {v!r} is not an int"]
+    if t == "float" and not (isinstance(v, (int, float)) and not isinstance(v, bool)):
+        return [f"{path} = {v!r} is not a number"]
+    if t == "bool" and not isinstance(v, bool):
+        return [f"{path} = {v!r} is not a bool"]
+    if t == "str" and not isinstance(v, str):
+        return [f"{path} = {v!r} is not a string"]
+    return []
+
+
+def check_trtllm_api(api, cls: str = "TorchLlmArgs", where: str = "") -> list[str]:
+    """An ``--extra_llm_api_options`` YAML (as loaded) against TensorRT-LLM 1.0.0's own pydantic
+    classes: every key a field of ``cls`` (StrictBaseModel forbids others), nested configs
+    recursively, ``speculative_config.decoding_type`` one of DecodingBaseConfig.from_dict's and
+    the rest that class's fields, every value of the field's type or literal set."""
+    c = contract("trtllm")
+    if not isinstance(api, dict):
+        return [f"{where or 'the YAML'}: not a mapping"]
+    fields = c["configs"].get(cls)
+    if fields is None:
+        return [f"{where}: no contract for {cls}"]
+    errors: list[str] = []
+    for k, v in api.items():
+        path = f"{where}{k}"
+        if k not in fields:
+            errors.append(f"{path}: {cls} has no field {k!r} in {c['name']} {c['version']}")
+            continue
+        f = fields[k]
+        if cls == "TorchLlmArgs" and k == "speculative_config":
+            if not isinstance(v, dict):
+                errors.append(f"{path}: not a mapping")
+                continue
+            rest = dict(v)
+            dt = rest.pop("decoding_type", None)
+            target = c["decoding_types"].get(dt) if isinstance(dt, str) else None
+            if target is None:
+                errors.append(f"{path}.decoding_type {dt!r} is not one of {sorted(c['decoding_types'])}")
+                continue
+            errors += check_trtllm_api(rest, target, f"{path}.")
+        elif f.get("type") == "object" and f.get("config") in c["configs"]:
+            if v is None and f.get("nullable"):
+                continue
+            errors += check_trtllm_api(v, f["config"], f"{path}.")
+        else:
+            errors += _value_errors(path, f, v)
+    return errors

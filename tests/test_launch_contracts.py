@@ -19,10 +19,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from engine_contracts import check_argv, contract, flag_value, vllm_startup_errors
+from engine_contracts import check_argv, check_trtllm_api, contract, flag_value, vllm_startup_errors
 from helpers import kvtune, nested_keys
 from kvtune.costmodel import get_gpu, get_model
-from kvtune.optimizer.launch import (FLAGS, SPEC_METHODS, TRTLLM_DISAGG_KEYS, TRTLLM_KEYS, argv_of, build_pick,
+from kvtune.optimizer.launch import (SPEC_METHODS, TRTLLM_DISAGG_KEYS, argv_of, build_pick,
                                      disaggregated_launch, launch_settings)
 from kvtune.optimizer.launch.kubernetes import CONFIG_DIR
 
@@ -30,11 +30,6 @@ H100, H200 = get_gpu("h100-sxm"), get_gpu("h200")
 L8, L70, L405, DSV3, QMOE = (get_model(n) for n in ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
                                                      "deepseek-v3", "qwen3-30b-a3b"))
 K8S_VERSION = "1.33"
-# TensorRT-LLM 1.0.0's CacheTransceiverConfig.backend: Optional[Literal["default", "ucx", "nixl", "mpi"]]
-# (tensorrt_llm/llmapi/llm_args.py of the 1.0 line; later releases upper-case it). No 1.0.0 archive
-# is reachable from PyPI (a stub), so TensorRT-LLM has no contract file yet: its keys are held to
-# optimizer/launch/versions.py and this literal set.
-TRTLLM_BACKENDS = ("default", "ucx", "nixl", "mpi")
 LENGTHS = {"max_request_tokens": 9200, "max_prompt_tokens": 8000}   # the rag example's longest
 
 
@@ -76,41 +71,36 @@ DISAGGREGATED["disagg-8b-fp8kv"] = (_pool(L8, 1, 16, 4096, 1, kv="fp8"), _pool(L
 def _engine_of(argv: list[str]) -> str | None:
     for engine, prefix in (("vllm", "vllm serve"), ("sglang", "python -m sglang.launch_server"),
                            ("vllm-router", "vllm-router"), ("sglang-router", "python -m sglang_router.launch_router"),
-                           ("llamacpp", "llama-server"), ("trtllm", "trtllm-serve")):
+                           ("llamacpp", "llama-server"), ("trtllm-disagg", "trtllm-serve disaggregated"),
+                           ("trtllm", "trtllm-serve")):
         if " ".join(argv).startswith(prefix):
             return engine
     return None
-
-
-def _trtllm_errors(argv: list[str]) -> list[str]:
-    """trtllm-serve against optimizer/launch/versions.py (no 1.0.0 contract file: see TRTLLM_BACKENDS)."""
-    flags = [a for a in argv if a.startswith("-")]
-    return [f"{f}: not a trtllm-serve option kvtune has read" for f in flags if f not in FLAGS["trtllm"]]
 
 
 def command_errors(argv: list[str], pool_tokens_per_gpu: int | None = None) -> list[str]:
     engine = _engine_of(argv)
     if engine is None:
         return [f"unknown program {argv[:3]}"]
-    if engine == "trtllm":
-        return _trtllm_errors(argv)
     errors = check_argv(engine, argv)
     if engine == "vllm":
         errors += vllm_startup_errors(argv, pool_tokens_per_gpu)
     return errors
 
 
-def trtllm_yaml_errors(text: str, keys=TRTLLM_KEYS) -> list[str]:
+def trtllm_yaml_errors(text: str, keys=None) -> list[str]:
+    """An ``--extra_llm_api_options`` YAML against TensorRT-LLM 1.0.0's own classes
+    (tests/contracts/tensorrt-llm-1.0.0.json); with ``keys`` (the disaggregated server's YAML, which
+    ``trtllm-serve disaggregated -c`` parses in llmapi/disagg_utils.py, not in the contract) its
+    keys against that table. A disaggregated worker must also size its transfer buffer
+    (``max_tokens_in_buffer``), as the README promises."""
     api = yaml.safe_load(text)
-    errors = [f"{k}: not a TensorRT-LLM 1.0.0 key kvtune has read" for k in nested_keys(api) if k not in keys]
+    if keys is not None:
+        return [f"{k}: not a disaggregated-server key kvtune has read" for k in nested_keys(api) if k not in keys]
+    errors = check_trtllm_api(api)
     ct = api.get("cache_transceiver_config") if isinstance(api, dict) else None
-    if ct is not None:
-        if ct.get("backend") not in TRTLLM_BACKENDS:
-            errors.append(f"cache_transceiver_config.backend {ct.get('backend')!r} not in 1.0's {TRTLLM_BACKENDS}")
-        if not isinstance(ct.get("max_tokens_in_buffer"), int):
-            errors.append("cache_transceiver_config.max_tokens_in_buffer not set")
-    if isinstance(api, dict) and "max_seq_len" in api and not isinstance(api["max_seq_len"], int):
-        errors.append("max_seq_len is not an int")
+    if ct is not None and not isinstance(ct.get("max_tokens_in_buffer"), int):
+        errors.append("cache_transceiver_config.max_tokens_in_buffer not set")
     return errors
 
 
@@ -175,7 +165,7 @@ def manifest_errors(text: str, pools: dict[str, int | None] | None = None) -> li
                         if cm is None or fname not in config_maps.get(cm, {}):
                             errors.append(f"{where}: {tok} is not a mounted ConfigMap file")
                         elif fname.endswith(".yaml"):
-                            keys = TRTLLM_DISAGG_KEYS if fname.startswith("disagg") else TRTLLM_KEYS
+                            keys = TRTLLM_DISAGG_KEYS if fname.startswith("disagg") else None
                             errors += [f"{where}: {fname}: {e}" for e in trtllm_yaml_errors(config_maps[cm][fname], keys)]
                 role = t["metadata"]["labels"].get("role", "")
                 errors += [f"{where}: {e}" for e in command_errors(c["command"], (pools or {}).get(role))]
@@ -332,6 +322,14 @@ def test_the_checks_catch_what_issue_23_found():
     assert not vllm_startup_errors(["--max-model-len", "8800"], 8827)
     assert trtllm_yaml_errors("cache_transceiver_config: {backend: UCX, max_tokens_in_buffer: 8000}")
     assert trtllm_yaml_errors("cache_transceiver_config: {backend: ucx}")               # no max_tokens_in_buffer
+    assert check_argv("trtllm", ["trtllm-serve", "m", "--tensor_parallel_size", "2"])   # not a trtllm-serve option
+    assert check_argv("trtllm", ["trtllm-serve", "m", "--backend", "vllm"])            # ChoiceWithAlias set
+    assert check_argv("trtllm-disagg", ["trtllm-serve", "disaggregated", "-c", "x", "--tp_size", "2"])
+    assert trtllm_yaml_errors("kv_cache_config: {free_gpu_memory_fraction: 0.8, max_kv_tokens: 9}")  # no such field
+    assert trtllm_yaml_errors("kv_cache_config: {max_tokens: 8.5}")                    # not an int
+    assert trtllm_yaml_errors("speculative_config: {decoding_type: Eagle3, max_draft_len: 3}")  # 1.0 has no Eagle3 key
+    assert trtllm_yaml_errors("speculative_config: {decoding_type: MTP, speculative_model: x}")  # later releases' name
+    assert trtllm_yaml_errors("enable_chunked_prefill: yes please")                    # not a bool
     bad = ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: r}\nspec:\n  selector: {matchLabels: {a: b}}\n"
            "  template:\n    metadata: {labels: {a: b}}\n    spec:\n      containers:\n      - name: r\n"
            "        image: python:3.12-slim\n        command: [sh, -c, pip install vllm-router && vllm-router]\n"
@@ -339,6 +337,22 @@ def test_the_checks_catch_what_issue_23_found():
     errs = manifest_errors(bad)
     assert any("installs at start-up" in e for e in errs) and any("probes" in e for e in errs)
     assert any("resource" in e for e in errs)
+
+
+def test_the_trtllm_contract_names_the_files_it_was_read_from():
+    """TensorRT-LLM 1.0.0 has no archive on PyPI: its contract names each file read (sha256 of the
+    extract, the index file id and, where the index gives it, the upstream commit) and the commit
+    the v1.0.0 tag points at, and holds the 1.0 names kvtune relies on."""
+    c = contract("trtllm")
+    assert c["version"] == "1.0.0" and set(c["programs"]) == {"trtllm-serve", "trtllm-serve disaggregated"}
+    files = c["source"]["files_sha256"]
+    assert len(files) == 2 and all(len(h) == 64 for h in files.values())
+    prov = c["source"]["provenance"]
+    assert prov["tag_commit"].startswith("ae8270b7")
+    assert prov["files"]["tensorrt_llm/commands/serve.py"]["commit"].startswith("4c05a748")
+    assert c["configs"]["CacheTransceiverConfig"]["backend"]["choices"] == ["default", "ucx", "nixl", "mpi"]
+    assert {"speculative_model_dir", "max_draft_len"} <= set(c["configs"]["EagleDecodingConfig"])
+    assert c["decoding_types"]["DraftTarget"] == "DraftTargetDecodingConfig"
 
 
 def test_the_contracts_name_their_source_archive():

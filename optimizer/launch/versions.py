@@ -45,9 +45,10 @@ ENGINE_VERSIONS: dict[str, EngineVersion] = {
         "lmsysorg/sglang:v0.5.23"),
     "trtllm": EngineVersion(
         "trtllm", "TensorRT-LLM", "1.0.0",
-        "TensorRT-LLM 1.0.0 documentation (nvidia.github.io/TensorRT-LLM/1.0.0): commands/trtllm-serve, "
-        "llm-api/reference (LlmArgs/TorchLlmArgs, KvCacheConfig, EagleDecodingConfig, MTPDecodingConfig, "
-        "NGramDecodingConfig, DraftTargetDecodingConfig), examples/llm_speculative_decoding.py",
+        "NVIDIA/TensorRT-LLM sources of the 1.0 line (tag v1.0.0 = ae8270b7): tensorrt_llm/commands/serve.py "
+        "(click options, revision 4c05a748) and tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs, KvCacheConfig, "
+        "CacheTransceiverConfig, DecodingBaseConfig subclasses, a 1.0.0rc revision), as extracted into "
+        "tests/contracts/tensorrt-llm-1.0.0.json",
         "nvcr.io/nvidia/tensorrt-llm/release:1.0.0"),
     "llamacpp": EngineVersion(
         "llamacpp", "llama.cpp llama-server", "0c1e57098",
@@ -200,7 +201,9 @@ FLAGS: dict[str, dict[str, str]] = {
     },
 }
 
-# TensorRT-LLM 1.0.0 LLM-API keys of the --extra_llm_api_options YAML: dotted path -> documentation section
+# TensorRT-LLM 1.0.0 LLM-API keys of the --extra_llm_api_options YAML: dotted path -> where it is defined.
+# A reader's table: CI checks every emitted YAML against the classes themselves
+# (tests/contracts/tensorrt-llm-1.0.0.json, tests/engine_contracts.py check_trtllm_api).
 TRTLLM_KEYS: dict[str, str] = {
     "tensor_parallel_size": "llm-api/reference LlmArgs",
     "pipeline_parallel_size": "llm-api/reference LlmArgs",
@@ -227,7 +230,8 @@ TRTLLM_KEYS: dict[str, str] = {
     "disable_overlap_scheduler": "TorchLlmArgs; off on context servers (examples/disaggregated/README.md: the "
                                  "overlap scheduler is not supported there)",
     "cache_transceiver_config": "TorchLlmArgs -> CacheTransceiverConfig",
-    "cache_transceiver_config.backend": "CacheTransceiverConfig (DEFAULT, UCX, NIXL, MPI)",
+    "cache_transceiver_config.backend": "CacheTransceiverConfig: 1.0's Literal default, ucx, nixl, mpi (1.1 and "
+                                        "later upper-case them)",
     "cache_transceiver_config.max_tokens_in_buffer": "CacheTransceiverConfig (>= the longest prompt, README)",
 }
 
