@@ -540,8 +540,10 @@ def decoding_types(llm_args: Path) -> dict:
     return {}
 
 
-def trtllm_contract(src_root: Path) -> dict:
-    """TensorRT-LLM from a source tree (or the extract of one, with PROVENANCE.json beside it)."""
+def trtllm_contract(src_root: Path, bracket: Path | None = None) -> dict:
+    """TensorRT-LLM from a source tree (or the extract of one, with PROVENANCE.json beside it);
+    ``bracket``: llm_args.py of a later revision, so that a key must exist on both sides of the
+    version (its literal sets and types are not held: the pinned side's are)."""
     llm_args = next(iter(sorted(src_root.rglob("llmapi/llm_args.py"))), None)
     serve = next(iter(sorted(src_root.rglob("commands/serve.py"))), None)
     if llm_args is None or serve is None:
@@ -558,9 +560,19 @@ def trtllm_contract(src_root: Path) -> dict:
         source["origin"] = "NVIDIA/TensorRT-LLM files as stored in a public code index (see provenance)"
     else:
         source["origin"] = "--trtllm-src (NVIDIA/TensorRT-LLM v1.0.0)"
-    return {"engine": "trtllm", "name": "TensorRT-LLM", "version": PINS["trtllm"][1], "source": source,
-            "extracted_by": SCRIPT, "programs": click_programs(serve), "configs": configs,
-            "decoding_types": decoding_types(llm_args)}
+    out = {"engine": "trtllm", "name": "TensorRT-LLM", "version": PINS["trtllm"][1], "source": source,
+           "extracted_by": SCRIPT, "programs": click_programs(serve), "configs": configs,
+           "decoding_types": decoding_types(llm_args)}
+    if bracket is not None:
+        later = next(iter(sorted(bracket.rglob("llmapi/llm_args.py"))), None)
+        if later is None:
+            raise SystemExit(f"--trtllm-bracket {bracket}: no tensorrt_llm/llmapi/llm_args.py under it")
+        lidx = Index([later])
+        out["bracket"] = {"files_sha256": {str(later.relative_to(bracket)): sha256(later)},
+                          "configs": {c: {f: field_kind(a, lidx) for f, a in lidx.fields(c).items()}
+                                      for c in TRTLLM_CLASSES},
+                          "decoding_types": decoding_types(later)}
+    return out
 
 
 # ---- main ------------------------------------------------------------------------------------
@@ -579,6 +591,9 @@ def main(argv=None) -> None:
     ap.add_argument("--only", choices=sorted(PINS), action="append")
     ap.add_argument("--download-dir", type=Path, help="reuse archives here (default: a temporary folder)")
     ap.add_argument("--trtllm-src", type=Path, help="a TensorRT-LLM v1.0.0 source tree or unpacked wheel")
+    ap.add_argument("--trtllm-bracket", type=Path, help="a later TensorRT-LLM tree whose llm_args.py must also "
+                                                        "hold every key (when the pinned tree is a revision "
+                                                        "before the tag)")
     args = ap.parse_args(argv)
     only = set(args.only or PINS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -611,7 +626,7 @@ def main(argv=None) -> None:
             if args.trtllm_src is None:
                 print("trtllm: skipped (PyPI has no TensorRT-LLM 1.0.0 wheel; give --trtllm-src)")
             else:
-                write(trtllm_contract(args.trtllm_src), f"tensorrt-llm-{PINS['trtllm'][1]}.json")
+                write(trtllm_contract(args.trtllm_src, args.trtllm_bracket), f"tensorrt-llm-{PINS['trtllm'][1]}.json")
 
 
 if __name__ == "__main__":

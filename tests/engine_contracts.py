@@ -170,24 +170,32 @@ def _value_errors(path: str, f: dict, v) -> list[str]:
     return []
 
 
-def check_trtllm_api(api, cls: str = "TorchLlmArgs", where: str = "") -> list[str]:
+def check_trtllm_api(api, cls: str = "TorchLlmArgs", where: str = "", later: str | None = "TorchLlmArgs") -> list[str]:
     """An ``--extra_llm_api_options`` YAML (as loaded) against TensorRT-LLM 1.0.0's own pydantic
     classes: every key a field of ``cls`` (StrictBaseModel forbids others), nested configs
     recursively, ``speculative_config.decoding_type`` one of DecodingBaseConfig.from_dict's and
-    the rest that class's fields, every value of the field's type or literal set."""
+    the rest that class's fields, every value of the field's type or literal set. The contract's
+    llm_args.py is a revision of the 1.0 line before the tag, so every key must also be a field
+    of the same class in the later revision that brackets 1.0.0 (``bracket``; ``later`` is the
+    class there): a key renamed or removed between them is refused."""
     c = contract("trtllm")
     if not isinstance(api, dict):
         return [f"{where or 'the YAML'}: not a mapping"]
     fields = c["configs"].get(cls)
     if fields is None:
         return [f"{where}: no contract for {cls}"]
+    bracket = c.get("bracket", {})
+    lfields = bracket.get("configs", {}).get(later) if later else None
     errors: list[str] = []
     for k, v in api.items():
         path = f"{where}{k}"
         if k not in fields:
             errors.append(f"{path}: {cls} has no field {k!r} in {c['name']} {c['version']}")
             continue
+        if lfields is not None and k not in lfields:
+            errors.append(f"{path}: {later} of the later revision bracketing {c['version']} has no field {k!r}")
         f = fields[k]
+        lf = (lfields or {}).get(k, {})
         if cls == "TorchLlmArgs" and k == "speculative_config":
             if not isinstance(v, dict):
                 errors.append(f"{path}: not a mapping")
@@ -198,11 +206,54 @@ def check_trtllm_api(api, cls: str = "TorchLlmArgs", where: str = "") -> list[st
             if target is None:
                 errors.append(f"{path}.decoding_type {dt!r} is not one of {sorted(c['decoding_types'])}")
                 continue
-            errors += check_trtllm_api(rest, target, f"{path}.")
+            ltarget = bracket.get("decoding_types", {}).get(dt) if bracket else None
+            if bracket and ltarget is None:
+                errors.append(f"{path}.decoding_type {dt!r}: not in the later revision bracketing {c['version']}")
+            errors += check_trtllm_api(rest, target, f"{path}.", ltarget)
         elif f.get("type") == "object" and f.get("config") in c["configs"]:
             if v is None and f.get("nullable"):
                 continue
-            errors += check_trtllm_api(v, f["config"], f"{path}.")
+            errors += check_trtllm_api(v, f["config"], f"{path}.", lf.get("config") if lfields is not None else None)
         else:
             errors += _value_errors(path, f, v)
+    return errors
+
+
+def trtllm_startup_errors(argv: list[str], api: dict, disaggregated: bool = False) -> list[str]:
+    """TensorRT-LLM 1.0's start-up checks that kvtune's launch can trip (llm_args.py of the
+    contract's revision): trtllm-serve builds ``build_config`` from its flags and the YAML's
+    ``max_batch_size`` / ``max_num_tokens`` may not exceed it
+    (``validate_build_config_with_runtime_params`` raises); ``validate_speculative_config``
+    asserts ``max_draft_len > 0`` and a ``speculative_model_dir`` for Eagle and DraftTarget,
+    ``max_matching_ngram_size > 0`` for NGram, ``num_nextn_predict_layers > 0`` for MTP; a
+    disaggregated worker with no ``cache_transceiver_config.backend`` has its transceiver disabled
+    ("please set 'cache_transceiver_config: backend:' in config file for disaggregated serving")."""
+    errors: list[str] = []
+    for key in ("max_batch_size", "max_num_tokens"):
+        cli = flag_value(argv, f"--{key}")
+        if cli is None:   # build_config then takes BuildConfig's default (builder.py, not in the contract)
+            errors.append(f"no --{key}: the YAML's {key} would be held to a default kvtune has not read")
+            continue
+        if _PLACEHOLDER.match(cli):
+            continue
+        built = int(cli)
+        if isinstance(api.get(key), int) and api[key] > built:
+            errors.append(f"{key} {api[key]} in the YAML is above the build_config's {built} (--{key}): "
+                          f"TensorRT-LLM refuses to start")
+    sc = api.get("speculative_config")
+    if isinstance(sc, dict):
+        dt = sc.get("decoding_type")
+        draft = sc.get("max_draft_len")
+        if dt in ("Eagle", "DraftTarget", "NGram") and not (isinstance(draft, int) and draft > 0):
+            errors.append(f"speculative_config: {dt} needs max_draft_len > 0")
+        if dt in ("Eagle", "DraftTarget") and not sc.get("speculative_model_dir"):
+            errors.append(f"speculative_config: {dt} needs speculative_model_dir")
+        if dt == "NGram" and not (isinstance(sc.get("max_matching_ngram_size"), int)
+                                  and sc["max_matching_ngram_size"] > 0):
+            errors.append("speculative_config: NGram needs max_matching_ngram_size > 0")
+        if dt == "MTP" and not (isinstance(sc.get("num_nextn_predict_layers", 1), int)
+                                and sc.get("num_nextn_predict_layers", 1) > 0):
+            errors.append("speculative_config: MTP needs num_nextn_predict_layers > 0")
+    if disaggregated and not (api.get("cache_transceiver_config") or {}).get("backend"):
+        errors.append("cache_transceiver_config.backend unset: the worker's KV transceiver is disabled")
     return errors

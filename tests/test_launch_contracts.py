@@ -19,7 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from engine_contracts import check_argv, check_trtllm_api, contract, flag_value, vllm_startup_errors
+from engine_contracts import (check_argv, check_trtllm_api, contract, flag_value, trtllm_startup_errors,
+                              vllm_startup_errors)
 from helpers import kvtune, nested_keys
 from kvtune.costmodel import get_gpu, get_model
 from kvtune.optimizer.launch import (SPEC_METHODS, TRTLLM_DISAGG_KEYS, argv_of, build_pick,
@@ -166,7 +167,12 @@ def manifest_errors(text: str, pools: dict[str, int | None] | None = None) -> li
                             errors.append(f"{where}: {tok} is not a mounted ConfigMap file")
                         elif fname.endswith(".yaml"):
                             keys = TRTLLM_DISAGG_KEYS if fname.startswith("disagg") else None
-                            errors += [f"{where}: {fname}: {e}" for e in trtllm_yaml_errors(config_maps[cm][fname], keys)]
+                            text = config_maps[cm][fname]
+                            errors += [f"{where}: {fname}: {e}" for e in trtllm_yaml_errors(text, keys)]
+                            if keys is None:
+                                errors += [f"{where}: {fname}: {e}" for e in trtllm_startup_errors(
+                                    c["command"], yaml.safe_load(text),
+                                    disaggregated=fname in ("ctx_config.yaml", "gen_config.yaml"))]
                 role = t["metadata"]["labels"].get("role", "")
                 errors += [f"{where}: {e}" for e in command_errors(c["command"], (pools or {}).get(role))]
     return errors
@@ -197,6 +203,8 @@ def aggregated_errors(r: dict) -> list[str]:
     if "trtllm" not in r["unsupported"]:
         errors += [f"trtllm: {x}" for x in command_errors(argv_of(r["trtllm"]["command"]))]
         errors += [f"trtllm config.yaml: {x}" for x in trtllm_yaml_errors(r["trtllm"]["config_yaml"])]
+        errors += [f"trtllm start-up: {x}" for x in trtllm_startup_errors(argv_of(r["trtllm"]["command"]),
+                                                                           yaml.safe_load(r["trtllm"]["config_yaml"]))]
     if "k8s" not in r["unsupported"]:
         role_pool = {"": pool, "leader": pool, "worker": pool}
         errors += [f"k8s: {x}" for x in manifest_errors(r["k8s"], role_pool)]
@@ -216,8 +224,13 @@ def disaggregated_errors(r: dict) -> list[str]:
         errors += [f"{e} router: {x}" for x in command_errors(router)]
     if "trtllm" not in r["unsupported"]:
         t = r["trtllm"]
+        yamls = {"ctx_config.yaml": t["ctx_config_yaml"], "gen_config.yaml": t["gen_config_yaml"]}
         for argv in _blocks(t["command"]):
             errors += [f"trtllm: {x}" for x in command_errors(argv)]
+            cfg = flag_value(argv, "--extra_llm_api_options")
+            if cfg is not None:
+                errors += [f"trtllm start-up ({cfg}): {x}"
+                           for x in trtllm_startup_errors(argv, yaml.safe_load(yamls[cfg]), disaggregated=True)]
         errors += [f"trtllm ctx: {x}" for x in trtllm_yaml_errors(t["ctx_config_yaml"])]
         errors += [f"trtllm gen: {x}" for x in trtllm_yaml_errors(t["gen_config_yaml"])]
         errors += [f"trtllm disagg: {x}" for x in trtllm_yaml_errors(t["disagg_config_yaml"], TRTLLM_DISAGG_KEYS)]
@@ -353,6 +366,64 @@ def test_the_trtllm_contract_names_the_files_it_was_read_from():
     assert c["configs"]["CacheTransceiverConfig"]["backend"]["choices"] == ["default", "ucx", "nixl", "mpi"]
     assert {"speculative_model_dir", "max_draft_len"} <= set(c["configs"]["EagleDecodingConfig"])
     assert c["decoding_types"]["DraftTarget"] == "DraftTargetDecodingConfig"
+    # the later revision bracketing 1.0.0: upper-case literals, the same keys kvtune writes
+    later = c["bracket"]["configs"]
+    assert later["CacheTransceiverConfig"]["backend"]["choices"] == ["DEFAULT", "UCX", "NIXL", "MPI"]
+    assert len(c["bracket"]["files_sha256"]) == 1
+
+
+TRTLLM_KINDS = ("chat-8b", "fp8-weights-fp8-kv-70b", "gpu-choice-h200-70b", "moe-dp-attention", "trtllm-k8s-70b",
+                "spec-eagle3", "spec-mtp", "spec-ngram", "spec-draft")
+
+
+def test_every_kind_of_pick_reaches_the_trtllm_checks_or_is_refused_with_a_reason():
+    """The TensorRT-LLM checks above are not vacuous: aggregated, MoE with attention DP, FP8,
+    another GPU, each speculative method 1.0's PyTorch backend runs, and disaggregated picks all
+    emit a trtllm-serve line and YAML (checked against the contract); a multi-node replica and
+    EAGLE-1/Medusa heads are refused, each with its reason, instead of emitting a line."""
+    for kind in TRTLLM_KINDS:
+        arch, cfg, spec, weights, engine, gpu = AGGREGATED[kind]
+        r = _agg(arch, cfg, spec, weights, engine, gpu)
+        assert "trtllm" not in r["unsupported"], (kind, r["unsupported"].get("trtllm"))
+        assert yaml.safe_load(r["trtllm"]["config_yaml"])["kv_cache_config"]
+    for kind, why in (("multinode-405b-vllm", "MPI"), ("spec-eagle", "eagle"), ("spec-medusa", "Medusa")):
+        arch, cfg, spec, weights, engine, gpu = AGGREGATED[kind]
+        assert why in _agg(arch, cfg, spec, weights, engine, gpu)["unsupported"]["trtllm"]
+    r = disaggregated_launch(PRE, DEC, "x", "trtllm")
+    assert "trtllm" not in r["unsupported"]
+    assert {yaml.safe_load(r["trtllm"][f])["cache_transceiver_config"]["backend"]
+            for f in ("ctx_config_yaml", "gen_config_yaml")} == {"ucx"}   # 1.0's literal (contract)
+    assert sum("1.1 and later accept only 'UCX'" in n for n in r["trtllm"]["command"].splitlines()) == 2
+
+
+def test_trtllm_startup_checks_catch_what_1_0_refuses():
+    """The start-up checks of TensorRT-LLM 1.0's llm_args.py that a launch can trip, each shown."""
+    argv = ["trtllm-serve", "m", "--max_batch_size", "64", "--max_num_tokens", "4096"]
+    assert not trtllm_startup_errors(argv, {"max_batch_size": 64, "max_num_tokens": 4096})
+    assert trtllm_startup_errors(argv, {"max_batch_size": 65})                   # above build_config
+    assert trtllm_startup_errors(argv, {"max_num_tokens": 8192})
+    assert trtllm_startup_errors(["trtllm-serve", "m"], {"max_batch_size": 64})   # no flag: unknown default
+    assert trtllm_startup_errors(argv, {"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 3}})
+    assert trtllm_startup_errors(argv, {"speculative_config": {"decoding_type": "DraftTarget",
+                                                               "speculative_model_dir": "d"}})
+    assert trtllm_startup_errors(argv, {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 3}})
+    assert trtllm_startup_errors(argv, {"speculative_config": {"decoding_type": "MTP",
+                                                               "num_nextn_predict_layers": 0}})
+    assert trtllm_startup_errors(argv, {"cache_transceiver_config": {"max_tokens_in_buffer": 8}}, disaggregated=True)
+
+
+def test_a_key_missing_from_either_revision_round_1_0_0_is_refused():
+    """A key of the pinned (1.0.0rc) revision that the later revision dropped or renamed, or one
+    only the later revision has, is refused: kvtune writes only keys on both sides of the tag."""
+    assert check_trtllm_api({"connector_config": None})          # 1.0.0rc name; later: kv_connector_config
+    assert check_trtllm_api({"kv_connector_config": None})       # later name only
+    assert check_trtllm_api({"kv_cache_config": {"tokens_per_block": 32}})   # later only
+    assert check_trtllm_api({"speculative_config": {"decoding_type": "NGram", "is_auto_heuristic": True}})
+    assert check_trtllm_api({"speculative_config": {"decoding_type": "SaveState"}})
+    assert not check_trtllm_api({"kv_cache_config": {"max_tokens": 100, "dtype": "fp8"},
+                                 "cache_transceiver_config": {"backend": "ucx", "max_tokens_in_buffer": 10},
+                                 "speculative_config": {"decoding_type": "Eagle", "max_draft_len": 3,
+                                                        "speculative_model_dir": "d", "eagle3_one_model": True}})
 
 
 def test_the_contracts_name_their_source_archive():

@@ -45,8 +45,9 @@ VLLM_SIDE_CHANNEL_PORT = 5600  # vllm/envs.py VLLM_NIXL_SIDE_CHANNEL_PORT defaul
 VLLM_CONNECTOR = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}   # vllm/config/kv_transfer.py
 SGLANG_BACKEND = "mooncake"   # disagg.py disaggregation_transfer_backend (default mooncake)
 # cache_transceiver_config.backend: TensorRT-LLM 1.0's CacheTransceiverConfig.backend is
-# Optional[Literal["default", "ucx", "nixl", "mpi"]] (lower case; later releases upper-case it):
-# tests/contracts/tensorrt-llm-1.0.0.json
+# Optional[Literal["default", "ucx", "nixl", "mpi"]] (tests/contracts/tensorrt-llm-1.0.0.json); the
+# upper-case set DEFAULT/UCX/NIXL/MPI came after release/1.0 was cut (NVIDIA/TensorRT-LLM #6780,
+# August 2025), so a 1.1 or later worker refuses "ucx" and the launch notes say so
 TRTLLM_BACKEND = "ucx"
 
 
@@ -135,6 +136,8 @@ def _trtllm_config(p: LaunchPick, role: str, config_dir: str = "") -> tuple[list
         notes.append("KV transfer buffer: no workload lengths given, so max_tokens_in_buffer is left at "
                      "TensorRT-LLM's default; set it to at least the longest prompt")
     api["cache_transceiver_config"] = ct
+    notes.append(f"KV transfer: cache_transceiver_config.backend {TRTLLM_BACKEND!r} is TensorRT-LLM 1.0.0's "
+                 f"spelling; 1.1 and later accept only {TRTLLM_BACKEND.upper()!r}")
     return argv, api, notes
 
 
