@@ -31,9 +31,22 @@ the contract; only the files named are read, nothing is imported unless said):
   ``.set_examples`` for (llama-server takes those with LLAMA_EXAMPLE_SERVER or no restriction).
 - TensorRT-LLM 1.0.0: PyPI holds only a 1.6 kB stub that fetches the wheel from NVIDIA's own
   index, so the source is given with ``--trtllm-src`` (a checkout of NVIDIA/TensorRT-LLM at tag
-  v1.0.0, or an unpacked 1.0.0 wheel): the pydantic fields of tensorrt_llm/llmapi/llm_args.py
-  (TorchLlmArgs and the config classes the YAML sets, with Literal choices) and the click options
-  of tensorrt_llm/commands/serve.py. The sha256 recorded is of each file read.
+  v1.0.0 = commit ae8270b7, or an unpacked 1.0.0 wheel): the pydantic fields of
+  tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs and the config classes the YAML sets, with Literal
+  choices, and DecodingBaseConfig.from_dict's decoding_type table) and the click options of each
+  command in tensorrt_llm/commands/serve.py (``serve`` is trtllm-serve itself, the others
+  ``trtllm-serve NAME``). The sha256 recorded is of each file read; a PROVENANCE.json in or beside
+  that tree goes into the contract as it is. ``--trtllm-bracket DIR`` adds a later revision's
+  llm_args.py whose classes must also hold every key (for a tree read from before the tag).
+
+  The committed contract was made without the tag's own files: neither a wheel nor the repository
+  (about 2 GB, over the source tools' fetch limit) could be had, and the public code index these
+  sessions search stores no file at ae8270b7. It was made from hand-transcribed, annotation-only
+  extracts of the index's revisions (kept outside the repository, under the session's notes):
+  serve.py at 4c05a748 and two llm_args.py revisions bracketing 1.0.0 (a 1.0.0rc one, whose literal
+  sets are used, and a later one): ``--trtllm-src EXTRACT --trtllm-bracket LATER``. The contract's
+  ``source.provenance`` says which index files and commits, how they were dated and why the
+  lower-case ``backend`` literals are taken for 1.0.0.
 """
 
 from __future__ import annotations

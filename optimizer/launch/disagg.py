@@ -242,10 +242,11 @@ def _k8s(prefill: LaunchPick, decode: LaunchPick, name: str, engine: str) -> str
         image = ROUTER_IMAGES["vllm-router"]
         cmd = vllm_router_argv([f"http://{h}:{ENGINE_PORT}" for h in pre], [f"http://{h}:{ENGINE_PORT}" for h in dec])
         health: tuple[str, str] | None = _ROUTER_HEALTH
-        head_extra.append(f"router image {image}: vllm-router publishes no release-numbered image (Docker Hub "
-                          f"vllm/vllm-router carries nightly builds only); its flags here are checked against "
-                          f"{rv.label}. To run exactly {rv.label}, build FROM python:3.12-slim with pip install "
-                          f"vllm-router=={rv.version} and set that image")
+        head_extra.append(f"router image {image}: a dated nightly; Docker Hub keeps only the newest 14 nightly "
+                          f"tags of vllm/vllm-router, so check it still pulls (docker manifest inspect) or set "
+                          f"vllm/vllm-router:v{rv.version} if that release tag was published; its flags here are "
+                          f"checked against {rv.label}. To run exactly {rv.label}, build FROM python:3.12-slim "
+                          f"with pip install vllm-router=={rv.version} and set that image")
     elif engine == "sglang":
         # lmsysorg/sglang builds and installs sgl-router from the same source tree (docker/Dockerfile:
         # "Build and install sgl-router"): the pinned engine image already holds the router

@@ -72,9 +72,11 @@ ROUTER_VERSIONS: dict[str, EngineVersion] = {
 
 # the container image each router runs from in a Kubernetes manifest: one that already holds the
 # router, so nothing is installed when the pod starts.
-# - vllm-router: Docker Hub vllm/vllm-router publishes nightly builds only (tags nightly and
-#   nightly-<date>-<commit>, as vLLM's MoRIIO connector docs and public launch scripts use them), no
-#   release-numbered tag: the manifest pins a dated nightly and says so;
+# - vllm-router: Docker Hub vllm/vllm-router carries nightly-<date>-<commit> tags (public launch
+#   scripts pin this one), but vllm-project/router's .buildkite/scripts/cleanup-nightly-router-builds.sh
+#   keeps only the newest 14 of them, so a dated pin stops pulling about two weeks after its date; its
+#   release pipeline can also publish vX.Y.Z and latest (.buildkite/README.md: manually gated), and
+#   whether v0.1.17 was published is not verified here: the manifest says all this;
 # - sglang-router: lmsysorg/sglang builds and installs sgl-router from the same source tree
 #   (sglang docker/Dockerfile, "Build and install sgl-router"), so the pinned engine image holds it.
 ROUTER_IMAGES: dict[str, str] = {
