@@ -45,8 +45,9 @@ the contract; only the files named are read, nothing is imported unless said):
   extracts of the index's revisions (kept outside the repository, under the session's notes):
   serve.py at 4c05a748 and two llm_args.py revisions bracketing 1.0.0 (a 1.0.0rc one, whose literal
   sets are used, and a later one): ``--trtllm-src EXTRACT --trtllm-bracket LATER``. The contract's
-  ``source.provenance`` says which index files and commits, how they were dated and why the
-  lower-case ``backend`` literals are taken for 1.0.0.
+  ``source.provenance`` says which index files and commits, how they were dated, and why one
+  literal set (``CacheTransceiverConfig.backend``: upper case in 1.0.0, lower case in its release
+  candidates) is taken from the later revision (``literal_sets_from_bracket``).
 """
 
 from __future__ import annotations
@@ -585,6 +586,10 @@ def trtllm_contract(src_root: Path, bracket: Path | None = None) -> dict:
                           "configs": {c: {f: field_kind(a, lidx) for f, a in lidx.fields(c).items()}
                                       for c in TRTLLM_CLASSES},
                           "decoding_types": decoding_types(later)}
+        # a literal set the provenance shows the tag shares with the later revision, not the earlier one
+        for dotted in source.get("provenance", {}).get("literal_sets_from_bracket", []):
+            cls, field = dotted.split(".")
+            configs[cls][field] = out["bracket"]["configs"][cls][field]
     return out
 
 

@@ -333,8 +333,9 @@ def test_the_checks_catch_what_issue_23_found():
     assert vllm_startup_errors(["vllm", "serve", "m"], 8827)                            # no --max-model-len
     assert vllm_startup_errors(["--max-model-len", "8816"], 8827)                       # one block too many
     assert not vllm_startup_errors(["--max-model-len", "8800"], 8827)
-    assert trtllm_yaml_errors("cache_transceiver_config: {backend: UCX, max_tokens_in_buffer: 8000}")
-    assert trtllm_yaml_errors("cache_transceiver_config: {backend: ucx}")               # no max_tokens_in_buffer
+    assert trtllm_yaml_errors("cache_transceiver_config: {backend: ucx, max_tokens_in_buffer: 8000}")  # rc case
+    assert not trtllm_yaml_errors("cache_transceiver_config: {backend: UCX, max_tokens_in_buffer: 8000}")
+    assert trtllm_yaml_errors("cache_transceiver_config: {backend: UCX}")               # no max_tokens_in_buffer
     assert check_argv("trtllm", ["trtllm-serve", "m", "--tensor_parallel_size", "2"])   # not a trtllm-serve option
     assert check_argv("trtllm", ["trtllm-serve", "m", "--backend", "vllm"])            # ChoiceWithAlias set
     assert check_argv("trtllm-disagg", ["trtllm-serve", "disaggregated", "-c", "x", "--tp_size", "2"])
@@ -363,7 +364,9 @@ def test_the_trtllm_contract_names_the_files_it_was_read_from():
     prov = c["source"]["provenance"]
     assert prov["tag_commit"].startswith("ae8270b7")
     assert prov["files"]["tensorrt_llm/commands/serve.py"]["commit"].startswith("4c05a748")
-    assert c["configs"]["CacheTransceiverConfig"]["backend"]["choices"] == ["default", "ucx", "nixl", "mpi"]
+    # 1.0.0's backend literals: upper case, taken from the later revision as the provenance records
+    assert c["configs"]["CacheTransceiverConfig"]["backend"]["choices"] == ["DEFAULT", "UCX", "NIXL", "MPI"]
+    assert prov["literal_sets_from_bracket"] == ["CacheTransceiverConfig.backend"]
     assert {"speculative_model_dir", "max_draft_len"} <= set(c["configs"]["EagleDecodingConfig"])
     assert c["decoding_types"]["DraftTarget"] == "DraftTargetDecodingConfig"
     # the later revision bracketing 1.0.0: upper-case literals, the same keys kvtune writes
@@ -392,8 +395,8 @@ def test_every_kind_of_pick_reaches_the_trtllm_checks_or_is_refused_with_a_reaso
     r = disaggregated_launch(PRE, DEC, "x", "trtllm")
     assert "trtllm" not in r["unsupported"]
     assert {yaml.safe_load(r["trtllm"][f])["cache_transceiver_config"]["backend"]
-            for f in ("ctx_config_yaml", "gen_config_yaml")} == {"ucx"}   # 1.0's literal (contract)
-    assert sum("1.1 and later accept only 'UCX'" in n for n in r["trtllm"]["command"].splitlines()) == 2
+            for f in ("ctx_config_yaml", "gen_config_yaml")} == {"UCX"}   # 1.0.0's literal (contract)
+    assert sum("1.0.0rc6 and older" in n for n in r["trtllm"]["command"].splitlines()) == 2
 
 
 def test_trtllm_startup_checks_catch_what_1_0_refuses():
@@ -421,7 +424,7 @@ def test_a_key_missing_from_either_revision_round_1_0_0_is_refused():
     assert check_trtllm_api({"speculative_config": {"decoding_type": "NGram", "is_auto_heuristic": True}})
     assert check_trtllm_api({"speculative_config": {"decoding_type": "SaveState"}})
     assert not check_trtllm_api({"kv_cache_config": {"max_tokens": 100, "dtype": "fp8"},
-                                 "cache_transceiver_config": {"backend": "ucx", "max_tokens_in_buffer": 10},
+                                 "cache_transceiver_config": {"backend": "UCX", "max_tokens_in_buffer": 10},
                                  "speculative_config": {"decoding_type": "Eagle", "max_draft_len": 3,
                                                         "speculative_model_dir": "d", "eagle3_one_model": True}})
 

@@ -9,7 +9,7 @@ simulated in ``costmodel.deployment``, as each engine runs it.
   (its default, named explicitly) and the prefill's bootstrap port, behind
   ``python -m sglang_router.launch_router --pd-disaggregation`` (sglang-router 0.3.2);
 - TensorRT-LLM 1.0.0: context and generation ``trtllm-serve`` workers, each with its
-  ``cache_transceiver_config`` (backend ``ucx``, ``max_tokens_in_buffer`` = the longest prompt), and
+  ``cache_transceiver_config`` (backend ``UCX``, ``max_tokens_in_buffer`` = the longest prompt), and
   ``trtllm-serve disaggregated -c disagg_config.yaml``;
 - Kubernetes (every engine but llama.cpp): a StatefulSet per pool (stable pod names the router
   lists), their headless Services, the config files as a mounted ConfigMap (TensorRT-LLM), and the
@@ -44,11 +44,11 @@ VLLM_SIDE_CHANNEL_PORT = 5600  # vllm/envs.py VLLM_NIXL_SIDE_CHANNEL_PORT defaul
 # node's network across nodes, NVLink/CUDA IPC within one)
 VLLM_CONNECTOR = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}   # vllm/config/kv_transfer.py
 SGLANG_BACKEND = "mooncake"   # disagg.py disaggregation_transfer_backend (default mooncake)
-# cache_transceiver_config.backend: TensorRT-LLM 1.0's CacheTransceiverConfig.backend is
-# Optional[Literal["default", "ucx", "nixl", "mpi"]] (tests/contracts/tensorrt-llm-1.0.0.json); the
-# upper-case set DEFAULT/UCX/NIXL/MPI came after release/1.0 was cut (NVIDIA/TensorRT-LLM #6780,
-# August 2025), so a 1.1 or later worker refuses "ucx" and the launch notes say so
-TRTLLM_BACKEND = "ucx"
+# cache_transceiver_config.backend: TensorRT-LLM 1.0.0's CacheTransceiverConfig.backend is
+# Optional[Literal["DEFAULT", "UCX", "NIXL", "MPI"]] (tests/contracts/tensorrt-llm-1.0.0.json, whose
+# provenance says how 1.0.0's set was told from the release candidates' lower-case one); a 1.0.0rc6
+# or older worker wants "ucx", and the launch notes say so
+TRTLLM_BACKEND = "UCX"
 
 
 def _hosts(role: str, n: int) -> list[str]:
@@ -137,7 +137,7 @@ def _trtllm_config(p: LaunchPick, role: str, config_dir: str = "") -> tuple[list
                      "TensorRT-LLM's default; set it to at least the longest prompt")
     api["cache_transceiver_config"] = ct
     notes.append(f"KV transfer: cache_transceiver_config.backend {TRTLLM_BACKEND!r} is TensorRT-LLM 1.0.0's "
-                 f"spelling; 1.1 and later accept only {TRTLLM_BACKEND.upper()!r}")
+                 f"spelling; 1.0.0rc6 and older release candidates take {TRTLLM_BACKEND.lower()!r}")
     return argv, api, notes
 
 

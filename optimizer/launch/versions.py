@@ -232,8 +232,8 @@ TRTLLM_KEYS: dict[str, str] = {
     "disable_overlap_scheduler": "TorchLlmArgs; off on context servers (examples/disaggregated/README.md: the "
                                  "overlap scheduler is not supported there)",
     "cache_transceiver_config": "TorchLlmArgs -> CacheTransceiverConfig",
-    "cache_transceiver_config.backend": "CacheTransceiverConfig: 1.0's Literal default, ucx, nixl, mpi (1.1 and "
-                                        "later upper-case them)",
+    "cache_transceiver_config.backend": "CacheTransceiverConfig: 1.0.0's Literal DEFAULT, UCX, NIXL, MPI (the "
+                                        "1.0.0 release candidates took them lower case)",
     "cache_transceiver_config.max_tokens_in_buffer": "CacheTransceiverConfig (>= the longest prompt, README)",
 }
 
