@@ -424,3 +424,11 @@ def test_robust_below_one_req_s_per_replica(monkeypatch):
     ctx, p, run, at = _robust_setup(monkeypatch, g=0.8, rate=1.5)
     r = vf.robust(ctx, vf._sized(ctx, p, 0.8, 4, 1000, nominal=0.8))
     assert r.robust and r.replicas == 2 and r.draws.load_req_s == 0.75 and at == [(1.5, 2, 1000, 1)]
+
+
+def test_a_draw_late_at_the_load_with_no_goodput_below_it_leaves_no_load():
+    """Draw 2 meets only at exactly 2 req/s (against any trend): at the load 2 x 2 + 1 = 5 it misses,
+    and below 5 it meets nowhere, so the goodput is 0 and there is no load (0, not load_for(0) = 1)."""
+    def attain(seed, rate):
+        return MEETS if seed == 1 or rate == 2.0 else MISSES
+    assert DrawSet(attain, 0.9).goodput_at_load([1, 2], 2.0, lambda g: 2 * g + 1.0) == (0.0, 0.0)
