@@ -48,7 +48,7 @@ import numpy as np
 
 from .engines import Admission, Scheduling
 from .engines.policies import RESERVE_RATIO_INIT
-from .sim_clock import DecodeClock
+from .sim_clock import clock_for
 from .step import StepCost
 
 __all__ = ["ReplicaInputs", "Replica"]
@@ -124,7 +124,7 @@ class Replica:
                            and not step.has_sliding_window)
         self.naive = naive
         self.step_time = step.step_time_s
-        clock = DecodeClock(step)
+        clock = clock_for(step)  # shared by every simulation of this step model
         self.pieces_of = clock.pieces
         self.time_of, self.steps_until = clock.time_of_steps, clock.steps_until
         self.pcs, self.pcs_n = None, -1  # the clock's pieces for a decode batch of pcs_n sequences

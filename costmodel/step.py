@@ -255,6 +255,11 @@ class StepModel:
         self._q_per_seq = self.speculation.k + 1 if self.speculation else 1
         self._draft_frac = self.speculation.k * self.speculation.draft_cost if self.speculation else 0.0
         self.tokens_per_step = self.speculation.tokens_per_step if self.speculation else 1.0
+        # the terms of a step that depend on its token count alone, memoised per count where they
+        # cost more than a lookup (MoE: the experts touched, the busiest GPU's load, the
+        # all-to-all; pipelines: the micro-batches and hops): the same floats, computed once
+        self._tok_memo: dict | None = {} if self._w_expert_gpu or self._ep > 1 or self._n_a2a else None
+        self._pp_memo: dict = {}
 
     # ---- StepCost: the protocol the simulator reads (costmodel.replica, costmodel.sim_clock) ---
     # step times are StepModel's piecewise-linear function of context: runs of steps may be summed
@@ -369,18 +374,31 @@ class StepModel:
         each stage runs its layers for each micro-batch in turn, so a sequence's next token comes
         after pp stage-times of a 1/M-sized micro-batch plus the pp - 1 hops, whatever M is: with
         fewer micro-batches than stages the stages idle (the bubble, 1 - M/pp of their time)."""
-        m = micro_batches(self._pp, n_decode)
+        memo = self._pp_memo.get((n_decode, prefill_tokens))
+        if memo is None:
+            m = micro_batches(self._pp, n_decode)
+            memo = self._pp_memo[(n_decode, prefill_tokens)] = (
+                m, self.hops_s((n_decode * self._q_per_seq + prefill_tokens) / m))
+        m, hops = memo
         st = self._stage_terms(n_decode / m, decode_ctx_sum / m, prefill_tokens / m, prefill_pairs / m,
                                prefill_kv_read / m)
         if st[0] <= 0:
             return st
         fixed = self._overhead + (self._pf_overhead if prefill_tokens > 0 else 0.0)
-        n_tok = (n_decode * self._q_per_seq + prefill_tokens) / m
-        hops = self.hops_s(n_tok)
         p = self._pp
         time_s = p * (st[0] - fixed) + hops + fixed
         # per GPU over the round: its stage ran M micro-batches
         return time_s, p * st[1], p * st[2], p * st[3] + hops, p * st[4], m * st[5], m * st[6]
+
+    def _token_terms(self, n_tokens: float) -> tuple[float, float, float]:
+        """(weight bytes read per GPU, busiest GPU's expert load over the mean, communication s) of
+        a step of ``n_tokens``: the part of ``_stage_terms`` that depends on the count alone."""
+        weights = self.weight_read_bytes(n_tokens) if self._w_expert_gpu else self._w_dense_gpu
+        imb = expert_load_imbalance(n_tokens, self.model.n_active_experts, self._ep) if self._ep > 1 else 1.0
+        comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens) if self._n_ar else 0.0
+        if self._n_a2a:
+            comm_s += self._n_a2a * self.a2a_s(n_tokens * imb)
+        return weights, imb, comm_s
 
     def _stage_terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
                      prefill_pairs: float, prefill_kv_read: float) -> StepTerms:
@@ -391,11 +409,18 @@ class StepModel:
         if n_tokens <= 0:
             return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
         dec_kv = self._kv_read_tokens(n_decode, decode_ctx_sum) if self._sliding else decode_ctx_sum
-        weights = self.weight_read_bytes(n_tokens) if self._w_expert_gpu else self._w_dense_gpu
+        tok_memo = self._tok_memo
+        if tok_memo is None:  # dense: the weights are read whole, no expert imbalance
+            weights, imb = self._w_dense_gpu, 1.0
+            comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens) if self._n_ar else 0.0
+        else:
+            memo = tok_memo.get(n_tokens)
+            if memo is None:
+                memo = tok_memo[n_tokens] = self._token_terms(n_tokens)
+            weights, imb, comm_s = memo
         kv_tokens = dec_kv + prefill_kv_read + n_tokens
         bytes_gpu = weights + kv_tokens * self._kv_gpu
         dec_gemm = dec_tokens * self._gemm_flops_tok
-        imb = expert_load_imbalance(n_tokens, self.model.n_active_experts, self._ep) if self._ep > 1 else 1.0
         if self._routed_flops_tok:  # expert parallelism: the busiest GPU's routed-expert GEMMs set the pace
             dec_gemm += dec_tokens * self._routed_flops_tok * imb
         dec_attn = (q * decode_ctx_sum + n_decode * q * (q + 1) / 2) * self._attn_flops_pair
@@ -404,9 +429,6 @@ class StepModel:
         mem_s = (weights + kv_tokens * self._kv_gpu_t) / self._bw
         comp_s = (dec_gemm / self._dec_gemm_rate + dec_attn / self._dec_attn_rate
                   + pre_gemm / self._pre_gemm_rate + pre_attn / self._pre_attn_rate)
-        comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens) if self._n_ar else 0.0
-        if self._n_a2a:
-            comm_s += self._n_a2a * self.a2a_s(n_tokens * imb)
         draft_s = 0.0
         if self._draft_frac and n_decode:
             # the draft runs k passes over the decode batch, each a fraction of a plain target step
