@@ -260,6 +260,8 @@ class StepModel:
         # all-to-all; pipelines: the micro-batches and hops): the same floats, computed once
         self._tok_memo: dict | None = {} if self._w_expert_gpu or self._ep > 1 or self._n_a2a else None
         self._pp_memo: dict = {}
+        # ``_terms`` without its dispatch: what the simulator's step_terms / step_time_s call
+        self._terms_fn = self._pipeline_terms if self._pp > 1 else self._stage_terms
 
     # ---- StepCost: the protocol the simulator reads (costmodel.replica, costmodel.sim_clock) ---
     # step times are StepModel's piecewise-linear function of context: runs of steps may be summed
@@ -285,7 +287,7 @@ class StepModel:
                    prefill_pairs: float, prefill_kv_read: float) -> StepTerms:
         """(time, mem, compute, comm, draft, bytes, flops) of one step, seconds, bytes and FLOPs
         per GPU: ``breakdown`` without the record (the simulator's hot path)."""
-        return self._terms(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)
+        return self._terms_fn(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)
 
     def plain_decode_mem_s(self, n_decode: float, decode_ctx_sum: float) -> float:
         """Memory time of a plain (non-speculative) decode step: the draft's share of a step is
@@ -453,7 +455,7 @@ class StepModel:
 
     def step_time_s(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float = 0.0,
                     prefill_pairs: float = 0.0, prefill_kv_read: float = 0.0) -> float:
-        return self._terms(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)[0]
+        return self._terms_fn(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)[0]
 
     # ---- convenience -----------------------------------------------------------------------
     def decode_step(self, batch: int, context: float) -> StepBreakdown:
