@@ -170,7 +170,7 @@ def clock_for(step: StepCost) -> DecodeClock:
     if clock is None:
         clock = DecodeClock(step)
         try:
-            setattr(step, "_decode_clock", clock)
+            setattr(step, "_decode_clock", clock)  # noqa: B010  (StepCost, a protocol, declares no such member)
         except AttributeError:
             pass
     return clock
