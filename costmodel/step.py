@@ -190,6 +190,10 @@ class StepCost(Protocol):
     def plain_decode_compute_coeffs(self, n_decode: float) -> tuple[float, float]: ...
 
 
+# the argument types whose token-count terms are memoised (a numpy scalar computes its own)
+_PLAIN = (float, int)
+
+
 class StepModel:
     """The cost model for one replica (a TP group) of one model on one GPU type."""
 
@@ -376,11 +380,13 @@ class StepModel:
         each stage runs its layers for each micro-batch in turn, so a sequence's next token comes
         after pp stage-times of a 1/M-sized micro-batch plus the pp - 1 hops, whatever M is: with
         fewer micro-batches than stages the stages idle (the bubble, 1 - M/pp of their time)."""
-        memo = self._pp_memo.get((n_decode, prefill_tokens))
+        key = (n_decode, prefill_tokens)
+        memo = self._pp_memo.get(key) if type(n_decode) in _PLAIN and type(prefill_tokens) in _PLAIN else None
         if memo is None:
             m = micro_batches(self._pp, n_decode)
-            memo = self._pp_memo[(n_decode, prefill_tokens)] = (
-                m, self.hops_s((n_decode * self._q_per_seq + prefill_tokens) / m))
+            memo = (m, self.hops_s((n_decode * self._q_per_seq + prefill_tokens) / m))
+            if type(n_decode) in _PLAIN and type(prefill_tokens) in _PLAIN:
+                self._pp_memo[key] = memo
         m, hops = memo
         st = self._stage_terms(n_decode / m, decode_ctx_sum / m, prefill_tokens / m, prefill_pairs / m,
                                prefill_kv_read / m)
@@ -415,11 +421,13 @@ class StepModel:
         if tok_memo is None:  # dense: the weights are read whole, no expert imbalance
             weights, imb = self._w_dense_gpu, 1.0
             comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens) if self._n_ar else 0.0
-        else:
+        elif type(n_tokens) in _PLAIN:
             memo = tok_memo.get(n_tokens)
             if memo is None:
                 memo = tok_memo[n_tokens] = self._token_terms(n_tokens)
             weights, imb, comm_s = memo
+        else:  # numpy scalars (the screen's grids): computed in their own arithmetic, as always
+            weights, imb, comm_s = self._token_terms(n_tokens)
         kv_tokens = dec_kv + prefill_kv_read + n_tokens
         bytes_gpu = weights + kv_tokens * self._kv_gpu
         dec_gemm = dec_tokens * self._gemm_flops_tok
