@@ -77,8 +77,9 @@ MODULES: dict[str, list[str]] = {
     "optimizer/simsearch.py": ["tests/test_simsearch.py"],
     "optimizer/verify.py": ["tests/test_simsearch.py"],
     "optimizer/recommend.py": ["tests/test_search.py", "tests/test_simsearch.py", "tests/test_multinode_solve.py"],
-    "optimizer/deployment_choice.py": ["tests/test_deployment_choice.py"],
-    "optimizer/gpu_choice.py": ["tests/test_gpu_choice.py"],
+    "optimizer/deployment_choice.py": ["tests/test_deployment_choice.py", "tests/test_deployment_choice_units.py"],
+    "optimizer/gpu_choice.py": ["tests/test_gpu_choice.py", "tests/test_gpu_choice_units.py",
+                                "tests/test_deployment_choice_units.py"],
     "optimizer/launch": ["tests/test_launch.py", "tests/test_launch_disagg.py", "tests/test_launch_contracts.py",
                          "tests/test_capabilities.py", "tests/test_launch_memory_by_hand.py"],
 }
