@@ -6,12 +6,10 @@ goodput; no search runs."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from kvtune.optimizer import gpu_choice as gc
