@@ -512,16 +512,6 @@ def test_forked_and_in_process_disaggregated_searches_give_the_same_answer(spec,
     assert len(here) == 2
 
 
-def test_an_aggregated_search_that_raises_ends_the_forked_one(spec, monkeypatch):
-    monkeypatch.setattr(dc, "disaggregated_answer", lambda s, *a: (_answer(DisaggregatedMiss("infeasible", "x")), None))
-
-    def boom(s, **k):
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        dc.solve_deployments(spec, solve_one=boom, jobs=2)
-
-
 def test_several_gpu_types_go_through_the_gpu_choice_each_with_both_kinds(monkeypatch):
     s = load_workload_dict(_doc(gpu=["h100-sxm", "h200"], usd_per_gpu_hour={"h100-sxm": 2.0, "h200": 3.0}))
     miss = DisaggregatedMiss(status="infeasible", reason="none met the SLOs")
@@ -536,3 +526,49 @@ def test_several_gpu_types_go_through_the_gpu_choice_each_with_both_kinds(monkey
     assert seen == ["h100-sxm", "h200"]
     assert [g.gpu for g in r.gpu_choice] == ["h200", "h100-sxm"] and r.cost.usd_per_hour == 9.0
     assert r.deployment.kind == "aggregated"
+
+
+def _child_only(parent_pid, in_child, in_parent):
+    """A fake ``disaggregated_answer``: ``in_child()`` on the forked process, ``in_parent()`` here."""
+    import os
+
+    def answer(s, *a):
+        return (in_child if os.getpid() != parent_pid else in_parent)(s)
+    return answer
+
+
+def test_a_forked_search_that_fails_or_cannot_send_its_answer_is_run_here_instead(spec, monkeypatch):
+    import os
+    miss = DisaggregatedMiss(status="infeasible", reason="none met the SLOs")
+    here = []
+
+    def parent(s):
+        here.append(1)
+        return _answer(miss), SolveContext.build(s)
+
+    def fails(s):
+        raise RuntimeError("lost")
+
+    def unsendable(s):   # a lambda cannot be pickled back
+        return dc.DisaggregatedAnswer(miss, ({"f": lambda: 0},)), None
+    agg = _result(usd=12.0)
+    for child in (fails, unsendable):
+        monkeypatch.setattr(dc, "disaggregated_answer", _child_only(os.getpid(), child, parent))
+        r = dc.solve_deployments(spec, solve_one=lambda s, **k: agg, jobs=2)
+        assert r.deployment.disaggregated == miss and r.deployment.search == ({"kv_dtype": "bf16"},)
+    assert len(here) == 2
+
+
+def test_an_aggregated_search_that_raises_stops_the_forked_one(spec, monkeypatch):
+    """The forked search would run for a minute; the error is raised at once (the fork is ended)."""
+    import os
+    import time
+
+    def forever(s):
+        time.sleep(60)
+    monkeypatch.setattr(dc, "disaggregated_answer", _child_only(os.getpid(), forever, forever))
+
+    def boom(s, **k):
+        raise ValueError("aggregated search failed")
+    with pytest.raises(ValueError, match="aggregated search failed"):
+        dc.solve_deployments(spec, solve_one=boom, jobs=2)
