@@ -66,6 +66,8 @@ def test_why_text_says_how_a_type_lost():
     assert gc.why_text("min_cost", 12.0, 5.0, "a100", 8.0, 5.0) == "$4.00/h more than a100 ($8.00/h)"
     assert gc.why_text("min_cost", 8.0, 3.0, "a100", 8.0, 5.0) == "same $8.00/h as a100, less goodput"
     assert gc.why_text("min_cost", 8.0 + 1e-12, 3.0, "a100", 8.0, 5.0) == "same $8.00/h as a100, less goodput"
+    # the tolerance is 1e-9 $/h, exclusive: a difference of exactly 1e-9 is the same price
+    assert gc.why_text("min_cost", 1e-9, 3.0, "a100", 0.0, 5.0) == "same $0.00/h as a100, less goodput"
     assert gc.why_text("max_goodput", 8.0, 4.0, "h200", 12.0, 9.0) == "0.5 req/s per $/h against h200's 0.75"
     assert gc.why_text("max_goodput", 3.0, 1.0, "h200", 7.0, 1.0) == "0.3333 req/s per $/h against h200's 0.1429"
 

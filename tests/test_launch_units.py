@@ -403,3 +403,142 @@ def test_the_manifest_sizes_and_spreads_a_replica_over_nodes():
     with pytest.raises(Unsupported, match="9 GPUs per replica do not split evenly over 2 nodes"):
         k8s.manifest(pick(tp=9, gpus_per_node=8), "m", launch_for_pick.__globals__["ENGINE_VERSIONS"]["vllm"],
                      lambda r, a, n: ["x"])
+
+
+def test_small_pieces_said_exactly():
+    from kvtune.optimizer.launch import build_pick
+    # no arch: the model is launched as given (no catalog id to swap in)
+    p = build_pick("org/some-model", {"tp": 1, "batch_cap": 8, "chunk_tokens": 512}, 1, 0.9, None)
+    assert p.model == "org/some-model" and p.model_note == "" and p.memory is None
+    # no context to size and no quantization: no notes at all
+    assert vllm_argv(pick(memory=None, max_request_tokens=None, max_prompt_tokens=None))[1] == []
+    # llama.cpp: a draft model drafts by draft-simple, an EAGLE-3 head by draft-eagle3
+    argv, _ = llamacpp_argv(pick(tp=1, batch_cap=8, spec_k=2, spec_method="draft", draft_model="llama-3.2-1b"),
+                            model_path="m")
+    assert flag(argv, "--spec-type") == "draft-simple" and flag(argv, "--spec-draft-n-max") == "2"
+    argv, notes = llamacpp_argv(pick(tp=1, batch_cap=8, spec_k=2, spec_method="eagle3",
+                                     draft_model="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"), model_path="m")
+    assert flag(argv, "--spec-type") == "draft-eagle3" and any("--target-model-dir" in n for n in notes)
+
+
+# --- disaggregated --------------------------------------------------------------------------------------------
+
+PRE = dict(tp=1, batch_cap=16, chunk_tokens=8192, replicas=2)
+DEC = dict(tp=2, batch_cap=128, chunk_tokens=512, replicas=3)
+
+
+def test_disaggregated_vllm_pools_and_router():
+    from kvtune.optimizer.launch import disaggregated_launch
+    out = disaggregated_launch(pick(**PRE), pick(**DEC), "Rag Pools", "vllm")
+    v = out["vllm"]
+    assert v.startswith("# vLLM 0.33.0 disaggregated (image vllm/vllm-openai:v0.33.0)\n")
+    assert ("# prefill pool: 2 replica(s) of TP 1 (1 GPU(s) each), batch cap 16, chunk budget 8192 tokens; run on "
+            "each of <prefill-0>, <prefill-1>") in v
+    assert ("# decode pool: 3 replica(s) of TP 2 (2 GPU(s) each), batch cap 128, chunk budget 512 tokens; run on "
+            "each of <decode-0>, <decode-1>, <decode-2>") in v
+    blocks = v.split("\n\n")
+    pre, dec, router = (argv_of(b.split("VLLM_NIXL_SIDE_CHANNEL_PORT=5600 ", 1)[-1]) for b in blocks)
+    assert flag(pre, "--max-model-len") == "4001" and flag(dec, "--max-model-len") == "5000"   # prompt + 1; request
+    assert json.loads(flag(pre, "--kv-transfer-config")) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    assert flag(pre, "--max-num-seqs") == "16" and flag(dec, "--tensor-parallel-size") == "2"
+    assert router == ["vllm-router", "--vllm-pd-disaggregation", "--policy", "round_robin",
+                      "--prefill", "http://<prefill-0>:8000", "--prefill", "http://<prefill-1>:8000",
+                      "--decode", "http://<decode-0>:8000", "--decode", "http://<decode-1>:8000",
+                      "--decode", "http://<decode-2>:8000", "--host", "0.0.0.0", "--port", "8000"]
+    for a in (pre, dec):
+        assert check_argv("vllm", a) == []
+    assert check_argv("vllm-router", router) == []
+    assert out["notes"]["vllm"][0].startswith("KV transfer: NixlConnector; the decode replica recomputes")
+    assert out["memory"] == {"prefill": MEM.to_json(), "decode": MEM.to_json()} and out["unsupported"] == {}
+
+
+def test_disaggregated_sglang_pools_and_router():
+    from kvtune.optimizer.launch import disaggregated_launch
+    out = disaggregated_launch(pick(**PRE), pick(**DEC))
+    pre, dec, router = (argv_of(b) for b in out["sglang"].split("\n\n"))
+    assert pre[-6:] == ["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "mooncake",
+                        "--disaggregation-bootstrap-port", "8998"]
+    assert dec[-4:] == ["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mooncake"]
+    assert flag(pre, "--context-length") == "4006" and flag(dec, "--context-length") == "5001"
+    assert router == ["python", "-m", "sglang_router.launch_router", "--pd-disaggregation", "--policy", "round_robin",
+                      "--prefill", "http://<prefill-0>:8000", "8998", "--prefill", "http://<prefill-1>:8000", "8998",
+                      "--decode", "http://<decode-0>:8000", "--decode", "http://<decode-1>:8000",
+                      "--decode", "http://<decode-2>:8000", "--host", "0.0.0.0", "--port", "8000"]
+    assert check_argv("sglang", pre) == [] and check_argv("sglang-router", router) == []
+    assert "# decode pool: 3 replica(s) of TP 2" in out["sglang"]
+
+
+def test_disaggregated_trtllm_configs():
+    from kvtune.optimizer.launch import disaggregated_launch
+    t = disaggregated_launch(pick(**PRE), pick(**DEC))["trtllm"]
+    ctx, gen = yaml.safe_load(t["ctx_config_yaml"]), yaml.safe_load(t["gen_config_yaml"])
+    assert ctx["disable_overlap_scheduler"] is True and "disable_overlap_scheduler" not in gen
+    assert ctx["cache_transceiver_config"] == {"backend": "ucx", "max_tokens_in_buffer": 4000}   # the longest prompt
+    assert gen["cache_transceiver_config"] == {"backend": "ucx", "max_tokens_in_buffer": 4000}
+    assert ctx["max_seq_len"] == 4001 and gen["max_seq_len"] == 5000 and ctx["max_batch_size"] == 16
+    assert yaml.safe_load(t["disagg_config_yaml"]) == {
+        "hostname": "0.0.0.0", "port": 8000, "backend": "pytorch",
+        "context_servers": {"num_instances": 2, "urls": ["<prefill-0>:8000", "<prefill-1>:8000"]},
+        "generation_servers": {"num_instances": 3, "urls": ["<decode-0>:8000", "<decode-1>:8000", "<decode-2>:8000"]}}
+    assert "--extra_llm_api_options ctx_config.yaml" in t["command"].replace(" \\\n  ", " ")
+    assert "trtllm-serve disaggregated \\\n  -c disagg_config.yaml" in t["command"]
+    # no lengths: the buffer is left to TensorRT-LLM, and the note says to set it
+    t = disaggregated_launch(pick(**PRE, max_prompt_tokens=None), pick(**DEC))["trtllm"]
+    assert yaml.safe_load(t["ctx_config_yaml"])["cache_transceiver_config"]["max_tokens_in_buffer"] == 5000
+    t = disaggregated_launch(pick(**PRE, max_prompt_tokens=None, max_request_tokens=None),
+                             pick(**DEC, max_prompt_tokens=None, max_request_tokens=None))["trtllm"]
+    assert yaml.safe_load(t["ctx_config_yaml"])["cache_transceiver_config"] == {"backend": "ucx"}
+    assert "KV transfer buffer: no workload lengths given" in t["command"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_disaggregated_manifest_statefulsets_services_and_front(engine):
+    from kvtune.optimizer.launch import disaggregated_launch
+    out = disaggregated_launch(pick(**PRE), pick(**DEC), "Rag", engine)
+    assert out["k8s_engine"] == engine
+    docs = list(yaml.safe_load_all(out["k8s"]))
+    sts = {d["metadata"]["name"]: d for d in docs if d["kind"] == "StatefulSet"}
+    assert set(sts) == {"rag-prefill", "rag-decode"}
+    p, d = sts["rag-prefill"]["spec"], sts["rag-decode"]["spec"]
+    assert p["replicas"] == 2 and d["replicas"] == 3 and p["serviceName"] == "rag-prefill"
+    assert p["podManagementPolicy"] == "Parallel" and p["selector"]["matchLabels"] == {"app": "rag", "role": "prefill"}
+    pc = p["template"]["spec"]["containers"][0]
+    assert pc["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert d["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+    heads = {x["metadata"]["name"]: x for x in docs if x["kind"] == "Service"}
+    assert heads["rag-prefill"]["spec"]["clusterIP"] == "None" and heads["rag"]["spec"]["selector"] == {
+        "app": "rag", "role": "router"}
+    router = next(x for x in docs if x["kind"] == "Deployment")
+    assert router["metadata"]["name"] == "rag-router"
+    rc = router["spec"]["template"]["spec"]["containers"][0]
+    if engine == "vllm":
+        assert flag(pc["command"], "--max-model-len") == "4001"
+        assert {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "$(POD_IP)"} in pc["env"]
+        assert "http://rag-prefill-1.rag-prefill:8000" in rc["command"]
+        assert rc["livenessProbe"]["httpGet"]["path"] == "/liveness"
+    elif engine == "sglang":
+        assert rc["image"] == "lmsysorg/sglang:v0.5.23" and "http://rag-decode-2.rag-decode:8000" in rc["command"]
+        assert rc["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    else:
+        files = next(x for x in docs if x["kind"] == "ConfigMap")["data"]
+        assert set(files) == {"ctx_config.yaml", "gen_config.yaml", "disagg_config.yaml"}
+        assert yaml.safe_load(files["disagg_config.yaml"])["context_servers"]["urls"] == [
+            "rag-prefill-0.rag-prefill:8000", "rag-prefill-1.rag-prefill:8000"]
+        assert rc["command"] == ["trtllm-serve", "disaggregated", "-c", "/etc/kvtune/disagg_config.yaml"]
+        assert rc["livenessProbe"]["httpGet"]["path"] == "/health"
+        assert "/etc/kvtune/ctx_config.yaml" in pc["command"]
+    assert "disaggregated on Kubernetes: 2 prefill x TP 1 + 3 decode x TP 2" in out["k8s"]
+
+
+def test_disaggregated_refusals():
+    from kvtune.optimizer.launch import disaggregated_launch
+    out = disaggregated_launch(pick(**PRE, spec_k=2, spec_method="ngram"), pick(**DEC))
+    why = "speculative decoding in a disaggregated deployment is not something kvtune simulates"
+    assert out["unsupported"] == {e: why for e in ("vllm", "sglang", "trtllm", "k8s")}
+    assert out["vllm"] == f"# disaggregated launch: {why}"
+    out = disaggregated_launch(pick(**PRE), pick(**dict(DEC, tp=16)))
+    assert out["unsupported"]["k8s"] == ("a decode replica spans 2 nodes: kvtune emits disaggregated launch settings "
+                                         "for single-node replicas only")
+    out = disaggregated_launch(pick(**PRE), pick(**DEC), engine="llamacpp")
+    assert out["unsupported"]["k8s"].startswith("llama.cpp llama-server 0c1e57098 has no disaggregated prefill/decode")
+    assert disaggregated_launch(pick(**PRE), pick(**DEC), engine="nope")["k8s_engine"] == "vllm"
