@@ -542,3 +542,50 @@ def test_disaggregated_refusals():
     out = disaggregated_launch(pick(**PRE), pick(**DEC), engine="llamacpp")
     assert out["unsupported"]["k8s"].startswith("llama.cpp llama-server 0c1e57098 has no disaggregated prefill/decode")
     assert disaggregated_launch(pick(**PRE), pick(**DEC), engine="nope")["k8s_engine"] == "vllm"
+
+
+def test_the_header_states_the_plan_the_draft_and_the_checkpoint():
+    d = dataclasses.replace(MEM, kv_pool_bytes_per_gpu=61e9, draft="llama-3.2-1b", draft_weight_bytes_per_gpu=1e9,
+                            draft_kv_bytes_per_token_per_gpu=4096.0)
+    p = pick(memory=d, weights="fp8", spec_k=2, spec_method="draft", draft_model="d/1b", draft_note="draft from x",
+             model_note="model note", kv_dtype="fp8")
+    head = [ln for ln in launch_for_pick(p)["vllm"].splitlines() if ln.startswith("#")]
+    assert head[:3] == ["# vLLM 0.33.0 (image vllm/vllm-openai:v0.33.0)", "# model note", "# draft from x"]
+    assert head[3] == ("# kvtune planned per GPU: weights FP8 (1-byte GEMM weights, bf16 embeddings and LM head) 8.0 GB "
+                       "(of 16.0 GB at TP 2 x PP 1), draft (llama-3.2-1b) 1.0 GB + 4,096 KV bytes per pool token, "
+                       "activation reserve 2.0 GB, KV pool 61.0 GB = 10,050 tokens per replica (fp8 KV), at 0.9 of "
+                       "80.0 GB")
+    # the draft's note only while speculating; a bf16 plan of a model published in FP8 says so
+    q = pick(draft_note="draft from x", model="deepseek-ai/DeepSeek-V3", memory=None)
+    head = [ln for ln in launch_for_pick(q)["sglang"].splitlines() if ln.startswith("#")]
+    assert "# draft from x" not in head and len(head) >= 2
+    assert head[1] == ("# weights: deepseek-ai/DeepSeek-V3 is published in FP8; kvtune planned bf16 weights, more "
+                       "memory than this checkpoint uses (set weights: fp8 to plan for it)")
+    assert launch_for_pick(q)["memory"] is None
+
+
+def test_multi_node_notes_and_the_trtllm_manifest():
+    out = launch_for_pick(pick(tp=16), engine="sglang")
+    assert ("# one replica spans 2 nodes: this is node 0; on node r = 1..1 run the same with --node-rank r (the "
+            "Kubernetes manifest does this with a LeaderWorkerSet)") in out["sglang"].splitlines()
+    assert flag(argv_of(out["sglang"]), "--node-rank") == "0"
+    assert "--node-rank" not in argv_of(launch_for_pick(pick())["sglang"])
+    assert out["k8s"].startswith("# SGLang 0.5.23 on Kubernetes: 1 replica(s) of 16 GPU(s) over 2 nodes (LeaderWorkerSet)")
+    assert out["unsupported"]["trtllm"].startswith("a replica over 2 nodes")
+    assert out["trtllm"] == {"command": "# TensorRT-LLM 1.0.0 cannot run this pick: " + out["unsupported"]["trtllm"],
+                             "config_yaml": ""}
+    t = launch_for_pick(pick(), "m", engine="trtllm")
+    assert ("# config.yaml (--extra_llm_api_options): the ConfigMap m-config, mounted at /etc/kvtune"
+            in t["k8s"].splitlines())
+    docs = list(yaml.safe_load_all(t["k8s"].split("\n", 4)[-1]))
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert cm["metadata"]["name"] == "m-config" and yaml.safe_load(cm["data"]["config.yaml"]) == trtllm_api(pick())[0]
+    c = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert flag(c["command"], "--extra_llm_api_options") == "/etc/kvtune/config.yaml"
+    assert {"name": "config", "mountPath": "/etc/kvtune", "readOnly": True} in c["volumeMounts"]
+    # the manifest's engine cannot run the pick: the manifest says why
+    k = launch_for_pick(pick(tp=16), engine="trtllm")
+    assert k["k8s"] == "# TensorRT-LLM 1.0.0 cannot run this pick: " + k["unsupported"]["trtllm"]
+    assert k["unsupported"]["k8s"] == k["unsupported"]["trtllm"]
+    assert launch_for_pick(pick(tp=1), engine="llamacpp")["unsupported"]["k8s"].startswith(
+        "llama.cpp llama-server 0c1e57098 has no published container image")
