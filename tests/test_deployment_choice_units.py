@@ -572,3 +572,11 @@ def test_an_aggregated_search_that_raises_stops_the_forked_one(spec, monkeypatch
         raise ValueError("aggregated search failed")
     with pytest.raises(ValueError, match="aggregated search failed"):
         dc.solve_deployments(spec, solve_one=boom, jobs=2)
+
+
+def test_the_default_aggregated_solver_is_recommend_solve(monkeypatch):
+    from kvtune.optimizer import recommend
+    s = load_workload_dict(_doc(deployment=["aggregated"]))
+    agg = _result(usd=12.0)
+    monkeypatch.setattr(recommend, "solve", lambda sp, **kw: agg)
+    assert dc.solve_deployments(s).recommendation == agg.recommendation

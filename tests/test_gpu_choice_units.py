@@ -68,6 +68,7 @@ def test_why_text_says_how_a_type_lost():
     assert gc.why_text("min_cost", 8.0 + 1e-12, 3.0, "a100", 8.0, 5.0) == "same $8.00/h as a100, less goodput"
     # the tolerance is 1e-9 $/h, exclusive: a difference of exactly 1e-9 is the same price
     assert gc.why_text("min_cost", 1e-9, 3.0, "a100", 0.0, 5.0) == "same $0.00/h as a100, less goodput"
+    assert gc.why_text("min_cost", 9.0, 3.0, "a100", 8.0, 5.0) == "$1.00/h more than a100 ($8.00/h)"
     assert gc.why_text("max_goodput", 8.0, 4.0, "h200", 12.0, 9.0) == "0.5 req/s per $/h against h200's 0.75"
     assert gc.why_text("max_goodput", 3.0, 1.0, "h200", 7.0, 1.0) == "0.3333 req/s per $/h against h200's 0.1429"
 
@@ -111,6 +112,28 @@ def test_an_infeasible_first_type_passes_no_cap_and_a_dearer_type_says_so():
     assert rows["a100-80gb"] == GpuChoiceRow(gpu="a100-80gb", usd_per_gpu_hour=2.0, status="dearer", source="test",
                                              why="nothing at or below $12.00/h (a cheaper type was found first)",
                                              reason="nothing at or below the cap")
+    answers["a100-80gb"] = _result("a100-80gb", status="dearer")
+    row = gc.solve_gpu_choice(spec, solve_one=_fake(answers)).gpu_choice[-1]
+    assert row.status == "dearer" and row.reason == "" and row.why.startswith("nothing at or below $12.00/h")
+
+
+def test_an_answer_that_did_not_meet_the_slos_never_caps_the_next_type():
+    spec = load_workload_dict(_doc(gpus=("h100-sxm", "h200")))
+    seen: list = []
+    # an infeasible answer that still carries a price (its closest miss, say) is no cap
+    priced_miss = dataclasses.replace(_result("h100-sxm", 2), status="infeasible", reason="missed")
+    gc.solve_gpu_choice(spec, solve_one=_fake({"h100-sxm": priced_miss, "h200": _result("h200", 2)}, seen))
+    assert [kw for *_, kw in seen] == [{}, {}]
+
+
+def test_the_default_solver_is_the_aggregated_solve(monkeypatch):
+    from kvtune.optimizer import recommend
+    spec = load_workload_dict(_doc(gpus=("h100-sxm", "h200")))
+    seen: list = []
+    monkeypatch.setattr(recommend, "solve", _fake({"h100-sxm": _result("h100-sxm", 4), "h200": _result("h200", 2)},
+                                                   seen))
+    assert gc.solve_gpu_choice(spec).recommendation.gpu == "h200"
+    assert [g for g, *_ in seen] == ["h100-sxm", "h200"]
 
 
 def test_the_cap_is_the_least_price_met_so_far_and_an_equal_price_keeps_the_first_listed():
@@ -148,8 +171,10 @@ def test_max_goodput_solves_every_type_in_full_and_ranks_goodput_per_dollar():
     answers = {"h100-sxm": _result("h100-sxm", 8, goodput=24.0),             # 1.0 req/s per $/h
                "h200": _result("h200", 8, goodput=40.0),                     # 1.25
                "a100-80gb": _result("a100-80gb", 8, goodput=16.0)}           # 1.0 at $16: cheaper than h100's $24
+    err = sys.stderr
     r = gc.solve_gpu_choice(spec, solve_one=_fake(answers, seen), jobs=1)
     assert [kw for *_, kw in seen] == [{"jobs": 1}] * 3                     # no cap
+    assert sys.stderr is err                                                # in this process, its output kept
     assert [g.gpu for g in r.gpu_choice] == ["h200", "a100-80gb", "h100-sxm"]
     assert r.gpu_choice[1].why == "1 req/s per $/h against h200's 1.25"
 
@@ -167,6 +192,11 @@ def test_max_goodput_with_jobs_solves_the_types_side_by_side_with_one_job_each()
     # with a shared storage: in this process, the jobs passed on as given
     r = gc.solve_gpu_choice(spec, solve_one=_fake(answers), jobs=2, storage="sqlite:///x.db")
     assert {g.source for g in r.gpu_choice} == {f"jobs=2 pid={os.getpid()}"}
+    # no jobs given: one, in this process
+    answers = {"h100-sxm": lambda kw: _result("h100-sxm", 8, source=f"pid={os.getpid()}"),
+               "h200": lambda kw: _result("h200", 8, source=f"pid={os.getpid()}")}
+    r = gc.solve_gpu_choice(spec, solve_one=_fake(answers))
+    assert {g.source for g in r.gpu_choice} == {f"pid={os.getpid()}"}
 
 
 def test_quietly_drops_what_a_forked_solve_prints(monkeypatch):
@@ -175,6 +205,7 @@ def test_quietly_drops_what_a_forked_solve_prints(monkeypatch):
 
     def one(spec, **kw):
         got.append((spec, kw, sys.stderr.name))
+        print("progress", file=sys.stderr)    # written (to nowhere), not refused
         return "r"
     assert gc._quietly(one, "spec", {"trials": 3}) == "r"
     assert got == [("spec", {"trials": 3}, os.devnull)]
