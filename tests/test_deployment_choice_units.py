@@ -374,12 +374,15 @@ def test_a_disaggregated_miss_leaves_the_aggregated_answer_and_says_why(spec, mo
 def test_disaggregated_only_with_no_deployment_is_infeasible_and_names_the_aggregated_best(monkeypatch):
     s = load_workload_dict(_doc(deployment=["disaggregated"]))
     miss = DisaggregatedMiss(status="infeasible", reason="none met the SLOs")
-    r, _ = _run(s, monkeypatch, _result(usd=12.0), _answer(miss))
+    full = dataclasses.replace(_result(usd=12.0), screened="s", bottleneck="b", headroom=0.5, pareto=(), notes=("n",),
+                               launch_aggregated={"vllm": "x"}, closest="c")   # every part the answer must drop
+    r, _ = _run(s, monkeypatch, full, _answer(miss))
     assert r.status == "infeasible"
     assert r.reason == ("search.deployment lists disaggregated only, and none met the SLOs (the best aggregated "
                         "deployment: 6 GPUs at $12.00/h, TP2; list aggregated in search.deployment to allow it)")
     assert r.recommendation is None and r.predicted is None and r.cost is None and r.launch is None
     assert r.closest is None and r.notes is None and r.launch_aggregated is None and r.headroom is None
+    assert r.screened is None and r.bottleneck is None and r.pareto is None
     assert r.deployment.kind is None and r.deployment.searched == ("disaggregated",)
     # one GPU: no plural; no aggregated answer: no alternative named
     one = dataclasses.replace(_result(usd=2.0), recommendation=_rec(tp=1, gpus=1))
@@ -580,3 +583,88 @@ def test_the_default_aggregated_solver_is_recommend_solve(monkeypatch):
     agg = _result(usd=12.0)
     monkeypatch.setattr(recommend, "solve", lambda sp, **kw: agg)
     assert dc.solve_deployments(s).recommendation == agg.recommendation
+
+
+# --- the first full run's survivors -----------------------------------------------------------------------------
+
+def test_a_unit_below_one_request_per_second_still_counts(spec, gspec):
+    assert dc._units(spec, _cand(goodput=0.5), 64, 10.0) == 20
+    assert dc._score(spec, 64, 10.0, USD)(_cand(goodput=0.5)) == (20 * 3 * USD, -0.5)
+
+
+def test_the_price_cap_is_inclusive_to_a_relative_1e_12(spec, ctx, monkeypatch):
+    cap = 24.0 / (1 + 1e-12)                 # cap x (1 + 1e-12) == 24.0 exactly
+    assert dc._score(spec, 16, 10.0, USD, usd_cap=cap)(_cand(goodput=3.0)) == (24.0, -3.0)
+    monkeypatch.setattr(dc, "robust_unit", lambda c, u, jobs=1: u)
+    u = _unit(usd=21.0 * (1 + 1e-12))
+    assert dc._best_unit(ctx, [u], usd_cap=21.0) == u
+
+
+def test_best_unit_passes_its_context_and_jobs_and_never_keeps_a_robust_unit_that_fails(ctx, monkeypatch):
+    calls = []
+
+    def robust(c, u, jobs=1):
+        assert c is ctx
+        calls.append(jobs)
+        return dataclasses.replace(u, feasible=False) if u.usd_per_hour == 18.0 else u
+    monkeypatch.setattr(dc, "robust_unit", robust)
+    a = _unit(c=_cand(goodput=3.0), units=3, usd=18.0)
+    assert dc._best_unit(ctx, [a]) is None and calls == [1]          # the draws failed it
+    # a robust unit over the cap is not kept, even with nothing better
+    monkeypatch.setattr(dc, "robust_unit", lambda c, u, jobs=1: dataclasses.replace(u, usd_per_hour=24.0))
+    assert dc._best_unit(ctx, [_unit(usd=18.0)], usd_cap=21.0) is None
+
+
+def test_best_unit_stops_at_a_unit_that_only_ties_the_best(ctx, monkeypatch):
+    made = []
+    monkeypatch.setattr(dc, "robust_unit", lambda c, u, jobs=1: made.append(u) or u)
+    a = _unit(usd=18.0)
+    assert dc._best_unit(ctx, [a, dataclasses.replace(a)]) == a and len(made) == 1
+
+
+def test_disaggregated_answer_wires_its_inputs_through(spec, gspec, monkeypatch):
+    import numpy as np
+    got: dict = {}
+    real = SolveContext.build
+
+    class Shim:
+        @staticmethod
+        def build(*a):
+            got["build"] = a
+            return real(a[0])
+
+    def search(step_for, sim_config, make, attainment, **kw):
+        first = "make" not in got
+        got.update(kw, sim_config=sim_config, make=make)
+        return _Search([_cand(goodput=0.5)] if first else [])    # one to verify: verified here, not forked
+
+    def verify(c, cand, kv, eng):
+        got["verify_ctx"] = c
+        return _unit(c=cand, kv=kv, units=5, usd=30.0)
+    monkeypatch.setattr(dc, "SolveContext", Shim)
+    monkeypatch.setattr(dc, "search_disaggregated", search)
+    monkeypatch.setattr(dc, "verify_unit", verify)
+    monkeypatch.setattr(dc, "robust_unit", lambda c, u, jobs=1: got.setdefault("robust_jobs", jobs) and u)
+    # max_goodput: a unit of 0.5 req/s on 3 GPUs is a deployment (5 units within 16 GPUs)
+    ans, ctx = dc.disaggregated_answer(gspec, 7, "ideal", "sglang", "prof.csv", jobs=3)
+    assert got["build"] == (gspec, 7, "ideal", "sglang", "prof.csv")
+    assert got["verify_ctx"] is ctx and got["robust_jobs"] == 3 and got["jobs"] == 3
+    assert got["sim_config"] == ctx.engine.sim_config
+    assert got["score"](_cand(goodput=3.0)) == (-(3.0 / (3 * USD)), 3)
+    made = got["make"](4.0, 7, 3)
+    assert np.array_equal(made.arrival_s, gspec.requests(7, 3, rate_req_s=4.0).arrival_s)
+    assert isinstance(ans.pick, DisaggregatedSummary) and ans.pick.units == 5
+
+
+def test_candidates_tied_on_score_keep_the_kv_dtypes_order_and_their_own(monkeypatch):
+    s = load_workload_dict(dict(_doc(), search=dict(_doc()["search"], kv_dtype=["fp8", "bf16"])))
+    verified = []
+    per_kv = {"fp8": [_cand(goodput=3.0, chunk=4096), _cand(goodput=3.0, chunk=1024)], "bf16": [_cand(goodput=3.0)]}
+    order = iter(["fp8", "bf16"])
+    monkeypatch.setattr(dc, "search_disaggregated", lambda *a, **k: _Search(per_kv[next(order)]))
+    monkeypatch.setattr(dc, "verify_unit", lambda c, cand, kv, e: verified.append((kv, cand.prefill.chunk_tokens))
+                        or _unit(c=cand, kv=kv, units=4, usd=24.0))
+    monkeypatch.setattr(dc, "robust_unit", lambda c, u, jobs=1: u)
+    dc.disaggregated_answer(s)
+    # all three at $24/h with 3.0 req/s per unit: the KV dtypes as listed (fp8 first), each search's own order
+    assert verified == [("fp8", 4096), ("fp8", 1024), ("bf16", 2048)]
