@@ -414,6 +414,7 @@ def test_the_cheaper_disaggregated_deployment_wins_with_its_own_figures_cost_and
     rec = r.recommendation
     assert isinstance(rec, DisaggregatedRecommendation) and rec.gpus == 6 and rec.units == 2
     assert rec.prefill.replicas == 2 and rec.decode.replicas == 2 and rec.model == "llama-3.1-8b"
+    assert rec.gpu == "h100-sxm"
     p = r.predicted
     assert p.goodput_req_s == 10.0 and p.per_replica_goodput_req_s == 5.0 and p.slo_attainment == 0.93
     assert p.output_tok_s == 1800.0 and p.tok_s_per_user == 50.0 and p.load_per_replica_req_s == 5.0
@@ -668,3 +669,42 @@ def test_candidates_tied_on_score_keep_the_kv_dtypes_order_and_their_own(monkeyp
     dc.disaggregated_answer(s)
     # all three at $24/h with 3.0 req/s per unit: the KV dtypes as listed (fp8 first), each search's own order
     assert verified == [("fp8", 4096), ("fp8", 1024), ("bf16", 2048)]
+
+
+def _pools_rec(kv="bf16", d_tp=2):
+    return dc._disagg_recommendation("llama-3.1-8b", "h100-sxm",
+                                     _dis(units=1, kv=kv, c=_cand(p_tp=1, d_tp=d_tp, chunk=2048, cap=64)))
+
+
+def test_the_pools_launch_is_built_from_the_workload_and_the_context():
+    import yaml as _yaml
+    from engine_contracts import flag_value
+
+    from kvtune.optimizer.launch import argv_of
+    s = load_workload_dict(dict(_doc(), engine="sglang", weights="fp8"))
+    ctx = SolveContext.build(s)
+    ctx = dataclasses.replace(ctx, eff=dataclasses.replace(ctx.eff, activation_reserve_bytes=1.5e9))
+    out = dc._launch(s, _pools_rec(kv="fp8"), ctx)
+    assert out["k8s_engine"] == "sglang"                      # the workload's engine runs the manifest
+    names = {d["metadata"]["name"] for d in _yaml.safe_load_all(out["k8s"].split("\n", 4)[-1]) if d}
+    assert {"kvtune-llama-3-1-8b-prefill", "kvtune-llama-3-1-8b-decode"} <= names
+    pre, dec = (argv_of(b.split("5600 ", 1)[-1]) for b in out["vllm"].split("\n\n")[:2])
+    # each pool's context from the workload's lengths: 1,000-token prompts + 1 (prefill), + 200 output (decode)
+    assert flag_value(pre, "--max-model-len") == "1001" and flag_value(dec, "--max-model-len") == "1200"
+    assert flag_value(pre, "--kv-cache-dtype") == "fp8" and flag_value(dec, "--kv-cache-dtype") == "fp8"
+    assert flag_value(pre, "--tensor-parallel-size") == "1" and flag_value(dec, "--max-num-seqs") == "64"
+    assert "--speculative-config" not in pre + dec
+    assert "vllm serve RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8" in out["vllm"]     # the workload's FP8 weights
+    m = out["memory"]["decode"]
+    assert m["activation_reserve_bytes"] == 1.5e9 and m["gpu_memory_bytes"] == ctx.gpu.memory_bytes
+    assert m["kv_bytes_per_token_per_gpu"] == 32 * 8 * 128 * 2 * 1 / 2   # layers x KV heads x dim x (K, V) x 1 byte / TP2
+    # bf16 weights: the model's own checkpoint, by its Hugging Face id
+    b = load_workload_dict(_doc())
+    assert "vllm serve meta-llama/Llama-3.1-8B-Instruct " in dc._launch(b, _pools_rec(), SolveContext.build(b))["vllm"]
+
+
+def test_a_pool_wider_than_the_workloads_node_is_refused():
+    s = load_workload_dict(_doc(gpus_per_node=4))
+    out = dc._launch(s, _pools_rec(d_tp=8), SolveContext.build(s))
+    assert out["unsupported"]["vllm"] == ("a decode replica spans 2 nodes: kvtune emits disaggregated launch settings "
+                                          "for single-node replicas only")
