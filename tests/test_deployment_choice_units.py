@@ -231,7 +231,7 @@ def test_disaggregated_recommendation_multiplies_the_pools_by_the_units():
     r = dc._disagg_recommendation("llama-3.1-8b", "h100-sxm", _dis(units=3, c=c, kv="fp8"))
     assert r.prefill == PoolChoice(1, 6, 16, 4096) and r.decode == PoolChoice(2, 3, 128, 512)
     assert (r.tp, r.batch_cap, r.chunk_tokens, r.replicas, r.spec_k, r.kv_dtype) == (2, 128, 4096, 9, 0, "fp8")
-    assert (r.gpus, r.units, r.link, r.gpu, r.model) == (12, 3, "network", "h100-sxm", "llama-3.1-8b")
+    assert (r.gpus, r.units, r.link, r.gpu, r.model, r.nodes) == (12, 3, "network", "h100-sxm", "llama-3.1-8b", 1)
 
 
 def test_summary_of_a_verified_unit(ctx):
@@ -431,7 +431,7 @@ def test_the_cheaper_disaggregated_deployment_wins_with_its_own_figures_cost_and
     d = r.deployment
     assert d.kind == "disaggregated" and d.against == "aggregated" and d.margin_pct == pytest.approx(50.0)
     (args,) = cmd
-    assert args[1:11] == (u.cand.prefill, u.cand.decode, "bf16", "nvlink", 2, "vllm", 10.0, 400, 11, "h100-sxm")
+    assert args[0] is spec and args[1:11] == (u.cand.prefill, u.cand.decode, "bf16", "nvlink", 2, "vllm", 10.0, 400, 11, "h100-sxm")
     assert args[11] == {"calibration": None, "engine": None, "profile": None}
     # the launch is the pools': TP1 prefill replicas and TP2 decode replicas, two of each
     v = r.launch["vllm"]
@@ -447,20 +447,33 @@ def test_the_cheaper_disaggregated_deployment_wins_with_its_own_figures_cost_and
 def test_a_max_goodput_disaggregated_win_is_priced_at_its_goodput(gspec, monkeypatch):
     u, x = _won()
     monkeypatch.setattr(dc, "disaggregated_command", lambda *a: "cmd")
-    agg = _result(usd=12.0, goodput=8.0, objective="max_goodput")
+    agg = dataclasses.replace(_result(usd=12.0, goodput=8.0, objective="max_goodput"), target_rate_req_s=4.0)
     r, _ = _run(gspec, monkeypatch, agg, _answer(x, u))
     assert r.deployment.kind == "disaggregated"
     # goodput per $: 11/12 (ranked) against 8/12
     assert r.deployment.margin_pct == pytest.approx(100 * (11 / 8 - 1))
     assert r.cost.priced_at == "goodput"
+    # priced at its goodput (10 req/s x 200 tokens), not at the 4 req/s target; headroom 10 / 4 - 1
     assert r.cost.usd_per_million_output_tokens == pytest.approx(12.0 / (10.0 * 200 * 3600) * 1e6)
+    assert r.headroom == pytest.approx(1.5)
+    # a target below 1 req/s still has a headroom; no target: none
+    r, _ = _run(gspec, monkeypatch, dataclasses.replace(agg, target_rate_req_s=0.5), _answer(x, u))
+    assert r.headroom == pytest.approx(19.0)
+    r, _ = _run(gspec, monkeypatch, dataclasses.replace(agg, target_rate_req_s=math.nan), _answer(x, u))
+    assert math.isnan(r.headroom)
+    # a goodput under 1 req/s is priced; none at all costs infinitely much per token
+    for per_unit, want in ((0.0005, 12.0 / (0.001 * 200 * 3600) * 1e6), (0.0, math.inf)):
+        u0, x0 = _won(per_unit=per_unit, nominal=per_unit)
+        r, _ = _run(gspec, monkeypatch, dataclasses.replace(agg, status="infeasible", cost=None, predicted=None,
+                                                             recommendation=None), _answer(x0, u0))
+        assert r.deployment.kind == "disaggregated" and r.cost.usd_per_million_output_tokens == pytest.approx(want)
 
 
 def test_a_disaggregated_win_without_an_aggregated_answer_has_no_margin(spec, monkeypatch):
     u, x = _won()
     monkeypatch.setattr(dc, "disaggregated_command", lambda *a: "cmd")
-    r, _ = _run(spec, monkeypatch, _result(status="infeasible"), _answer(x, u))
-    assert r.status == "ok" and r.deployment.kind == "disaggregated"
+    r, _ = _run(spec, monkeypatch, dataclasses.replace(_result(status="infeasible"), closest="near"), _answer(x, u))
+    assert r.status == "ok" and r.deployment.kind == "disaggregated" and r.reason is None and r.closest is None
     assert r.deployment.margin_pct is None and r.deployment.against is None and r.deployment.aggregated is None
 
 
