@@ -361,7 +361,8 @@ def test_the_cheaper_aggregated_deployment_stays_with_its_margin(spec, monkeypat
 
 def test_a_disaggregated_miss_leaves_the_aggregated_answer_and_says_why(spec, monkeypatch):
     miss = DisaggregatedMiss(status="infeasible", reason="none met the SLOs")
-    r, _ = _run(spec, monkeypatch, _result(), _answer(miss), jobs=1, usd_cap=30.0, engine="sglang", profile="p.csv")
+    r, seen = _run(spec, monkeypatch, _result(), _answer(miss), jobs=1, usd_cap=30.0, engine="sglang", profile="p.csv")
+    assert seen["args"] == (None, None, "sglang", "p.csv", 1, 30.0)
     d = r.deployment
     assert d.kind == "aggregated" and d.margin_pct is None and d.against is None and d.disaggregated == miss
     assert dc.deployment_lines(r) == ["  disaggregated: none met the SLOs"]
@@ -538,9 +539,14 @@ def test_several_gpu_types_go_through_the_gpu_choice_each_with_both_kinds(monkey
         seen.append(one.hardware.gpu)
         return _answer(miss), SolveContext.build(one)
     monkeypatch.setattr(dc, "disaggregated_answer", answer)
-    r = dc.solve_deployments(s, solve_one=lambda one, **k: _result(usd=12.0 if one.hardware.gpu == "h100-sxm"
-                                                                    else 9.0))
+    kws = []
+
+    def one(sp, **k):
+        kws.append(k)
+        return _result(usd=12.0 if sp.hardware.gpu == "h100-sxm" else 9.0)
+    r = dc.solve_deployments(s, solve_one=one, trials=3)
     assert seen == ["h100-sxm", "h200"]
+    assert kws == [{"trials": 3}, {"trials": 3, "usd_cap": 12.0}]     # each type's solve gets the options and its cap
     assert [g.gpu for g in r.gpu_choice] == ["h200", "h100-sxm"] and r.cost.usd_per_hour == 9.0
     assert r.deployment.kind == "aggregated"
 
@@ -721,3 +727,31 @@ def test_a_pool_wider_than_the_workloads_node_is_refused():
     out = dc._launch(s, _pools_rec(d_tp=8), SolveContext.build(s))
     assert out["unsupported"]["vllm"] == ("a decode replica spans 2 nodes: kvtune emits disaggregated launch settings "
                                           "for single-node replicas only")
+
+
+def test_an_aggregated_search_that_raises_with_nothing_forked_raises_its_own_error(spec, monkeypatch):
+    monkeypatch.setattr(dc, "disaggregated_answer", lambda *a: pytest.fail("never reached"))
+
+    def boom(s, **k):
+        raise ValueError("aggregated search failed")
+    with pytest.raises(ValueError, match="aggregated search failed"):
+        dc.solve_deployments(spec, solve_one=boom, jobs=1)
+
+
+def test_the_forked_search_may_start_processes_of_its_own(spec, monkeypatch):
+    """The disaggregated search forks its own workers (fork_map): its process must not be daemonic."""
+    import multiprocessing as mp
+    import os
+    miss = DisaggregatedMiss(status="infeasible", reason="none met the SLOs")
+
+    def child(s):
+        p = mp.get_context("fork").Process(target=int)
+        p.start()
+        p.join()
+        return dc.DisaggregatedAnswer(miss, ({"ran": "forked"},)), None
+
+    def parent(s):
+        return dc.DisaggregatedAnswer(miss, ({"ran": "here"},)), SolveContext.build(s)
+    monkeypatch.setattr(dc, "disaggregated_answer", _child_only(os.getpid(), child, parent))
+    r = dc.solve_deployments(spec, solve_one=lambda s, **k: _result(), jobs=2)
+    assert r.deployment.search == ({"ran": "forked"},)
