@@ -18,7 +18,8 @@ import pytest
 import yaml
 from engine_contracts import check_argv, vllm_startup_errors
 
-from kvtune.optimizer.launch import (LaunchPick, MemoryFacts, Unsupported, argv_of, launch_for_pick, scheduling)
+from kvtune.optimizer.launch import (ENGINE_VERSIONS, LaunchPick, MemoryFacts, Unsupported, argv_of, launch_for_pick,
+                                     scheduling)
 from kvtune.optimizer.launch import context as lc
 from kvtune.optimizer.launch import kubernetes as k8s
 from kvtune.optimizer.launch.llamacpp import llamacpp_argv
@@ -401,7 +402,7 @@ def test_the_manifest_sizes_and_spreads_a_replica_over_nodes():
     assert "one replica spans 2 nodes: this is node 0; on node r = 1..1 run the same with --node-rank r --headless" \
         in out["vllm"]
     with pytest.raises(Unsupported, match="9 GPUs per replica do not split evenly over 2 nodes"):
-        k8s.manifest(pick(tp=9, gpus_per_node=8), "m", launch_for_pick.__globals__["ENGINE_VERSIONS"]["vllm"],
+        k8s.manifest(pick(tp=9, gpus_per_node=8), "m", ENGINE_VERSIONS["vllm"],
                      lambda r, a, n: ["x"])
 
 
