@@ -16,7 +16,7 @@ import json
 
 import pytest
 import yaml
-from engine_contracts import check_argv, vllm_startup_errors
+from engine_contracts import check_argv, check_trtllm_api, trtllm_startup_errors, vllm_startup_errors
 
 from kvtune.optimizer.launch import (ENGINE_VERSIONS, LaunchPick, MemoryFacts, Unsupported, argv_of, launch_for_pick,
                                      scheduling)
@@ -263,6 +263,7 @@ def test_trtllm_api_and_argv_of_a_plain_pick():
     assert argv == ["trtllm-serve", M, "--tp_size", "2", "--max_batch_size", "64", "--max_num_tokens", "2048",
                     "--extra_llm_api_options", "/etc/kvtune/config.yaml", "--host", "0.0.0.0", "--port", "8000"]
     assert api2 == api
+    assert check_argv("trtllm", argv) == [] and check_trtllm_api(api) == [] and trtllm_startup_errors(argv, api) == []
 
 
 def test_trtllm_layouts_kv_and_no_memory_plan():
@@ -292,6 +293,9 @@ def test_trtllm_speculation():
                                          "eagle3_one_model": True}
     api, _ = trtllm_api(pick(spec_k=1, spec_method="mtp", mtp_layers=1))
     assert api["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 1}
+    for m, extra in (("ngram", {}), ("draft", {"draft_model": "d/1b"}), ("eagle3", {"draft_model": "d/e3"})):
+        argv, api, _ = trtllm_argv(pick(spec_k=2, spec_method=m, **extra))
+        assert check_trtllm_api(api) == [] and trtllm_startup_errors(argv, api) == []
     assert "speculative_config" not in trtllm_api(pick())[0]
 
 
@@ -473,9 +477,10 @@ def test_disaggregated_trtllm_configs():
     from kvtune.optimizer.launch import disaggregated_launch
     t = disaggregated_launch(pick(**PRE), pick(**DEC))["trtllm"]
     ctx, gen = yaml.safe_load(t["ctx_config_yaml"]), yaml.safe_load(t["gen_config_yaml"])
+    assert check_trtllm_api(ctx) == [] and check_trtllm_api(gen) == []
     assert ctx["disable_overlap_scheduler"] is True and "disable_overlap_scheduler" not in gen
-    assert ctx["cache_transceiver_config"] == {"backend": "ucx", "max_tokens_in_buffer": 4000}   # the longest prompt
-    assert gen["cache_transceiver_config"] == {"backend": "ucx", "max_tokens_in_buffer": 4000}
+    assert ctx["cache_transceiver_config"] == {"backend": "UCX", "max_tokens_in_buffer": 4000}   # the longest prompt
+    assert gen["cache_transceiver_config"] == {"backend": "UCX", "max_tokens_in_buffer": 4000}
     assert ctx["max_seq_len"] == 4001 and gen["max_seq_len"] == 5000 and ctx["max_batch_size"] == 16
     assert yaml.safe_load(t["disagg_config_yaml"]) == {
         "hostname": "0.0.0.0", "port": 8000, "backend": "pytorch",
@@ -488,7 +493,7 @@ def test_disaggregated_trtllm_configs():
     assert yaml.safe_load(t["ctx_config_yaml"])["cache_transceiver_config"]["max_tokens_in_buffer"] == 5000
     t = disaggregated_launch(pick(**PRE, max_prompt_tokens=None, max_request_tokens=None),
                              pick(**DEC, max_prompt_tokens=None, max_request_tokens=None))["trtllm"]
-    assert yaml.safe_load(t["ctx_config_yaml"])["cache_transceiver_config"] == {"backend": "ucx"}
+    assert yaml.safe_load(t["ctx_config_yaml"])["cache_transceiver_config"] == {"backend": "UCX"}
     assert "KV transfer buffer: no workload lengths given" in t["command"]
 
 
