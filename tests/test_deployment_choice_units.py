@@ -409,7 +409,7 @@ def test_the_cheaper_disaggregated_deployment_wins_with_its_own_figures_cost_and
     u, x = _won()                                 # 2 units x 3 GPUs = 6 GPUs, $12/h, 10 req/s
     cmd = []
     monkeypatch.setattr(dc, "disaggregated_command", lambda *a: cmd.append(a) or "kvtune simulate ...")
-    agg = _result(usd=18.0, goodput=12.0)
+    agg = dataclasses.replace(_result(usd=18.0, goodput=12.0), target_rate_req_s=8.0)   # a target below its 10 req/s
     r, _ = _run(spec, monkeypatch, agg, _answer(x, u), seed=1)
     assert r.status == "ok" and r.reason is None and r.closest is None
     rec = r.recommendation
@@ -422,11 +422,11 @@ def test_the_cheaper_disaggregated_deployment_wins_with_its_own_figures_cost_and
     assert p.ttft_ms == {"p90": 300.0} and p.tpot_ms["p90"] == 30.0 and p.evidence == "simulated"
     assert p.per_replica_is == "one unit of the disaggregated deployment (prefill + decode pools)"
     assert p.ranked_goodput_req_s == 11.0 and p.draws == u.draws.to_json() and p.check == "kvtune simulate ..."
-    # $ per million output tokens at the target rate: 6 GPUs x $2 / (10 req/s x 200 tokens x 3600 s) x 1e6
+    # $ per million output tokens at the target rate: 6 GPUs x $2 / (8 req/s x 200 tokens x 3600 s) x 1e6
     assert r.cost == Cost(usd_per_hour=12.0, usd_per_gpu_hour=USD,
-                          usd_per_million_output_tokens=pytest.approx(12.0 / (10 * 200 * 3600) * 1e6),
+                          usd_per_million_output_tokens=pytest.approx(12.0 / (8 * 200 * 3600) * 1e6),
                           priced_at="target rate")
-    assert r.headroom == pytest.approx(0.0) and r.bottleneck.term == "disaggregated"
+    assert r.headroom == pytest.approx(10 / 8 - 1) and r.bottleneck.term == "disaggregated"
     assert r.bottleneck.batch_limit is None and r.bottleneck.operating_batch is None
     assert r.launch_aggregated == agg.launch
     d = r.deployment
@@ -755,3 +755,47 @@ def test_the_forked_search_may_start_processes_of_its_own(spec, monkeypatch):
     monkeypatch.setattr(dc, "disaggregated_answer", _child_only(os.getpid(), child, parent))
     r = dc.solve_deployments(spec, solve_one=lambda s, **k: _result(), jobs=2)
     assert r.deployment.search == ({"ran": "forked"},)
+
+
+def test_tokens_per_user_from_the_mean_tpot(spec, monkeypatch):
+    monkeypatch.setattr(dc, "disaggregated_command", lambda *a: "cmd")
+    for tpot, want in ((0.5, 2000.0), (20.0, 50.0), (0.0, math.nan), (None, math.nan)):
+        u, x = _won()
+        at = dict(u.at, tpot_ms={"p90": 30.0} if tpot is None else {"p90": 30.0, "mean": tpot})
+        u = dataclasses.replace(u, at=at)
+        r, _ = _run(spec, monkeypatch, _result(status="infeasible"), _answer(x, u))
+        got = r.predicted.tok_s_per_user
+        assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want)
+
+
+def test_a_robust_unit_that_only_ties_the_best_does_not_replace_it(ctx, monkeypatch):
+    monkeypatch.setattr(dc, "robust_unit", lambda c, u, jobs=1: dataclasses.replace(u, usd_per_hour=24.0))
+    a = _unit(c=_cand(link="nvlink"), units=4, usd=18.0)       # robust $24
+    b = _unit(c=_cand(link="network"), units=4, usd=21.0)      # robust $24 too, the same rank
+    assert dc._best_unit(ctx, [a, b]).cand.link == "nvlink"
+
+
+def test_a_model_without_a_hugging_face_id_launches_by_the_workloads_name(spec):
+    c = SolveContext.build(spec)
+    c = dataclasses.replace(c, model=dataclasses.replace(c.model, hf_id=""))
+    assert "vllm serve llama-3.1-8b " in dc._launch(spec, _pools_rec(), c)["vllm"]
+
+
+def test_the_forked_searchs_context_is_built_from_the_same_options(spec, monkeypatch):
+    import os
+    u, x = _won()
+    built = []
+    real = SolveContext.build
+
+    class Shim:
+        @staticmethod
+        def build(*a):
+            built.append(a)
+            return real(a[0])
+    monkeypatch.setattr(dc, "SolveContext", Shim)
+    monkeypatch.setattr(dc, "disaggregated_command", lambda *a: "cmd")
+    monkeypatch.setattr(dc, "disaggregated_answer", _child_only(os.getpid(), lambda s: (_answer(x, u), None),
+                                                                lambda s: pytest.fail("not forked")))
+    r = dc.solve_deployments(spec, solve_one=lambda s, **k: _result(status="infeasible"), jobs=2, seed=4,
+                             calibration="ideal", engine="vllm", profile="p.csv")
+    assert r.deployment.kind == "disaggregated" and built == [(spec, 4, "ideal", "vllm", "p.csv")]
