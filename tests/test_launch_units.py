@@ -54,7 +54,8 @@ def test_each_engine_is_sized_to_the_longest_request_when_the_pool_holds_it():
                                "(the KV pool holds 10,032)")
     # SGLang: the request + 1 (context_len - 1) and the prompt + 6 (- 1 - 5): max(5,001, 4,006)
     s = lc.sglang_context_length(p)
-    assert s.value == 5001 and s.note.endswith("(the KV pool holds 10,050)")
+    assert s == lc.Sized(5001, "context: --context-length 5,001 = the longest prompt + output kvtune simulated "
+                               "(the KV pool holds 10,050)")
     assert lc.trtllm_max_seq_len(p) == lc.Sized(5000, "context: max_seq_len 5,000 = the longest prompt + output "
                                                       "kvtune simulated (the KV pool holds 10,048)")
 
@@ -78,6 +79,7 @@ def test_a_longest_request_over_the_pool_gets_what_the_pool_holds_in_whole_block
         "10,032: --max-model-len 10,032; vLLM refuses longer requests"))
     assert lc.trtllm_max_seq_len(p).value == 10_048 and "TensorRT-LLM refuses" in lc.trtllm_max_seq_len(p).note
     assert lc.sglang_context_length(p).value == 10_050
+    assert lc.sglang_context_length(p).note.endswith(": --context-length 10,050; SGLang refuses longer requests")
     # exactly the pool: still the request
     assert lc.vllm_max_model_len(pick(max_request_tokens=10_032)).value == 10_032
     assert lc.vllm_max_model_len(pick(max_request_tokens=10_033)).value == 10_032
@@ -181,8 +183,13 @@ def test_vllm_speculation_json():
         vllm_argv(pick(spec_k=2, spec_method="eagle3"))
     with pytest.raises(Unsupported, match="no draft here"):
         vllm_argv(pick(spec_k=2, spec_method="eagle3", draft_error="no draft here"))
-    with pytest.raises(Unsupported, match="multi-token-prediction heads"):
+    with pytest.raises(Unsupported, match=r"multi-token-prediction heads \(config.json num_nextn_predict_layers, "
+                                          r"e.g. DeepSeek-V3\); this model has none"):
         vllm_argv(pick(spec_k=1, spec_method="mtp"))
+    # a method the capability table refuses: its reason, not a lookup error
+    from kvtune.optimizer.launch.vllm import vllm_speculative_config
+    with pytest.raises(Unsupported, match="vLLM 0.33.0 dropped Medusa"):
+        vllm_speculative_config(pick(spec_k=2, spec_method="medusa"))
     argv, _ = vllm_argv(pick(spec_k=1, spec_method="mtp", mtp_layers=1))
     assert json.loads(flag(argv, "--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 1}
     # a draft length without a method (or k = 0): no speculation
@@ -376,6 +383,9 @@ def test_launch_for_pick_gathers_every_engine_and_a_manifest():
     assert dep["metadata"]["name"] == "my-model" and dep["spec"]["replicas"] == 1
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["image"] == "lmsysorg/sglang:v0.5.23" and c["command"] == sglang_argv(pick())[0]
+    assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    # the program's words on the first line, then a flag per line
+    assert "\npython -m sglang.launch_server \\\n  --model-path " in out["sglang"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert c["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token", "optional": False}
     pvc = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")
@@ -509,7 +519,8 @@ def test_disaggregated_manifest_statefulsets_services_and_front(engine):
     assert p["replicas"] == 2 and d["replicas"] == 3 and p["serviceName"] == "rag-prefill"
     assert p["podManagementPolicy"] == "Parallel" and p["selector"]["matchLabels"] == {"app": "rag", "role": "prefill"}
     pc = p["template"]["spec"]["containers"][0]
-    assert pc["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pc["resources"]["limits"]["nvidia.com/gpu"] == 1 and pc["name"] == "engine"
+    assert "(required: gated model)" in out["k8s"]
     assert d["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
     heads = {x["metadata"]["name"]: x for x in docs if x["kind"] == "Service"}
     assert heads["rag-prefill"]["spec"]["clusterIP"] == "None" and heads["rag"]["spec"]["selector"] == {
@@ -595,3 +606,28 @@ def test_multi_node_notes_and_the_trtllm_manifest():
     assert k["unsupported"]["k8s"] == k["unsupported"]["trtllm"]
     assert launch_for_pick(pick(tp=1), engine="llamacpp")["unsupported"]["k8s"].startswith(
         "llama.cpp llama-server 0c1e57098 has no published container image")
+
+
+def test_build_pick_reads_every_field_of_the_config_and_the_arch():
+    from kvtune.costmodel import get_gpu, get_model
+    from kvtune.optimizer.launch import build_pick
+    arch = get_model("llama-3.1-8b")
+    cfg = {"tp": 2, "batch_cap": 8, "chunk_tokens": 512, "nodes_per_replica": 2, "gpus_per_node": 4}
+    p = build_pick("llama-3.1-8b", cfg, 1, 0.9, None, arch=arch, gpu=get_gpu("h100-sxm"))
+    assert p.model == M and p.model_context_tokens == 131072
+    assert p.nodes_per_replica == 2 and p.gpus_per_node == 4 and p.nodes == 2
+    # a speculative section with no draft length: no draft resolved, nothing said about one
+    q = build_pick("llama-3.1-8b", dict(cfg, spec_k=0), 1, 0.9, {"method": "eagle3"}, arch=arch)
+    assert (q.draft_model, q.draft_error, q.draft_note, q.spec_method, q.spec_k) == (None, "", "", None, 0)
+
+
+def test_disaggregated_names_and_an_engine_that_cannot_run_the_pools():
+    from kvtune.optimizer.launch import disaggregated_launch
+    out = disaggregated_launch(pick(**PRE), pick(**DEC), "!!!")
+    assert "name: kvtune-llm-prefill" in out["k8s"]
+    # FP8 weights of a model with no known ModelOpt checkpoint: TensorRT-LLM says why, vLLM quantizes online
+    out = disaggregated_launch(pick(**PRE, model="org/unknown", weights="fp8"), pick(**DEC, model="org/unknown",
+                                                                                   weights="fp8"))
+    assert set(out["unsupported"]) == {"trtllm"}
+    assert out["trtllm"] == {"command": "# TensorRT-LLM 1.0.0 cannot run this pick disaggregated: "
+                                        + out["unsupported"]["trtllm"]}
