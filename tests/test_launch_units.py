@@ -619,6 +619,10 @@ def test_build_pick_reads_every_field_of_the_config_and_the_arch():
     # a speculative section with no draft length: no draft resolved, nothing said about one
     q = build_pick("llama-3.1-8b", dict(cfg, spec_k=0), 1, 0.9, {"method": "eagle3"}, arch=arch)
     assert (q.draft_model, q.draft_error, q.draft_note, q.spec_method, q.spec_k) == (None, "", "", None, 0)
+    # methods that load no draft (n-gram lookup, the model's own MTP heads): none named, nothing said
+    for method in ("ngram", "mtp"):
+        r = build_pick("llama-3.1-8b", dict(cfg, spec_k=2), 1, 0.9, {"method": method}, arch=arch)
+        assert (r.draft_model, r.draft_error, r.draft_note, r.spec_method) == (None, "", "", method)
 
 
 def test_disaggregated_names_and_an_engine_that_cannot_run_the_pools():
