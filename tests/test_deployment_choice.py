@@ -88,6 +88,7 @@ def test_the_json_keeps_the_aggregated_keys(long_prompts, tmp_path):
     assert agg["cost"]["usd_per_hour"] == r["deployment"]["aggregated"]["usd_per_hour"]
 
 
+@pytest.mark.slow   # a whole CLI solve, ~24 s on 2 cores; tests/test_deployment_choice_units.py checks the same choice on fakes
 def test_short_prompts_on_a_small_model_stay_aggregated_and_say_by_how_much(tmp_path):
     r, text = _solve(_workload(tmp_path, "short", "llama-3.1-8b", 256, 1024, 20, 1000, 25, [1, 2]), tmp_path)
     d = r["deployment"]
