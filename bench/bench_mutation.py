@@ -26,7 +26,8 @@ cannot matter) or listed as UNEXPLAINED in the report.
     python bench/bench_mutation.py --check-planted      # the wiring check only
 
 A full run writes bench/RESULTS-mutation.json and the generated block of bench/RESULTS-mutation.md
-(the hand-written parts stay); a ``--sample`` run writes only what ``--json``/``--md`` name.
+(the hand-written parts stay); a ``--sample`` run, or one given ``--json``, writes only what
+``--json``/``--md`` name.
 """
 
 from __future__ import annotations
@@ -519,7 +520,8 @@ def main() -> int:
     print(table(rows))
     partial = bool(args.sample or args.rerun_survivors)
     json_path = args.json or (None if partial else RESULTS_JSON)
-    md_path = args.md or (None if partial else RESULTS_MD)
+    # a run written to its own --json (one module, to --combine later) leaves the Markdown alone unless --md says
+    md_path = args.md or (None if partial or args.json else RESULTS_MD)
     if json_path:
         old = json.loads(json_path.read_text()) if json_path.exists() and not partial else {}
         merged = {r["module"]: r for r in old.get("modules", [])}
