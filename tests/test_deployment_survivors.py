@@ -75,7 +75,9 @@ def test_what_a_pool_does_not_cache_counts_whole():
 
 def test_tied_arrivals_go_round_robin_in_the_traces_order():
     """Round robin in arrival order: requests arriving together are dealt in the trace's order (a
-    stable sort), so of 30 requests at t = 0 (the even ones of 60; the odd ones come 100 s later) the
+    stable sort; the trace here is out of order, which the Requests contract does not ask for but
+    both the router and the replica sort away), so of 30 requests at t = 0 (the even ones of 60;
+    the odd ones come 100 s later) the
     k-th goes to prefill replica k mod 2 as its (k div 2)-th prompt. Each replica computes one
     prompt per step (batch cap 1, a chunk that holds the prompt): the k-th is done after
     (k div 2 + 1) prefill steps."""
