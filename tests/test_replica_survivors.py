@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kvtune.costmodel.requests import Requests
-from kvtune.costmodel.simulate import SimConfig, simulate
+from kvtune.costmodel.simulate import SimConfig, simulate, simulate_replica
 
 
 class _Recorder:
@@ -58,3 +58,58 @@ def test_a_wholly_cached_prompt_still_computes_its_last_token(inp):
     assert first[2:] == (inp, inp * (inp + 1) / 2, 0)
     assert second[2:] == (1, (inp - 1) + 1.0, inp - 1)
     np.testing.assert_allclose(res.ttft_s, [0.1, 0.1], atol=1e-12)
+
+
+def test_a_cached_prefix_is_read_not_computed():
+    """Request 1 shares request 0's first 64 tokens (its group's prefix, cached once request 0's
+    prompt is done): it computes its other 36 prompt tokens after reading the 64, pairs
+    36 x 64 + 36 x 37 / 2. Request 2, of no group, computes all of its 100."""
+    s = _Recorder()
+    req = _requests([100, 100, 100], [2, 2, 2], [0.0, 10.0, 20.0], prefix=[64, 64, 64], group=[0, 0, -1])
+    simulate(s, req, SimConfig(8, chunk_tokens=4096))
+    assert [c[2:] for c in s.prompt_steps()] == [(100, 100 * 101 / 2, 0), (36, 36 * 64 + 36 * 37 / 2, 64),
+                                                  (100, 100 * 101 / 2, 0)]
+    s = _Recorder()
+    simulate(s, req, SimConfig(8, chunk_tokens=4096, prefix_caching=False))     # caching off: all computed
+    assert [c[2:] for c in s.prompt_steps()] == [(100, 100 * 101 / 2, 0)] * 3
+
+
+def _decode_replica(step, req, cap, pool_tokens, chunk=4096):
+    """A disaggregated decode replica: every request's prompt KV arrives computed (kv_ready)."""
+    return simulate_replica(step, req, SimConfig(cap, chunk_tokens=chunk, kv_pool_tokens=pool_tokens), "trace", None,
+                            0, 0.0, naive=False, kv_ready=np.ones(len(req), dtype=bool))
+
+
+def test_a_decode_replica_counts_the_blocks_of_the_requests_that_joined_with_their_kv():
+    """Three requests join a decode replica at t = 0 with their prompts' KV (16-token blocks, a
+    pool of 30 blocks, batch cap 3): A (16 prompt tokens, 2 output tokens), B and C (160, 200).
+    Each joins the decoding set at admission with its first token (TTFT 0 here). A finishes
+    after its one decode step (t = D). B and C hold ceil((160 + j + 1) / 16) blocks each at step
+    j: 2 x 16 > 30 first at j = 80 (context 240), so C, the newest, is preempted there after 80
+    steps, and B runs on to its 199th step (t = 199 D). C, back at the head of the queue with 240
+    tokens to recompute (15 blocks), fits only once B is gone: a prompt step P at t = 199 D, then
+    its 199 - 80 = 119 remaining decode steps: done at 318 D + P."""
+    P, D = 0.1, 0.01
+    s = _Recorder(P, D)
+    req = _requests([16, 160, 160], [2, 200, 200], [0.0, 0.0, 0.0])
+    res = _decode_replica(s, req, cap=3, pool_tokens=30 * 16)
+    assert res.preemptions == 1
+    np.testing.assert_allclose(res.ttft_s, [0.0, 0.0, 0.0], atol=1e-12)
+    np.testing.assert_allclose(res.e2e_s, [D, 199 * D, 318 * D + P], rtol=1e-9)
+    assert [c[2] for c in s.prompt_steps()] == [240]      # only C's recompute carries prompt tokens
+
+
+def test_one_token_outputs_that_join_with_their_kv_finish_at_admission():
+    """A request with one output token whose KV arrives computed is done when admitted: its first
+    token came with the KV and nothing is left to decode (no decode step runs for it). Four such
+    requests and a fifth with 3 output tokens (2 decode steps), all at t = 0 and then again at
+    t = 1 s: every one-token request finishes at its arrival, the fifth 2 D after it, and the
+    replica runs exactly those 2 + 2 decode steps."""
+    P, D = 0.1, 0.01
+    s = _Recorder(P, D)
+    req = _requests([100] * 10, [1, 1, 1, 1, 3] * 2, [0.0] * 5 + [1.0] * 5)
+    res = _decode_replica(s, req, cap=8, pool_tokens=10_000)
+    np.testing.assert_allclose(res.ttft_s, 0.0, atol=1e-12)
+    np.testing.assert_allclose(res.e2e_s, [0.0] * 4 + [2 * D] + [0.0] * 4 + [2 * D], atol=1e-12)
+    assert len(s.calls) == 4 and not s.prompt_steps()
+    assert res.preemptions == 0 and res.rejected == 0
