@@ -113,3 +113,18 @@ def test_one_token_outputs_that_join_with_their_kv_finish_at_admission():
     np.testing.assert_allclose(res.e2e_s, [0.0] * 4 + [2 * D] + [0.0] * 4 + [2 * D], atol=1e-12)
     assert len(s.calls) == 4 and not s.prompt_steps()
     assert res.preemptions == 0 and res.rejected == 0
+
+
+def test_preempting_a_joined_request_frees_all_its_blocks():
+    """A request that joined with its KV borrows no prefix-cache block, so preempting it frees every
+    block it holds. A pool of 10 blocks of 16 tokens; X (141 prompt tokens, 10 output tokens) and Y
+    (4, 8) join at t = 0 with 9 + 1 blocks. At step 3 X's context reaches 144 (10 blocks, 11 in
+    all): Y, the newest, is preempted and frees its 1 block, exactly enough, so X runs on alone
+    (one preemption) to its 9th step (t = 9 D). Y recomputes its 7 tokens then (a prompt step P)
+    and decodes its 7 - 3 = 4 remaining steps: done at 13 D + P."""
+    P, D = 0.1, 0.01
+    s = _Recorder(P, D)
+    res = _decode_replica(s, _requests([141, 4], [10, 8], [0.0, 0.0]), cap=4, pool_tokens=10 * 16)
+    assert res.preemptions == 1
+    np.testing.assert_allclose(res.e2e_s, [9 * D, 13 * D + P], rtol=1e-9)
+    assert [c[2] for c in s.prompt_steps()] == [7]
