@@ -5,6 +5,7 @@ directly and compared with figures derived by hand from the rules the module doc
 
 import numpy as np
 import pytest
+from test_simulate import _poisson, _reference, _step
 
 from kvtune.costmodel.requests import Requests
 from kvtune.costmodel.simulate import SimConfig, simulate, simulate_replica
@@ -128,3 +129,31 @@ def test_preempting_a_joined_request_frees_all_its_blocks():
     assert res.preemptions == 1
     np.testing.assert_allclose(res.e2e_s, [9 * D, 13 * D + P], rtol=1e-9)
     assert [c[2] for c in s.prompt_steps()] == [7]
+
+
+def test_preemption_goes_on_until_the_step_fits():
+    """Preemption frees the newest running request's blocks until the step fits, however many that
+    takes. Four requests B1..B4 (160 prompt tokens, 40 output tokens) and a small S (4, 30) join a
+    decode replica of 46 blocks at t = 0 (4 x 10 + 1 blocks). At step 16 every B crosses into its
+    12th block (context 176) while S holds 2 (context 20): 50 > 46. S, the newest, frees 2 (48,
+    still too many), then B4 frees 12: two preemptions. B1..B3 finish at step 39 (t = 39 D); B4
+    (176 tokens to recompute, 11 blocks) could not fit before, and S queues behind it (FCFS); both
+    recompute in one prompt step P, then decode their 23 and 13 remaining steps."""
+    P, D = 0.1, 0.01
+    s = _Recorder(P, D)
+    res = _decode_replica(s, _requests([160] * 4 + [4], [40] * 4 + [30], [0.0] * 5), cap=8, pool_tokens=46 * 16)
+    assert res.preemptions == 2
+    np.testing.assert_allclose(res.e2e_s, [39 * D] * 3 + [62 * D + P, 52 * D + P], rtol=1e-9)
+    assert [c[2] for c in s.prompt_steps()] == [176 + 20]
+
+
+def test_small_chunks_on_a_tight_pool_match_the_step_by_step_reference():
+    """As tests/test_replica_by_hand.py, with 128-token chunks: a preempted request's recompute
+    spans several steps, and it may be preempted again before it decodes (8 preemptions here)."""
+    s = _step(util=0.222)
+    req = _poisson(60, 20.0, inp=(200, 900), out=(20, 300), seed=0)
+    res = simulate(s, req, SimConfig(64, chunk_tokens=128, prefix_caching=False))
+    ttft, e2e, preemptions = _reference(s, req, 64, 128)
+    assert preemptions == 8 and res.preemptions == preemptions
+    np.testing.assert_allclose(res.ttft_s, ttft, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(res.e2e_s, e2e, rtol=1e-9, atol=1e-9)
