@@ -157,3 +157,51 @@ def test_small_chunks_on_a_tight_pool_match_the_step_by_step_reference():
     assert preemptions == 8 and res.preemptions == preemptions
     np.testing.assert_allclose(res.ttft_s, ttft, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(res.e2e_s, e2e, rtol=1e-9, atol=1e-9)
+
+
+def test_a_victim_frees_the_blocks_its_context_and_next_token_fill():
+    """A victim with c tokens cached frees ceil((c + 1) / 16) blocks (its context and the slot of
+    the token being computed), exactly the count it held. A pool of 10 blocks; X (132 prompt
+    tokens, 20 output tokens) and Y (4, 30) join at t = 0 with 9 + 1 blocks. At step 12 X crosses
+    into its 10th block and Y, at context 16, into its 2nd: 12 > 10. Y frees its 2 blocks, exactly
+    enough (one preemption); X finishes at step 19 (t = 19 D); Y recomputes its 16 tokens then
+    (a prompt step P) and decodes its 29 - 12 = 17 remaining steps."""
+    P, D = 0.1, 0.01
+    s = _Recorder(P, D)
+    res = _decode_replica(s, _requests([132, 4], [20, 30], [0.0, 0.0]), cap=4, pool_tokens=10 * 16)
+    assert res.preemptions == 1
+    np.testing.assert_allclose(res.e2e_s, [19 * D, 36 * D + P], rtol=1e-9)
+    assert [c[2] for c in s.prompt_steps()] == [16]
+
+
+def test_a_victim_on_a_block_boundary_frees_only_what_it_holds():
+    """Y (4 prompt tokens) reaches context 15 at step 11: 1 block (16 slots with the token being
+    computed), no more. X1 and X2 (117, 20) cross into their 9th block at that step: 19 blocks in
+    a pool of 17. Y frees 1 (18, too many), then X2 frees 9: two preemptions. X2, at the head of
+    the queue, fits again beside X1 the next step (9 + 8 = 17) and recomputes its 128 tokens in
+    the step that decodes X1 (context 129): the 13th step."""
+    s = _Recorder(0.1, 0.01)
+    res = _decode_replica(s, _requests([117, 117, 4], [20, 20, 30], [0.0] * 3), cap=4, pool_tokens=17 * 16)
+    assert res.preemptions >= 2
+    assert s.calls[11][:3] == (1, 117 + 11, 0)               # the step that preempted: X1 alone decodes
+    assert s.calls[12] == (1, 117 + 12, 128, 128 * 129 / 2, 0)
+
+
+def test_a_request_alone_beside_pinned_prefixes_restarts_with_nothing_decoding():
+    """A (80 prompt tokens, the first 64 its group's prefix; 40 output tokens) runs alone in a pool
+    of 10 blocks of 16. Its prompt step (P) caches the prefix: 4 pinned blocks beside A's 6. A's
+    context reaches 96 at its 16th decode step (the 17th step): 7 + 4 = 11 blocks. A is preempted,
+    the engine is empty, so it drops the prefix cache and takes A back at once (vLLM frees cached
+    blocks for a request that needs them): a prompt step recomputing 96 tokens with nothing
+    decoding (no context beside it), after which the prefix does not fit to be cached again (4 +
+    7 > 10); then A's 39 - 16 = 23 remaining decode steps from context 96."""
+    P, D = 0.1, 0.01
+    s = _Recorder(P, D)
+    req = _requests([80], [40], [0.0], prefix=[64], group=[0])
+    res = simulate(s, req, SimConfig(8, chunk_tokens=4096, kv_pool_tokens=10 * 16))
+    assert res.preemptions == 1
+    assert s.calls[0] == (0, 0.0, 80, 80 * 81 / 2, 0)
+    assert [c[:3] for c in s.calls[1:17]] == [(1, 80.0 + j, 0) for j in range(16)]
+    assert s.calls[17] == (0, 0.0, 96, 96 * 97 / 2, 0)
+    assert [c[:3] for c in s.calls[18:]] == [(1, 96.0 + j, 0) for j in range(23)]
+    np.testing.assert_allclose(res.e2e_s, [2 * P + 39 * D], rtol=1e-9)
