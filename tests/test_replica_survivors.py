@@ -205,3 +205,21 @@ def test_a_request_alone_beside_pinned_prefixes_restarts_with_nothing_decoding()
     assert s.calls[17] == (0, 0.0, 96, 96 * 97 / 2, 0)
     assert [c[:3] for c in s.calls[18:]] == [(1, 96.0 + j, 0) for j in range(23)]
     np.testing.assert_allclose(res.e2e_s, [2 * P + 39 * D], rtol=1e-9)
+
+
+def test_a_victim_that_borrowed_prefix_blocks_frees_only_its_own():
+    """Preempting a request frees its own blocks, not the prefix-cache blocks it borrowed. A pool of
+    15 blocks of 16: A (group 0: its first 64 tokens shared) and C (no group), 71 prompt tokens
+    each, are computed in one step (P), A's prefix is then pinned (4 blocks). B (group 0, 65
+    tokens) arrives during that step and is admitted the next: it reads the 64 cached tokens,
+    computes 1 and holds 5 - 4 = 1 block of its own: 5 + 5 + 1 + 4 = 15. At step 10 A and C cross
+    into their 6th block (context 80): 17 > 15. B, the newest, frees its 1 (16, too many), then C
+    frees 6: only A decodes in that step. Before it, steps 2..9 decode all three, contexts
+    2 (71 + g - 1) + 65 + g - 2."""
+    s = _Recorder(0.1, 0.01)
+    req = _requests([71, 71, 65], [40, 40, 40], [0.0, 0.0, 0.05], prefix=[64, 0, 64], group=[0, -1, 0])
+    simulate(s, req, SimConfig(8, chunk_tokens=4096, kv_pool_tokens=15 * 16))
+    assert s.calls[0] == (0, 0.0, 142, 2 * 71 * 72 / 2, 0)
+    assert s.calls[1] == (2, 142.0, 1, 1 * 64 + 1.0, 64)
+    assert [c[:3] for c in s.calls[2:10]] == [(3, 203.0 + 3 * g, 0) for g in range(2, 10)]
+    assert s.calls[10][:3] == (1, 80.0, 0)
