@@ -8,6 +8,7 @@ import pytest
 from test_simulate import _poisson, _reference, _step
 
 from kvtune.costmodel.requests import Requests
+from kvtune.costmodel.step import SpecConfig
 from kvtune.costmodel.simulate import SimConfig, simulate, simulate_replica
 
 
@@ -223,3 +224,17 @@ def test_a_victim_that_borrowed_prefix_blocks_frees_only_its_own():
     assert s.calls[1] == (2, 142.0, 1, 1 * 64 + 1.0, 64)
     assert [c[:3] for c in s.calls[2:10]] == [(3, 203.0 + 3 * g, 0) for g in range(2, 10)]
     assert s.calls[10][:3] == (1, 80.0, 0)
+
+
+def test_a_speculating_victim_leaves_the_context_it_reached():
+    """With speculation (k = 1, every draft accepted: 2 tokens per verify step, so 40 tokens after
+    the first take 20 steps of gain 2), X and Y (100 prompt tokens, 41 output tokens) join a decode
+    replica of 14 blocks with 7 each. At step 6 both reach context 112 (8 blocks): 16 > 14, so Y
+    is preempted and the decoding set keeps X's context alone: 112 (not 200 + 6 x 4 less anything
+    else), growing 2 a step."""
+    s = _Recorder(0.1, 0.01)
+    s.speculation, s.verify_tokens_per_seq = SpecConfig(1, 1.0), 2
+    res = _decode_replica(s, _requests([100, 100], [41, 41], [0.0, 0.0]), cap=4, pool_tokens=14 * 16)
+    assert [c[:3] for c in s.calls[:6]] == [(2, 200.0 + 4 * j, 0) for j in range(6)]
+    assert [c[:3] for c in s.calls[6:20]] == [(1, 112.0 + 2 * j, 0) for j in range(14)]
+    assert res.preemptions == 1
