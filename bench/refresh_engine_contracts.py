@@ -31,9 +31,23 @@ the contract; only the files named are read, nothing is imported unless said):
   ``.set_examples`` for (llama-server takes those with LLAMA_EXAMPLE_SERVER or no restriction).
 - TensorRT-LLM 1.0.0: PyPI holds only a 1.6 kB stub that fetches the wheel from NVIDIA's own
   index, so the source is given with ``--trtllm-src`` (a checkout of NVIDIA/TensorRT-LLM at tag
-  v1.0.0, or an unpacked 1.0.0 wheel): the pydantic fields of tensorrt_llm/llmapi/llm_args.py
-  (TorchLlmArgs and the config classes the YAML sets, with Literal choices) and the click options
-  of tensorrt_llm/commands/serve.py. The sha256 recorded is of each file read.
+  v1.0.0 = commit ae8270b7, or an unpacked 1.0.0 wheel): the pydantic fields of
+  tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs and the config classes the YAML sets, with Literal
+  choices, and DecodingBaseConfig.from_dict's decoding_type table) and the click options of each
+  command in tensorrt_llm/commands/serve.py (``serve`` is trtllm-serve itself, the others
+  ``trtllm-serve NAME``). The sha256 recorded is of each file read; a PROVENANCE.json in or beside
+  that tree goes into the contract as it is. ``--trtllm-bracket DIR`` adds a later revision's
+  llm_args.py whose classes must also hold every key (for a tree read from before the tag).
+
+  The committed contract was made without the tag's own files: neither a wheel nor the repository
+  (about 2 GB, over the source tools' fetch limit) could be had, and the public code index these
+  sessions search stores no file at ae8270b7. It was made from hand-transcribed, annotation-only
+  extracts of the index's revisions (kept outside the repository, under the session's notes):
+  serve.py at 4c05a748 and two llm_args.py revisions bracketing 1.0.0 (a 1.0.0rc one, whose literal
+  sets are used, and a later one): ``--trtllm-src EXTRACT --trtllm-bracket LATER``. The contract's
+  ``source.provenance`` says which index files and commits, how they were dated, and why one
+  literal set (``CacheTransceiverConfig.backend``: upper case in 1.0.0, lower case in its release
+  candidates) is taken from the later revision (``literal_sets_from_bracket``).
 """
 
 from __future__ import annotations
@@ -490,42 +504,93 @@ def llamacpp_contract(arg_cpp: Path, src: dict, commit: str) -> dict:
 
 # ---- TensorRT-LLM ----------------------------------------------------------------------------
 
-TRTLLM_CLASSES = ("TorchLlmArgs", "KvCacheConfig", "CacheTransceiverConfig", "EagleDecodingConfig",
-                  "MTPDecodingConfig", "NGramDecodingConfig", "DraftTargetDecodingConfig")
+TRTLLM_CLASSES = ("TorchLlmArgs", "KvCacheConfig", "CacheTransceiverConfig", "DecodingBaseConfig",
+                  "EagleDecodingConfig", "MTPDecodingConfig", "NGramDecodingConfig", "DraftTargetDecodingConfig")
 
 
-def trtllm_contract(src_root: Path) -> dict:
+def _click_kind(node: ast.Call) -> dict:
+    kw = {k.arg: k.value for k in node.keywords if k.arg}
+    kind: dict = {"type": "flag" if "is_flag" in kw else "str"}
+    if "type" in kw:
+        t = ast.unparse(kw["type"])
+        if t in ("int", "float", "str"):
+            kind["type"] = t
+        elif "Choice" in t and isinstance(kw["type"], ast.Call) and kw["type"].args:
+            ch = kw["type"].args[0]
+            if isinstance(ch, (ast.List, ast.Tuple)):
+                kind["choices"] = [e.value for e in ch.elts if isinstance(e, ast.Constant)]
+    return kind
+
+
+def click_programs(serve: Path, base: str = "trtllm-serve") -> dict:
+    """The click commands of tensorrt_llm/commands/serve.py, each with its options: ``serve`` is
+    trtllm-serve's default command (DefaultGroup), the others are ``trtllm-serve NAME``."""
+    programs: dict[str, dict] = {}
+    for fn in ast.walk(ast.parse(serve.read_text())):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        name, flags = None, {}
+        for d in fn.decorator_list:
+            if not isinstance(d, ast.Call):
+                continue
+            func = ast.unparse(d.func)
+            if func.endswith("click.command"):
+                name = (_str_args(d) or [fn.name])[0]
+            elif func.endswith("click.option"):
+                for n in (n for n in _str_args(d) if n.startswith("-")):
+                    flags[n] = _click_kind(d)
+        if name is not None:
+            prog = base if name == "serve" else f"{base} {name}"
+            programs[prog] = {"flags": dict(sorted(flags.items()))}
+    return programs
+
+
+def decoding_types(llm_args: Path) -> dict:
+    """DecodingBaseConfig.from_dict's table: the YAML's speculative_config.decoding_type -> class."""
+    for node in ast.walk(ast.parse(llm_args.read_text())):
+        if isinstance(node, ast.Dict) and node.keys and all(isinstance(k, ast.Constant) for k in node.keys) \
+                and any(getattr(k, "value", None) == "Eagle" for k in node.keys):
+            return {k.value: ast.unparse(v) for k, v in zip(node.keys, node.values)}   # type: ignore[union-attr]
+    return {}
+
+
+def trtllm_contract(src_root: Path, bracket: Path | None = None) -> dict:
+    """TensorRT-LLM from a source tree (or the extract of one, with PROVENANCE.json beside it);
+    ``bracket``: llm_args.py of a later revision, so that a key must exist on both sides of the
+    version (its literal sets and types are not held: the pinned side's are)."""
     llm_args = next(iter(sorted(src_root.rglob("llmapi/llm_args.py"))), None)
     serve = next(iter(sorted(src_root.rglob("commands/serve.py"))), None)
-    if llm_args is None:
-        raise SystemExit(f"--trtllm-src {src_root}: no tensorrt_llm/llmapi/llm_args.py under it")
+    if llm_args is None or serve is None:
+        raise SystemExit(f"--trtllm-src {src_root}: needs tensorrt_llm/llmapi/llm_args.py and "
+                         f"tensorrt_llm/commands/serve.py under it")
     idx = Index([llm_args])
     configs = {c: {f: field_kind(a, idx) for f, a in idx.fields(c).items()} for c in TRTLLM_CLASSES}
-    flags: dict[str, dict] = {}
-    files = {"llm_args.py": sha256(llm_args)}
-    if serve is not None:
-        files["serve.py"] = sha256(serve)
-        tree = ast.parse(serve.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("click.option"):
-                names = [n for n in _str_args(node) if n.startswith("-")]
-                kw = {k.arg: k.value for k in node.keywords if k.arg}
-                kind: dict = {"type": "flag" if "is_flag" in kw else "str"}
-                if "type" in kw:
-                    t = ast.unparse(kw["type"])
-                    if t in ("int", "float", "str"):
-                        kind["type"] = t
-                    elif "Choice" in t and isinstance(kw["type"], ast.Call) and kw["type"].args:
-                        ch = kw["type"].args[0]
-                        if isinstance(ch, (ast.List, ast.Tuple)):
-                            kind["choices"] = [e.value for e in ch.elts if isinstance(e, ast.Constant)]
-                for n in names:
-                    flags[n] = kind
-    return {"engine": "trtllm", "name": "TensorRT-LLM", "version": PINS["trtllm"][1],
-            "source": {"archive": f"source tree {src_root.name}", "files_sha256": files,
-                       "origin": "--trtllm-src (NVIDIA/TensorRT-LLM v1.0.0)"},
-            "extracted_by": SCRIPT, "programs": {"trtllm-serve": {"flags": dict(sorted(flags.items()))}},
-            "configs": configs}
+    files = {str(p.relative_to(src_root)): sha256(p) for p in (llm_args, serve)}
+    source: dict = {"archive": f"source tree {src_root.name}", "files_sha256": files}
+    prov = next((p / "PROVENANCE.json" for p in (src_root, src_root.parent) if (p / "PROVENANCE.json").exists()),
+                None)
+    if prov is not None:
+        source["provenance"] = json.loads(prov.read_text())
+        source["origin"] = "NVIDIA/TensorRT-LLM files as stored in a public code index (see provenance)"
+    else:
+        source["origin"] = "--trtllm-src (NVIDIA/TensorRT-LLM v1.0.0)"
+    out = {"engine": "trtllm", "name": "TensorRT-LLM", "version": PINS["trtllm"][1], "source": source,
+           "extracted_by": SCRIPT, "programs": click_programs(serve), "configs": configs,
+           "decoding_types": decoding_types(llm_args)}
+    if bracket is not None:
+        later = next(iter(sorted(bracket.rglob("llmapi/llm_args.py"))), None)
+        if later is None:
+            raise SystemExit(f"--trtllm-bracket {bracket}: no tensorrt_llm/llmapi/llm_args.py under it")
+        lidx = Index([later])
+        out["bracket"] = {"files_sha256": {str(later.relative_to(bracket)): sha256(later)},
+                          "configs": {c: {f: field_kind(a, lidx) for f, a in lidx.fields(c).items()}
+                                      for c in TRTLLM_CLASSES},
+                          "decoding_types": decoding_types(later)}
+        # a literal set the provenance shows the tag shares with the later revision, not the earlier one
+        for dotted in source.get("provenance", {}).get("literal_sets_from_bracket", []):
+            cls, field = dotted.split(".")
+            configs[cls][field] = out["bracket"]["configs"][cls][field]
+    return out
 
 
 # ---- main ------------------------------------------------------------------------------------
@@ -544,6 +609,9 @@ def main(argv=None) -> None:
     ap.add_argument("--only", choices=sorted(PINS), action="append")
     ap.add_argument("--download-dir", type=Path, help="reuse archives here (default: a temporary folder)")
     ap.add_argument("--trtllm-src", type=Path, help="a TensorRT-LLM v1.0.0 source tree or unpacked wheel")
+    ap.add_argument("--trtllm-bracket", type=Path, help="a later TensorRT-LLM tree whose llm_args.py must also "
+                                                        "hold every key (when the pinned tree is a revision "
+                                                        "before the tag)")
     args = ap.parse_args(argv)
     only = set(args.only or PINS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -576,7 +644,7 @@ def main(argv=None) -> None:
             if args.trtllm_src is None:
                 print("trtllm: skipped (PyPI has no TensorRT-LLM 1.0.0 wheel; give --trtllm-src)")
             else:
-                write(trtllm_contract(args.trtllm_src), f"tensorrt-llm-{PINS['trtllm'][1]}.json")
+                write(trtllm_contract(args.trtllm_src, args.trtllm_bracket), f"tensorrt-llm-{PINS['trtllm'][1]}.json")
 
 
 if __name__ == "__main__":

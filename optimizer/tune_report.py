@@ -48,9 +48,15 @@ def round_table(result: TuneResult) -> list[str]:
     return lines
 
 
+# The summary's words for TuneResult.status (the JSON keeps the status key itself).
+_STATUS_WORDS = {"converged": "converged", "rounds": "stopped at the round limit", "budget": "stopped, budget spent",
+                 "unmeasurable": "stopped, unmeasurable", "infeasible": "stopped, infeasible"}
+
+
 def summary_lines(result: TuneResult, out_dir: str) -> list[str]:
     r = result
-    lines = [f"kvtune tune {r.workload}: {r.status} after {len(r.rounds)} round(s), {r.runs} runs, "
+    lines = [f"kvtune tune {r.workload}: {_STATUS_WORDS.get(r.status, r.status)} after {len(r.rounds)} round(s), "
+             f"{r.runs} runs, "
              f"{r.engine_s:.0f} s of engine time ({r.engine or 'engine'})", f"  {r.reason}"]
     if r.pick is not None:
         a1, ac = r.attainment_at_promise or {}, r.attainment_at_check or {}

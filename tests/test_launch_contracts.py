@@ -19,10 +19,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from engine_contracts import check_argv, contract, flag_value, vllm_startup_errors
+from engine_contracts import (check_argv, check_trtllm_api, contract, flag_value, trtllm_startup_errors,
+                              vllm_startup_errors)
 from helpers import kvtune, nested_keys
 from kvtune.costmodel import get_gpu, get_model
-from kvtune.optimizer.launch import (FLAGS, SPEC_METHODS, TRTLLM_DISAGG_KEYS, TRTLLM_KEYS, argv_of, build_pick,
+from kvtune.optimizer.launch import (SPEC_METHODS, TRTLLM_DISAGG_KEYS, argv_of, build_pick,
                                      disaggregated_launch, launch_settings)
 from kvtune.optimizer.launch.kubernetes import CONFIG_DIR
 
@@ -30,11 +31,6 @@ H100, H200 = get_gpu("h100-sxm"), get_gpu("h200")
 L8, L70, L405, DSV3, QMOE = (get_model(n) for n in ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
                                                      "deepseek-v3", "qwen3-30b-a3b"))
 K8S_VERSION = "1.33"
-# TensorRT-LLM 1.0.0's CacheTransceiverConfig.backend: Optional[Literal["default", "ucx", "nixl", "mpi"]]
-# (tensorrt_llm/llmapi/llm_args.py of the 1.0 line; later releases upper-case it). No 1.0.0 archive
-# is reachable from PyPI (a stub), so TensorRT-LLM has no contract file yet: its keys are held to
-# optimizer/launch/versions.py and this literal set.
-TRTLLM_BACKENDS = ("default", "ucx", "nixl", "mpi")
 LENGTHS = {"max_request_tokens": 9200, "max_prompt_tokens": 8000}   # the rag example's longest
 
 
@@ -76,41 +72,36 @@ DISAGGREGATED["disagg-8b-fp8kv"] = (_pool(L8, 1, 16, 4096, 1, kv="fp8"), _pool(L
 def _engine_of(argv: list[str]) -> str | None:
     for engine, prefix in (("vllm", "vllm serve"), ("sglang", "python -m sglang.launch_server"),
                            ("vllm-router", "vllm-router"), ("sglang-router", "python -m sglang_router.launch_router"),
-                           ("llamacpp", "llama-server"), ("trtllm", "trtllm-serve")):
+                           ("llamacpp", "llama-server"), ("trtllm-disagg", "trtllm-serve disaggregated"),
+                           ("trtllm", "trtllm-serve")):
         if " ".join(argv).startswith(prefix):
             return engine
     return None
-
-
-def _trtllm_errors(argv: list[str]) -> list[str]:
-    """trtllm-serve against optimizer/launch/versions.py (no 1.0.0 contract file: see TRTLLM_BACKENDS)."""
-    flags = [a for a in argv if a.startswith("-")]
-    return [f"{f}: not a trtllm-serve option kvtune has read" for f in flags if f not in FLAGS["trtllm"]]
 
 
 def command_errors(argv: list[str], pool_tokens_per_gpu: int | None = None) -> list[str]:
     engine = _engine_of(argv)
     if engine is None:
         return [f"unknown program {argv[:3]}"]
-    if engine == "trtllm":
-        return _trtllm_errors(argv)
     errors = check_argv(engine, argv)
     if engine == "vllm":
         errors += vllm_startup_errors(argv, pool_tokens_per_gpu)
     return errors
 
 
-def trtllm_yaml_errors(text: str, keys=TRTLLM_KEYS) -> list[str]:
+def trtllm_yaml_errors(text: str, keys=None) -> list[str]:
+    """An ``--extra_llm_api_options`` YAML against TensorRT-LLM 1.0.0's own classes
+    (tests/contracts/tensorrt-llm-1.0.0.json); with ``keys`` (the disaggregated server's YAML, which
+    ``trtllm-serve disaggregated -c`` parses in llmapi/disagg_utils.py, not in the contract) its
+    keys against that table. A disaggregated worker must also size its transfer buffer
+    (``max_tokens_in_buffer``), as the README promises."""
     api = yaml.safe_load(text)
-    errors = [f"{k}: not a TensorRT-LLM 1.0.0 key kvtune has read" for k in nested_keys(api) if k not in keys]
+    if keys is not None:
+        return [f"{k}: not a disaggregated-server key kvtune has read" for k in nested_keys(api) if k not in keys]
+    errors = check_trtllm_api(api)
     ct = api.get("cache_transceiver_config") if isinstance(api, dict) else None
-    if ct is not None:
-        if ct.get("backend") not in TRTLLM_BACKENDS:
-            errors.append(f"cache_transceiver_config.backend {ct.get('backend')!r} not in 1.0's {TRTLLM_BACKENDS}")
-        if not isinstance(ct.get("max_tokens_in_buffer"), int):
-            errors.append("cache_transceiver_config.max_tokens_in_buffer not set")
-    if isinstance(api, dict) and "max_seq_len" in api and not isinstance(api["max_seq_len"], int):
-        errors.append("max_seq_len is not an int")
+    if ct is not None and not isinstance(ct.get("max_tokens_in_buffer"), int):
+        errors.append("cache_transceiver_config.max_tokens_in_buffer not set")
     return errors
 
 
@@ -175,8 +166,13 @@ def manifest_errors(text: str, pools: dict[str, int | None] | None = None) -> li
                         if cm is None or fname not in config_maps.get(cm, {}):
                             errors.append(f"{where}: {tok} is not a mounted ConfigMap file")
                         elif fname.endswith(".yaml"):
-                            keys = TRTLLM_DISAGG_KEYS if fname.startswith("disagg") else TRTLLM_KEYS
-                            errors += [f"{where}: {fname}: {e}" for e in trtllm_yaml_errors(config_maps[cm][fname], keys)]
+                            keys = TRTLLM_DISAGG_KEYS if fname.startswith("disagg") else None
+                            text = config_maps[cm][fname]
+                            errors += [f"{where}: {fname}: {e}" for e in trtllm_yaml_errors(text, keys)]
+                            if keys is None:
+                                errors += [f"{where}: {fname}: {e}" for e in trtllm_startup_errors(
+                                    c["command"], yaml.safe_load(text),
+                                    disaggregated=fname in ("ctx_config.yaml", "gen_config.yaml"))]
                 role = t["metadata"]["labels"].get("role", "")
                 errors += [f"{where}: {e}" for e in command_errors(c["command"], (pools or {}).get(role))]
     return errors
@@ -207,6 +203,8 @@ def aggregated_errors(r: dict) -> list[str]:
     if "trtllm" not in r["unsupported"]:
         errors += [f"trtllm: {x}" for x in command_errors(argv_of(r["trtllm"]["command"]))]
         errors += [f"trtllm config.yaml: {x}" for x in trtllm_yaml_errors(r["trtllm"]["config_yaml"])]
+        errors += [f"trtllm start-up: {x}" for x in trtllm_startup_errors(argv_of(r["trtllm"]["command"]),
+                                                                           yaml.safe_load(r["trtllm"]["config_yaml"]))]
     if "k8s" not in r["unsupported"]:
         role_pool = {"": pool, "leader": pool, "worker": pool}
         errors += [f"k8s: {x}" for x in manifest_errors(r["k8s"], role_pool)]
@@ -226,8 +224,13 @@ def disaggregated_errors(r: dict) -> list[str]:
         errors += [f"{e} router: {x}" for x in command_errors(router)]
     if "trtllm" not in r["unsupported"]:
         t = r["trtllm"]
+        yamls = {"ctx_config.yaml": t["ctx_config_yaml"], "gen_config.yaml": t["gen_config_yaml"]}
         for argv in _blocks(t["command"]):
             errors += [f"trtllm: {x}" for x in command_errors(argv)]
+            cfg = flag_value(argv, "--extra_llm_api_options")
+            if cfg is not None:
+                errors += [f"trtllm start-up ({cfg}): {x}"
+                           for x in trtllm_startup_errors(argv, yaml.safe_load(yamls[cfg]), disaggregated=True)]
         errors += [f"trtllm ctx: {x}" for x in trtllm_yaml_errors(t["ctx_config_yaml"])]
         errors += [f"trtllm gen: {x}" for x in trtllm_yaml_errors(t["gen_config_yaml"])]
         errors += [f"trtllm disagg: {x}" for x in trtllm_yaml_errors(t["disagg_config_yaml"], TRTLLM_DISAGG_KEYS)]
@@ -330,8 +333,17 @@ def test_the_checks_catch_what_issue_23_found():
     assert vllm_startup_errors(["vllm", "serve", "m"], 8827)                            # no --max-model-len
     assert vllm_startup_errors(["--max-model-len", "8816"], 8827)                       # one block too many
     assert not vllm_startup_errors(["--max-model-len", "8800"], 8827)
-    assert trtllm_yaml_errors("cache_transceiver_config: {backend: UCX, max_tokens_in_buffer: 8000}")
-    assert trtllm_yaml_errors("cache_transceiver_config: {backend: ucx}")               # no max_tokens_in_buffer
+    assert trtllm_yaml_errors("cache_transceiver_config: {backend: ucx, max_tokens_in_buffer: 8000}")  # rc case
+    assert not trtllm_yaml_errors("cache_transceiver_config: {backend: UCX, max_tokens_in_buffer: 8000}")
+    assert trtllm_yaml_errors("cache_transceiver_config: {backend: UCX}")               # no max_tokens_in_buffer
+    assert check_argv("trtllm", ["trtllm-serve", "m", "--tensor_parallel_size", "2"])   # not a trtllm-serve option
+    assert check_argv("trtllm", ["trtllm-serve", "m", "--backend", "vllm"])            # ChoiceWithAlias set
+    assert check_argv("trtllm-disagg", ["trtllm-serve", "disaggregated", "-c", "x", "--tp_size", "2"])
+    assert trtllm_yaml_errors("kv_cache_config: {free_gpu_memory_fraction: 0.8, max_kv_tokens: 9}")  # no such field
+    assert trtllm_yaml_errors("kv_cache_config: {max_tokens: 8.5}")                    # not an int
+    assert trtllm_yaml_errors("speculative_config: {decoding_type: Eagle3, max_draft_len: 3}")  # 1.0 has no Eagle3 key
+    assert trtllm_yaml_errors("speculative_config: {decoding_type: MTP, speculative_model: x}")  # later releases' name
+    assert trtllm_yaml_errors("enable_chunked_prefill: yes please")                    # not a bool
     bad = ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: r}\nspec:\n  selector: {matchLabels: {a: b}}\n"
            "  template:\n    metadata: {labels: {a: b}}\n    spec:\n      containers:\n      - name: r\n"
            "        image: python:3.12-slim\n        command: [sh, -c, pip install vllm-router && vllm-router]\n"
@@ -339,6 +351,82 @@ def test_the_checks_catch_what_issue_23_found():
     errs = manifest_errors(bad)
     assert any("installs at start-up" in e for e in errs) and any("probes" in e for e in errs)
     assert any("resource" in e for e in errs)
+
+
+def test_the_trtllm_contract_names_the_files_it_was_read_from():
+    """TensorRT-LLM 1.0.0 has no archive on PyPI: its contract names each file read (sha256 of the
+    extract, the index file id and, where the index gives it, the upstream commit) and the commit
+    the v1.0.0 tag points at, and holds the 1.0 names kvtune relies on."""
+    c = contract("trtllm")
+    assert c["version"] == "1.0.0" and set(c["programs"]) == {"trtllm-serve", "trtllm-serve disaggregated"}
+    files = c["source"]["files_sha256"]
+    assert len(files) == 2 and all(len(h) == 64 for h in files.values())
+    prov = c["source"]["provenance"]
+    assert prov["tag_commit"].startswith("ae8270b7")
+    assert prov["files"]["tensorrt_llm/commands/serve.py"]["commit"].startswith("4c05a748")
+    # 1.0.0's backend literals: upper case, taken from the later revision as the provenance records
+    assert c["configs"]["CacheTransceiverConfig"]["backend"]["choices"] == ["DEFAULT", "UCX", "NIXL", "MPI"]
+    assert prov["literal_sets_from_bracket"] == ["CacheTransceiverConfig.backend"]
+    assert {"speculative_model_dir", "max_draft_len"} <= set(c["configs"]["EagleDecodingConfig"])
+    assert c["decoding_types"]["DraftTarget"] == "DraftTargetDecodingConfig"
+    # the later revision bracketing 1.0.0: upper-case literals, the same keys kvtune writes
+    later = c["bracket"]["configs"]
+    assert later["CacheTransceiverConfig"]["backend"]["choices"] == ["DEFAULT", "UCX", "NIXL", "MPI"]
+    assert len(c["bracket"]["files_sha256"]) == 1
+
+
+TRTLLM_KINDS = ("chat-8b", "fp8-weights-fp8-kv-70b", "gpu-choice-h200-70b", "moe-dp-attention", "trtllm-k8s-70b",
+                "spec-eagle3", "spec-mtp", "spec-ngram", "spec-draft")
+
+
+def test_every_kind_of_pick_reaches_the_trtllm_checks_or_is_refused_with_a_reason():
+    """The TensorRT-LLM checks above are not vacuous: aggregated, MoE with attention DP, FP8,
+    another GPU, each speculative method 1.0's PyTorch backend runs, and disaggregated picks all
+    emit a trtllm-serve line and YAML (checked against the contract); a multi-node replica and
+    EAGLE-1/Medusa heads are refused, each with its reason, instead of emitting a line."""
+    for kind in TRTLLM_KINDS:
+        arch, cfg, spec, weights, engine, gpu = AGGREGATED[kind]
+        r = _agg(arch, cfg, spec, weights, engine, gpu)
+        assert "trtllm" not in r["unsupported"], (kind, r["unsupported"].get("trtllm"))
+        assert yaml.safe_load(r["trtllm"]["config_yaml"])["kv_cache_config"]
+    for kind, why in (("multinode-405b-vllm", "MPI"), ("spec-eagle", "eagle"), ("spec-medusa", "Medusa")):
+        arch, cfg, spec, weights, engine, gpu = AGGREGATED[kind]
+        assert why in _agg(arch, cfg, spec, weights, engine, gpu)["unsupported"]["trtllm"]
+    r = disaggregated_launch(PRE, DEC, "x", "trtllm")
+    assert "trtllm" not in r["unsupported"]
+    assert {yaml.safe_load(r["trtllm"][f])["cache_transceiver_config"]["backend"]
+            for f in ("ctx_config_yaml", "gen_config_yaml")} == {"UCX"}   # 1.0.0's literal (contract)
+    assert sum("1.0.0rc6 and older" in n for n in r["trtllm"]["command"].splitlines()) == 2
+
+
+def test_trtllm_startup_checks_catch_what_1_0_refuses():
+    """The start-up checks of TensorRT-LLM 1.0's llm_args.py that a launch can trip, each shown."""
+    argv = ["trtllm-serve", "m", "--max_batch_size", "64", "--max_num_tokens", "4096"]
+    assert not trtllm_startup_errors(argv, {"max_batch_size": 64, "max_num_tokens": 4096})
+    assert trtllm_startup_errors(argv, {"max_batch_size": 65})                   # above build_config
+    assert trtllm_startup_errors(argv, {"max_num_tokens": 8192})
+    assert trtllm_startup_errors(["trtllm-serve", "m"], {"max_batch_size": 64})   # no flag: unknown default
+    assert trtllm_startup_errors(argv, {"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 3}})
+    assert trtllm_startup_errors(argv, {"speculative_config": {"decoding_type": "DraftTarget",
+                                                               "speculative_model_dir": "d"}})
+    assert trtllm_startup_errors(argv, {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 3}})
+    assert trtllm_startup_errors(argv, {"speculative_config": {"decoding_type": "MTP",
+                                                               "num_nextn_predict_layers": 0}})
+    assert trtllm_startup_errors(argv, {"cache_transceiver_config": {"max_tokens_in_buffer": 8}}, disaggregated=True)
+
+
+def test_a_key_missing_from_either_revision_round_1_0_0_is_refused():
+    """A key of the pinned (1.0.0rc) revision that the later revision dropped or renamed, or one
+    only the later revision has, is refused: kvtune writes only keys on both sides of the tag."""
+    assert check_trtllm_api({"connector_config": None})          # 1.0.0rc name; later: kv_connector_config
+    assert check_trtllm_api({"kv_connector_config": None})       # later name only
+    assert check_trtllm_api({"kv_cache_config": {"tokens_per_block": 32}})   # later only
+    assert check_trtllm_api({"speculative_config": {"decoding_type": "NGram", "is_auto_heuristic": True}})
+    assert check_trtllm_api({"speculative_config": {"decoding_type": "SaveState"}})
+    assert not check_trtllm_api({"kv_cache_config": {"max_tokens": 100, "dtype": "fp8"},
+                                 "cache_transceiver_config": {"backend": "UCX", "max_tokens_in_buffer": 10},
+                                 "speculative_config": {"decoding_type": "Eagle", "max_draft_len": 3,
+                                                        "speculative_model_dir": "d", "eagle3_one_model": True}})
 
 
 def test_the_contracts_name_their_source_archive():

@@ -81,7 +81,7 @@ def test_each_pool_runs_its_own_knobs_and_role_and_the_router_lists_every_replic
     assert route.count("8998") == 2   # each prefill server with its bootstrap port
     ctx, gen = (yaml.safe_load(r["trtllm"][k]) for k in ("ctx_config_yaml", "gen_config_yaml"))
     assert ctx["disable_overlap_scheduler"] is True and "disable_overlap_scheduler" not in gen
-    assert ctx["cache_transceiver_config"]["backend"] == gen["cache_transceiver_config"]["backend"] == "ucx"  # 1.0 literal
+    assert ctx["cache_transceiver_config"]["backend"] == gen["cache_transceiver_config"]["backend"] == "UCX"  # 1.0.0 literal
     assert ctx["cache_transceiver_config"]["max_tokens_in_buffer"] == 4500   # the longest prompt known (here the request)
     assert ctx["tensor_parallel_size"] == 4 and gen["tensor_parallel_size"] == 2
     d = yaml.safe_load(r["trtllm"]["disagg_config_yaml"])

@@ -9,7 +9,7 @@ simulated in ``costmodel.deployment``, as each engine runs it.
   (its default, named explicitly) and the prefill's bootstrap port, behind
   ``python -m sglang_router.launch_router --pd-disaggregation`` (sglang-router 0.3.2);
 - TensorRT-LLM 1.0.0: context and generation ``trtllm-serve`` workers, each with its
-  ``cache_transceiver_config`` (backend ``ucx``, ``max_tokens_in_buffer`` = the longest prompt), and
+  ``cache_transceiver_config`` (backend ``UCX``, ``max_tokens_in_buffer`` = the longest prompt), and
   ``trtllm-serve disaggregated -c disagg_config.yaml``;
 - Kubernetes (every engine but llama.cpp): a StatefulSet per pool (stable pod names the router
   lists), their headless Services, the config files as a mounted ConfigMap (TensorRT-LLM), and the
@@ -44,10 +44,11 @@ VLLM_SIDE_CHANNEL_PORT = 5600  # vllm/envs.py VLLM_NIXL_SIDE_CHANNEL_PORT defaul
 # node's network across nodes, NVLink/CUDA IPC within one)
 VLLM_CONNECTOR = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}   # vllm/config/kv_transfer.py
 SGLANG_BACKEND = "mooncake"   # disagg.py disaggregation_transfer_backend (default mooncake)
-# cache_transceiver_config.backend: TensorRT-LLM 1.0's CacheTransceiverConfig.backend is
-# Optional[Literal["default", "ucx", "nixl", "mpi"]] (lower case; later releases upper-case it):
-# tests/contracts/tensorrt-llm-1.0.0.json
-TRTLLM_BACKEND = "ucx"
+# cache_transceiver_config.backend: TensorRT-LLM 1.0.0's CacheTransceiverConfig.backend is
+# Optional[Literal["DEFAULT", "UCX", "NIXL", "MPI"]] (tests/contracts/tensorrt-llm-1.0.0.json, whose
+# provenance says how 1.0.0's set was told from the release candidates' lower-case one); a 1.0.0rc6
+# or older worker wants "ucx", and the launch notes say so
+TRTLLM_BACKEND = "UCX"
 
 
 def _hosts(role: str, n: int) -> list[str]:
@@ -135,6 +136,8 @@ def _trtllm_config(p: LaunchPick, role: str, config_dir: str = "") -> tuple[list
         notes.append("KV transfer buffer: no workload lengths given, so max_tokens_in_buffer is left at "
                      "TensorRT-LLM's default; set it to at least the longest prompt")
     api["cache_transceiver_config"] = ct
+    notes.append(f"KV transfer: cache_transceiver_config.backend {TRTLLM_BACKEND!r} is TensorRT-LLM 1.0.0's "
+                 f"spelling; 1.0.0rc6 and older release candidates take {TRTLLM_BACKEND.lower()!r}")
     return argv, api, notes
 
 
@@ -239,10 +242,11 @@ def _k8s(prefill: LaunchPick, decode: LaunchPick, name: str, engine: str) -> str
         image = ROUTER_IMAGES["vllm-router"]
         cmd = vllm_router_argv([f"http://{h}:{ENGINE_PORT}" for h in pre], [f"http://{h}:{ENGINE_PORT}" for h in dec])
         health: tuple[str, str] | None = _ROUTER_HEALTH
-        head_extra.append(f"router image {image}: vllm-router publishes no release-numbered image (Docker Hub "
-                          f"vllm/vllm-router carries nightly builds only); its flags here are checked against "
-                          f"{rv.label}. To run exactly {rv.label}, build FROM python:3.12-slim with pip install "
-                          f"vllm-router=={rv.version} and set that image")
+        head_extra.append(f"router image {image}: a dated nightly; Docker Hub keeps only the newest 14 nightly "
+                          f"tags of vllm/vllm-router, so check it still pulls (docker manifest inspect) or set "
+                          f"vllm/vllm-router:v{rv.version} if that release tag was published; its flags here are "
+                          f"checked against {rv.label}. To run exactly {rv.label}, build FROM python:3.12-slim "
+                          f"with pip install vllm-router=={rv.version} and set that image")
     elif engine == "sglang":
         # lmsysorg/sglang builds and installs sgl-router from the same source tree (docker/Dockerfile:
         # "Build and install sgl-router"): the pinned engine image already holds the router

@@ -1,5 +1,7 @@
 """``trtllm-serve`` and its ``--extra_llm_api_options`` YAML for TensorRT-LLM 1.0.0 (PyTorch
-backend; keys: versions.FLAGS["trtllm"], versions.TRTLLM_KEYS).
+backend). Every flag and key is one of 1.0's own definitions: serve.py's click options and
+llm_args.py's pydantic classes, extracted into tests/contracts/tensorrt-llm-1.0.0.json, which CI
+checks each emitted line and YAML against (versions.FLAGS / TRTLLM_KEYS say where each is read).
 
 Memory: ``kv_cache_config.free_gpu_memory_fraction`` is a share of the memory *left free after the
 model is loaded* (KvCacheConfig), not vLLM's share of all memory. kvtune's pool per GPU is

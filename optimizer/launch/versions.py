@@ -45,9 +45,10 @@ ENGINE_VERSIONS: dict[str, EngineVersion] = {
         "lmsysorg/sglang:v0.5.23"),
     "trtllm": EngineVersion(
         "trtllm", "TensorRT-LLM", "1.0.0",
-        "TensorRT-LLM 1.0.0 documentation (nvidia.github.io/TensorRT-LLM/1.0.0): commands/trtllm-serve, "
-        "llm-api/reference (LlmArgs/TorchLlmArgs, KvCacheConfig, EagleDecodingConfig, MTPDecodingConfig, "
-        "NGramDecodingConfig, DraftTargetDecodingConfig), examples/llm_speculative_decoding.py",
+        "NVIDIA/TensorRT-LLM sources of the 1.0 line (tag v1.0.0 = ae8270b7): tensorrt_llm/commands/serve.py "
+        "(click options, revision 4c05a748) and tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs, KvCacheConfig, "
+        "CacheTransceiverConfig, DecodingBaseConfig subclasses, a 1.0.0rc revision), as extracted into "
+        "tests/contracts/tensorrt-llm-1.0.0.json",
         "nvcr.io/nvidia/tensorrt-llm/release:1.0.0"),
     "llamacpp": EngineVersion(
         "llamacpp", "llama.cpp llama-server", "0c1e57098",
@@ -71,9 +72,11 @@ ROUTER_VERSIONS: dict[str, EngineVersion] = {
 
 # the container image each router runs from in a Kubernetes manifest: one that already holds the
 # router, so nothing is installed when the pod starts.
-# - vllm-router: Docker Hub vllm/vllm-router publishes nightly builds only (tags nightly and
-#   nightly-<date>-<commit>, as vLLM's MoRIIO connector docs and public launch scripts use them), no
-#   release-numbered tag: the manifest pins a dated nightly and says so;
+# - vllm-router: Docker Hub vllm/vllm-router carries nightly-<date>-<commit> tags (public launch
+#   scripts pin this one), but vllm-project/router's .buildkite/scripts/cleanup-nightly-router-builds.sh
+#   keeps only the newest 14 of them, so a dated pin stops pulling about two weeks after its date; its
+#   release pipeline can also publish vX.Y.Z and latest (.buildkite/README.md: manually gated), and
+#   whether v0.1.17 was published is not verified here: the manifest says all this;
 # - sglang-router: lmsysorg/sglang builds and installs sgl-router from the same source tree
 #   (sglang docker/Dockerfile, "Build and install sgl-router"), so the pinned engine image holds it.
 ROUTER_IMAGES: dict[str, str] = {
@@ -200,7 +203,9 @@ FLAGS: dict[str, dict[str, str]] = {
     },
 }
 
-# TensorRT-LLM 1.0.0 LLM-API keys of the --extra_llm_api_options YAML: dotted path -> documentation section
+# TensorRT-LLM 1.0.0 LLM-API keys of the --extra_llm_api_options YAML: dotted path -> where it is defined.
+# A reader's table: CI checks every emitted YAML against the classes themselves
+# (tests/contracts/tensorrt-llm-1.0.0.json, tests/engine_contracts.py check_trtllm_api).
 TRTLLM_KEYS: dict[str, str] = {
     "tensor_parallel_size": "llm-api/reference LlmArgs",
     "pipeline_parallel_size": "llm-api/reference LlmArgs",
@@ -227,7 +232,8 @@ TRTLLM_KEYS: dict[str, str] = {
     "disable_overlap_scheduler": "TorchLlmArgs; off on context servers (examples/disaggregated/README.md: the "
                                  "overlap scheduler is not supported there)",
     "cache_transceiver_config": "TorchLlmArgs -> CacheTransceiverConfig",
-    "cache_transceiver_config.backend": "CacheTransceiverConfig (DEFAULT, UCX, NIXL, MPI)",
+    "cache_transceiver_config.backend": "CacheTransceiverConfig: 1.0.0's Literal DEFAULT, UCX, NIXL, MPI (the "
+                                        "1.0.0 release candidates took them lower case)",
     "cache_transceiver_config.max_tokens_in_buffer": "CacheTransceiverConfig (>= the longest prompt, README)",
 }
 
