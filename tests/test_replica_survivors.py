@@ -238,3 +238,25 @@ def test_a_speculating_victim_leaves_the_context_it_reached():
     assert [c[:3] for c in s.calls[:6]] == [(2, 200.0 + 4 * j, 0) for j in range(6)]
     assert [c[:3] for c in s.calls[6:20]] == [(1, 112.0 + 2 * j, 0) for j in range(14)]
     assert res.preemptions == 1
+
+
+def test_a_slot_freed_by_preemption_lends_no_prefix_blocks():
+    """A slot a preempted request leaves borrows nothing any more, even while a higher slot is in use.
+    A pool of 18 blocks of 16. E (16 prompt tokens, 3 output tokens), A (71, the first 64 its group's
+    prefix) and C (71), 60 output tokens each, are computed in one step; A's prefix is pinned (4
+    blocks); they take slots 0, 1, 2. E finishes at step 3 and frees slot 0; B (group 0, 65 tokens)
+    arrives meanwhile, reads the cached 64 and computes 1 token in step 3 (beside A and C): slot 0,
+    holding 5 - 4 = 1 block of its own. Steps 4..25 decode all three (contexts 2 (70 + g) + 61 + g).
+    At step 26 A and C reach 7 blocks, B 6 (2 of its own): 20 > 18, so B is preempted (18 left).
+    B needs 2 blocks to come back: A and C's 14 and the 4 pinned leave none, so they decode alone
+    until step 42, where they reach 8 blocks each (20 > 18) and C, the newest, is preempted."""
+    s = _Recorder(0.1, 0.01)
+    req = _requests([16, 71, 71, 65], [3, 60, 60, 60], [0.0, 0.0, 0.0, 0.1 + 0.015], prefix=[0, 64, 0, 64],
+                    group=[-1, 0, -1, 0])
+    res = simulate(s, req, SimConfig(8, chunk_tokens=4096, kv_pool_tokens=18 * 16))
+    assert s.calls[0][:3] == (0, 0.0, 158)
+    assert s.calls[3][:3] == (2, 146.0, 1)
+    assert [c[:3] for c in s.calls[4:26]] == [(3, 201.0 + 3 * g, 0) for g in range(4, 26)]
+    assert [c[:3] for c in s.calls[26:42]] == [(2, 2 * (70.0 + g), 0) for g in range(26, 42)]
+    assert s.calls[42][:3] == (1, 112.0, 0)
+    assert res.preemptions >= 2
