@@ -370,8 +370,12 @@ def planted_mutant(copy: Path, names: list[str]) -> str:
 # --- reports --------------------------------------------------------------------------------------------------
 
 def run_kind(r: dict) -> str:
-    """'all' (every mutant of the module), 'sample' or 'survivors' (an earlier run's survivors only)."""
-    return r.get("run") or ("sample" if r.get("sampled") else "all")
+    """'all' (every mutant of the module), 'sample' or 'survivors' (an earlier run's survivors only);
+    an 'all' run stopped by --module-timeout says how far it got (the rest were never tested)."""
+    kind = r.get("run") or ("sample" if r.get("sampled") else "all")
+    if kind == "all" and r.get("tested", 0) < r.get("mutants", 0):
+        kind = f"all, stopped after {r['tested']} of {r['mutants']}"
+    return kind
 
 
 def table(rows: list[dict]) -> str:
