@@ -436,7 +436,7 @@ def combine(paths: list[Path], md: Path) -> int:
                     f"{m['load_before']} before, {m['load_after']} after")
         for r in blob["modules"]:
             prev = by_module.get(r["module"])
-            if run_kind(r) == "survivors" and prev is not None and run_kind(prev) != "sample" \
+            if run_kind(r) == "survivors" and prev is not None and not run_kind(prev).startswith("sample") \
                     and {s["name"] for s in prev["survivors"]} >= {s["name"] for s in r["survivors"]}:
                 # an earlier full run's survivors tested again (after new tests): its counts updated. A rerun of
                 # some of them (``selected``) keeps the others, and those it never reached, as survivors
