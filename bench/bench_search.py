@@ -17,7 +17,8 @@ timed around the process (wall seconds, and the CPU seconds of the process and i
 oracle's CPU seconds for the same example (the summed simulation time of verifying every lattice
 config, from ``bench/bench_oracle.py``'s cache when it has run). The target is <= 10 s wall on 2
 cores; on a shared machine the wall time also holds other processes' turns, so the CPU seconds are
-printed too (on 2 idle cores, wall ~ CPU / jobs + start-up).
+printed too (on 2 idle cores, wall ~ CPU / jobs + start-up), with CPU / 2 (the wall on 2 idle cores
+kept busy, a lower bound), the load average after each run, and pass/FAIL against 10 s for both.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL = sorted(p.stem for p in (ROOT / "examples").glob("*.yaml"))
+TARGET_WALL_S = 10.0  # issue 22 item 7: every example <= 10 s wall on 2 cores
 
 
 def timed_solve(path: Path, args: list[str], code: str | None = None) -> tuple[dict, float, float]:
@@ -73,14 +75,20 @@ def main() -> int:
         return compare(a)
     ok = True
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
-    print("| example | seed | pick | $/h | goodput req/s | verified / simulations | wall s | cpu s | oracle cpu s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"target: <= {TARGET_WALL_S:g} s wall on 2 cores; 'cpu s / 2' is that wall on 2 idle cores with both kept "
+          "busy (a lower bound: the search's sequential steps leave one idle)")
+    print("| example | seed | pick | $/h | goodput req/s | verified / simulations | wall s | cpu s | cpu s / 2 | "
+          "load | wall <= 10 s | cpu / 2 <= 10 s | oracle cpu s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in a.examples.split(","):
         picks = []
         for seed in a.seeds.split(","):
             r, wall, cpu = timed_solve(ROOT / "examples" / f"{name}.yaml", ["--seed", seed, "--jobs", a.jobs])
+            load = os.getloadavg()[0]
+            verdict = (f"{wall:.1f} | {cpu:.1f} | {cpu / 2:.1f} | {load:.1f} | {'pass' if wall <= TARGET_WALL_S else 'FAIL'} | "
+                       f"{'pass' if cpu / 2 <= TARGET_WALL_S else 'FAIL'}")
             if r.get("status") != "ok":
-                print(f"| {name} | {seed} | {r.get('status')}: {r.get('reason', '')[:80]} | | | | {wall:.1f} | {cpu:.1f} | |")
+                print(f"| {name} | {seed} | {r.get('status')}: {r.get('reason', '')[:80]} | | | | {verdict} | |")
                 ok = False
                 continue
             rec, v = r["recommendation"], r["verification"]
@@ -89,9 +97,9 @@ def main() -> int:
             pp = f"xPP{rec['pp']}" if rec.get("pp", 1) > 1 else ""
             print(f"| {name} | {seed} | {rec['replicas']} x TP{rec['tp']}{pp} {rec['kv_dtype']} k{rec['spec_k']} "
                   f"b{rec['batch_cap']} c{rec['chunk_tokens']} | {r['cost']['usd_per_hour']:.2f} | "
-                  f"{r['predicted']['goodput_req_s']:.2f} | {v['configs']} / {v['simulations']} | {wall:.1f} | {cpu:.1f} | "
+                  f"{r['predicted']['goodput_req_s']:.2f} | {v['configs']} / {v['simulations']} | {verdict} | "
                   f"{'' if o is None else f'{o:.0f}'} |", flush=True)
-            ok &= wall <= 10.0
+            ok &= wall <= TARGET_WALL_S
         if len({json.dumps(p, sort_keys=True) for p in picks}) > 1:
             print(f"  {name}: the seeds gave different picks")
             ok = False

@@ -35,8 +35,10 @@ fit either pool is rejected (never served) with the reason.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,27 +122,10 @@ def simulate_disaggregated(prefill: Pool, decode: Pool, requests: Requests, link
     order = np.argsort(arr, kind="stable")
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
-    x, y = int(prefill.replicas), int(decode.replicas)
+    y = int(decode.replicas)
 
     # ---- prefill pool: each request's prompt, and the first token with it ----------------------
-    ready = np.full(n, math.inf)      # engine time the prompt is done
-    rej = np.zeros(n, dtype=bool)
-    preemptions = steps = events = 0
-    reasons = []
-    for p in range(x):
-        idx = order[p::x]
-        if idx.size == 0:
-            continue
-        sub = _subset(requests, idx, arr[idx], output_tokens=np.ones(idx.size, dtype=np.int64))
-        r = simulate_replica(prefill.step, sub, prefill.config, arrival, None, seed, 0.0, naive=False)
-        front = float(prefill.step.request_overhead_s)
-        done = r.arrival_s + r.e2e_s - front
-        ok = ~np.isinf(r.ttft_s)
-        ready[idx[ok]] = done[ok]
-        rej[idx[~ok]] = True
-        preemptions, steps, events = preemptions + r.preemptions, steps + r.steps, events + r.events
-        if r.reject_reason:
-            reasons.append(f"prefill pool: {r.reject_reason}")
+    ready, rej, preemptions, steps, events, reasons = _prefill_pool(prefill, requests, arr, order, arrival, seed)
 
     # ---- the KV transfers, one at a time into each decode replica -------------------------------
     xfer = exposed_transfer_s(prefill, decode, requests.input_tokens, link, eng.kv_sent_per_chunk)
@@ -186,6 +171,64 @@ def simulate_disaggregated(prefill: Pool, decode: Pool, requests: Requests, link
     with np.errstate(invalid="ignore"):
         return DisaggResult(res, np.where(rej, math.inf, ready - arr), np.where(rej, math.inf, xfer),
                             np.where(rej, math.inf, arrive_d - ready), prefill.gpus + decode.gpus, link)
+
+
+# the prefill pool's outcome per step model (weakly: it lives as long as the model) and per inputs:
+# a search simulates one prefill pool beside many decode pools, on the same requests
+_PREFILL_MEMO: "weakref.WeakKeyDictionary[StepCost, dict]" = weakref.WeakKeyDictionary()
+_PREFILL_MEMO_MAX = 256  # entries per step model (a few arrays of n each)
+
+
+def _prefill_pool(prefill: Pool, requests: Requests, arr: np.ndarray, order: np.ndarray, arrival: str,
+                  seed: int) -> tuple[np.ndarray, np.ndarray, int, int, int, list[str]]:
+    """The prefill pool's replicas, each on its share of the requests (round robin in arrival
+    order) with one output token: (engine time each prompt is done, rejected, preemptions, steps,
+    events, reject reasons). A pure function of its inputs: the same inputs give the result
+    computed before (fresh copies), keyed by the model and a digest of every input it reads."""
+    x = int(prefill.replicas)
+    h = hashlib.blake2b(digest_size=20)
+    for a in (arr, order, requests.input_tokens, requests.prefix_tokens, requests.prefix_group):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    key = (prefill.config, x, arrival, seed, h.digest())
+    try:
+        memo = _PREFILL_MEMO.setdefault(prefill.step, {})
+    except TypeError:  # a model that cannot be weakly keyed: no memo
+        memo = {}
+    got = memo.get(key)
+    if got is None:
+        got = _simulate_prefill_pool(prefill, requests, arr, order, arrival, seed)
+        if len(memo) >= _PREFILL_MEMO_MAX:
+            memo.clear()
+        memo[key] = got
+    ready, rej, preemptions, steps, events, reasons = got
+    return ready.copy(), rej.copy(), preemptions, steps, events, list(reasons)
+
+
+def _simulate_prefill_pool(prefill: Pool, requests: Requests, arr: np.ndarray, order: np.ndarray, arrival: str,
+                           seed: int) -> tuple[np.ndarray, np.ndarray, int, int, int, list[str]]:
+    """``_prefill_pool`` computed."""
+    n, x = len(requests), int(prefill.replicas)
+    ready = np.full(n, math.inf)      # engine time the prompt is done
+    rej = np.zeros(n, dtype=bool)
+    preemptions = steps = events = 0
+    reasons = []
+    for p in range(x):
+        idx = order[p::x]
+        if idx.size == 0:
+            continue
+        sub = _subset(requests, idx, arr[idx], output_tokens=np.ones(idx.size, dtype=np.int64))
+        r = simulate_replica(prefill.step, sub, prefill.config, arrival, None, seed, 0.0, naive=False)
+        front = float(prefill.step.request_overhead_s)
+        done = r.arrival_s + r.e2e_s - front
+        ok = ~np.isinf(r.ttft_s)
+        ready[idx[ok]] = done[ok]
+        rej[idx[~ok]] = True
+        preemptions, steps, events = preemptions + r.preemptions, steps + r.steps, events + r.events
+        if r.reject_reason:
+            reasons.append(f"prefill pool: {r.reject_reason}")
+    return ready, rej, preemptions, steps, events, reasons
 
 
 def exposed_transfer_s(prefill: Pool, decode: Pool, input_tokens: np.ndarray, link: KVLink,

@@ -48,10 +48,24 @@ import numpy as np
 
 from .engines import Admission, Scheduling
 from .engines.policies import RESERVE_RATIO_INIT
-from .sim_clock import DecodeClock
+from .sim_clock import clock_for
 from .step import StepCost
 
 __all__ = ["ReplicaInputs", "Replica"]
+
+_STEPS_OVER: dict[int, np.ndarray] = {}
+
+
+def _steps_over(m: int, k: int) -> np.ndarray:
+    """``np.arange(m) / k`` (k = m - 1: a chunk run's steps as fractions of its last), built once
+    per run length and read-only (``_chunk_run`` meets the same lengths thousands of times)."""
+    j = _STEPS_OVER.get(m)
+    if j is None:
+        j = np.arange(m) / k
+        j.flags.writeable = False
+        if len(_STEPS_OVER) < 4096:
+            _STEPS_OVER[m] = j
+    return j
 
 
 @dataclass
@@ -124,7 +138,7 @@ class Replica:
                            and not step.has_sliding_window)
         self.naive = naive
         self.step_time = step.step_time_s
-        clock = DecodeClock(step)
+        clock = clock_for(step)  # shared by every simulation of this step model
         self.pieces_of = clock.pieces
         self.time_of, self.steps_until = clock.time_of_steps, clock.steps_until
         self.pcs, self.pcs_n = None, -1  # the clock's pieces for a decode batch of pcs_n sequences
@@ -580,7 +594,8 @@ class Replica:
             shared = 0 if kv else cached // bt
             need = -(-target // bt) - shared
             if used_ub is None:
-                used_ub = self._used_bound()
+                # _used_bound, written out (once per admission)
+                used_ub = (self.ctx_sum + self.n_dec) / bt + self.n_dec - self.shared_dec + self.alloc_pf + self.pinned
                 if reserve:
                     res = admission.running_reserve(self)
             own = admission.own_reserve(self, i) if reserve else 0.0
@@ -653,9 +668,13 @@ class Replica:
         terms = self.step.step_terms
         t0, mem0, comp0 = terms(n_dec, ctx_sum, c, c * d0 + c * (c + 1) * 0.5, d0)[:3]
         _, mem1, comp1 = terms(n_dec, ctx_sum + k * G, c, c * (d0 + k * c) + c * (c + 1) * 0.5, d0 + k * c)[:3]
-        j = np.arange(m) / k
-        self.t += float(np.sum(np.maximum(mem0 + j * (mem1 - mem0), comp0 + j * (comp1 - comp0)))) \
-            + m * (t0 - max(mem0, comp0))
+        j = _steps_over(m, k)
+        a = j * (mem1 - mem0)
+        a += mem0
+        b = j * (comp1 - comp0)
+        b += comp0
+        np.maximum(a, b, out=a)
+        self.t += float(np.sum(a)) + m * (t0 - max(mem0, comp0))
         self.gstep += m
         self.ctx_sum += m * G
         self.pf_done[i] = d0 + m * c

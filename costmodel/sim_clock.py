@@ -27,7 +27,7 @@ import math
 
 from .step import StepCost
 
-__all__ = ["DecodeClock"]
+__all__ = ["DecodeClock", "clock_for"]
 
 _INF = math.inf
 
@@ -159,3 +159,18 @@ class DecodeClock:
             total += a1 * kmax + b1 * kmax * (kmax - 1) * 0.5
             j += kmax
         return j + 1  # unreachable for a final piece that extends to infinity
+
+
+def clock_for(step: StepCost) -> DecodeClock:
+    """The ``DecodeClock`` of ``step``, kept on the model itself and shared by every simulation of
+    it: its pieces are a pure function of (the model, n), and a solve simulates each config
+    hundreds of times, each meeting the same batch sizes. A model that takes no new attribute
+    gets a fresh clock."""
+    clock = getattr(step, "_decode_clock", None)
+    if clock is None:
+        clock = DecodeClock(step)
+        try:
+            setattr(step, "_decode_clock", clock)  # noqa: B010  (StepCost, a protocol, declares no such member)
+        except AttributeError:
+            pass
+    return clock

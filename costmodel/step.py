@@ -190,6 +190,10 @@ class StepCost(Protocol):
     def plain_decode_compute_coeffs(self, n_decode: float) -> tuple[float, float]: ...
 
 
+# the argument types whose token-count terms are memoised (a numpy scalar computes its own)
+_PLAIN = (float, int)
+
+
 class StepModel:
     """The cost model for one replica (a TP group) of one model on one GPU type."""
 
@@ -255,6 +259,13 @@ class StepModel:
         self._q_per_seq = self.speculation.k + 1 if self.speculation else 1
         self._draft_frac = self.speculation.k * self.speculation.draft_cost if self.speculation else 0.0
         self.tokens_per_step = self.speculation.tokens_per_step if self.speculation else 1.0
+        # the terms of a step that depend on its token count alone, memoised per count where they
+        # cost more than a lookup (MoE: the experts touched, the busiest GPU's load, the
+        # all-to-all; pipelines: the micro-batches and hops): the same floats, computed once
+        self._tok_memo: dict | None = {} if self._w_expert_gpu or self._ep > 1 or self._n_a2a else None
+        self._pp_memo: dict = {}
+        # ``_terms`` without its dispatch: what the simulator's step_terms / step_time_s call
+        self._terms_fn = self._pipeline_terms if self._pp > 1 else self._stage_terms
 
     # ---- StepCost: the protocol the simulator reads (costmodel.replica, costmodel.sim_clock) ---
     # step times are StepModel's piecewise-linear function of context: runs of steps may be summed
@@ -280,7 +291,7 @@ class StepModel:
                    prefill_pairs: float, prefill_kv_read: float) -> StepTerms:
         """(time, mem, compute, comm, draft, bytes, flops) of one step, seconds, bytes and FLOPs
         per GPU: ``breakdown`` without the record (the simulator's hot path)."""
-        return self._terms(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)
+        return self._terms_fn(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)
 
     def plain_decode_mem_s(self, n_decode: float, decode_ctx_sum: float) -> float:
         """Memory time of a plain (non-speculative) decode step: the draft's share of a step is
@@ -369,18 +380,33 @@ class StepModel:
         each stage runs its layers for each micro-batch in turn, so a sequence's next token comes
         after pp stage-times of a 1/M-sized micro-batch plus the pp - 1 hops, whatever M is: with
         fewer micro-batches than stages the stages idle (the bubble, 1 - M/pp of their time)."""
-        m = micro_batches(self._pp, n_decode)
+        key = (n_decode, prefill_tokens)
+        memo = self._pp_memo.get(key) if type(n_decode) in _PLAIN and type(prefill_tokens) in _PLAIN else None
+        if memo is None:
+            m = micro_batches(self._pp, n_decode)
+            memo = (m, self.hops_s((n_decode * self._q_per_seq + prefill_tokens) / m))
+            if type(n_decode) in _PLAIN and type(prefill_tokens) in _PLAIN:
+                self._pp_memo[key] = memo
+        m, hops = memo
         st = self._stage_terms(n_decode / m, decode_ctx_sum / m, prefill_tokens / m, prefill_pairs / m,
                                prefill_kv_read / m)
         if st[0] <= 0:
             return st
         fixed = self._overhead + (self._pf_overhead if prefill_tokens > 0 else 0.0)
-        n_tok = (n_decode * self._q_per_seq + prefill_tokens) / m
-        hops = self.hops_s(n_tok)
         p = self._pp
         time_s = p * (st[0] - fixed) + hops + fixed
         # per GPU over the round: its stage ran M micro-batches
         return time_s, p * st[1], p * st[2], p * st[3] + hops, p * st[4], m * st[5], m * st[6]
+
+    def _token_terms(self, n_tokens: float) -> tuple[float, float, float]:
+        """(weight bytes read per GPU, busiest GPU's expert load over the mean, communication s) of
+        a step of ``n_tokens``: the part of ``_stage_terms`` that depends on the count alone."""
+        weights = self.weight_read_bytes(n_tokens) if self._w_expert_gpu else self._w_dense_gpu
+        imb = expert_load_imbalance(n_tokens, self.model.n_active_experts, self._ep) if self._ep > 1 else 1.0
+        comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens) if self._n_ar else 0.0
+        if self._n_a2a:
+            comm_s += self._n_a2a * self.a2a_s(n_tokens * imb)
+        return weights, imb, comm_s
 
     def _stage_terms(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float,
                      prefill_pairs: float, prefill_kv_read: float) -> StepTerms:
@@ -391,11 +417,20 @@ class StepModel:
         if n_tokens <= 0:
             return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
         dec_kv = self._kv_read_tokens(n_decode, decode_ctx_sum) if self._sliding else decode_ctx_sum
-        weights = self.weight_read_bytes(n_tokens) if self._w_expert_gpu else self._w_dense_gpu
+        tok_memo = self._tok_memo
+        if tok_memo is None:  # dense: the weights are read whole, no expert imbalance
+            weights, imb = self._w_dense_gpu, 1.0
+            comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens) if self._n_ar else 0.0
+        elif type(n_tokens) in _PLAIN:
+            memo = tok_memo.get(n_tokens)
+            if memo is None:
+                memo = tok_memo[n_tokens] = self._token_terms(n_tokens)
+            weights, imb, comm_s = memo
+        else:  # numpy scalars (the screen's grids): computed in their own arithmetic, as always
+            weights, imb, comm_s = self._token_terms(n_tokens)
         kv_tokens = dec_kv + prefill_kv_read + n_tokens
         bytes_gpu = weights + kv_tokens * self._kv_gpu
         dec_gemm = dec_tokens * self._gemm_flops_tok
-        imb = expert_load_imbalance(n_tokens, self.model.n_active_experts, self._ep) if self._ep > 1 else 1.0
         if self._routed_flops_tok:  # expert parallelism: the busiest GPU's routed-expert GEMMs set the pace
             dec_gemm += dec_tokens * self._routed_flops_tok * imb
         dec_attn = (q * decode_ctx_sum + n_decode * q * (q + 1) / 2) * self._attn_flops_pair
@@ -404,9 +439,6 @@ class StepModel:
         mem_s = (weights + kv_tokens * self._kv_gpu_t) / self._bw
         comp_s = (dec_gemm / self._dec_gemm_rate + dec_attn / self._dec_attn_rate
                   + pre_gemm / self._pre_gemm_rate + pre_attn / self._pre_attn_rate)
-        comm_s = self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens) if self._n_ar else 0.0
-        if self._n_a2a:
-            comm_s += self._n_a2a * self.a2a_s(n_tokens * imb)
         draft_s = 0.0
         if self._draft_frac and n_decode:
             # the draft runs k passes over the decode batch, each a fraction of a plain target step
@@ -431,7 +463,7 @@ class StepModel:
 
     def step_time_s(self, n_decode: float, decode_ctx_sum: float, prefill_tokens: float = 0.0,
                     prefill_pairs: float = 0.0, prefill_kv_read: float = 0.0) -> float:
-        return self._terms(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)[0]
+        return self._terms_fn(n_decode, decode_ctx_sum, prefill_tokens, prefill_pairs, prefill_kv_read)[0]
 
     # ---- convenience -----------------------------------------------------------------------
     def decode_step(self, batch: int, context: float) -> StepBreakdown:
