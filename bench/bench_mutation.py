@@ -26,7 +26,8 @@ cannot matter) or listed as UNEXPLAINED in the report.
     python bench/bench_mutation.py --check-planted      # the wiring check only
 
 A full run writes bench/RESULTS-mutation.json and the generated block of bench/RESULTS-mutation.md
-(the hand-written parts stay); a ``--sample`` run writes only what ``--json``/``--md`` name.
+(the hand-written parts stay); a ``--sample`` run, or one given ``--json``, writes only what
+``--json``/``--md`` name.
 """
 
 from __future__ import annotations
@@ -70,10 +71,12 @@ MODULES: dict[str, list[str]] = {
                              "tests/test_sim_invariants.py::test_every_simulated_result_is_whole_and_finite",
                              "tests/test_sim_invariants.py::test_speculation_with_huge_outputs_stays_small_in_memory",
                              "tests/test_sim_never_fit.py", "tests/test_engines.py", "tests/test_replica_by_hand.py",
-                             "tests/test_deployment_by_hand.py"],   # a decode pool's replica: KV that arrives
+                             "tests/test_deployment_by_hand.py",   # a decode pool's replica: KV that arrives
+                             "tests/test_replica_survivors.py"],
     "costmodel/goodput.py": ["tests/test_goodput.py", "tests/test_sim_invariants.py", "tests/test_sim_never_fit.py",
                              "tests/test_goodput_by_hand.py", "tests/test_goodput_survivors.py"],
-    "costmodel/deployment.py": ["tests/test_deployment.py", "tests/test_deployment_by_hand.py"],
+    "costmodel/deployment.py": ["tests/test_deployment.py", "tests/test_deployment_by_hand.py",
+                                "tests/test_deployment_survivors.py"],
     # the race, verification and the answer: their own unit tests on a fake engine whose answer is known by hand
     # (tests/race_fakes.py), milliseconds each, then the in-process tests of the whole search
     "optimizer/simsearch.py": ["tests/test_simsearch_units.py", "tests/test_objective.py", "tests/test_simsearch.py"],
@@ -321,6 +324,8 @@ def run_module(module: str, tests: list[str], n_sample: int | None, max_children
         res = summarise(module, statuses, copy, load_equivalents())
         res.update(enumerated=len(names), sampled=bool(chosen), mutmut_rc=rc, wall_s=round(time.perf_counter() - t0, 1),
                    tests=tests, log=str(log))
+        if only is not None:   # what a survivors rerun was asked to test, and what it never reached (--combine)
+            res.update(selected=chosen, not_checked=sorted(k for k, v in statuses.items() if v == "not checked"))
         if rc != 0:
             res["error"] = f"mutmut exited {rc}; see {log}"
         return res
@@ -374,8 +379,12 @@ def planted_mutant(copy: Path, names: list[str]) -> str:
 # --- reports --------------------------------------------------------------------------------------------------
 
 def run_kind(r: dict) -> str:
-    """'all' (every mutant of the module), 'sample' or 'survivors' (an earlier run's survivors only)."""
-    return r.get("run") or ("sample" if r.get("sampled") else "all")
+    """'all' (every mutant of the module), 'sample' or 'survivors' (an earlier run's survivors only);
+    an 'all' run stopped by --module-timeout says how far it got (the rest were never tested)."""
+    kind = r.get("run") or ("sample" if r.get("sampled") else "all")
+    if kind == "all" and r.get("tested", 0) < r.get("mutants", 0):
+        kind = f"all, stopped after {r['tested']} of {r['mutants']}"
+    return kind
 
 
 def table(rows: list[dict]) -> str:
@@ -434,15 +443,31 @@ def combine(paths: list[Path], md: Path) -> int:
                     f"{m['load_before']} before, {m['load_after']} after")
         for r in blob["modules"]:
             prev = by_module.get(r["module"])
-            if run_kind(r) == "survivors" and prev is not None and run_kind(prev) != "sample" \
+            if run_kind(r) == "survivors" and prev is not None \
                     and {s["name"] for s in prev["survivors"]} >= {s["name"] for s in r["survivors"]}:
-                # an earlier full run's survivors tested again (after new tests): its counts updated
+                # an earlier full run's survivors tested again (after new tests): its counts updated. A rerun of
+                # some of them (``selected``) keeps the others, and those it never reached, as survivors
+                selected = set(r.get("selected") or [s["name"] for s in prev["survivors"]])
+                if "selected" not in r and r["tested"] < len(selected):
+                    sys.exit(f"Error: {p.name}: {r['module']}'s rerun tested {r['tested']} of the {len(selected)} "
+                             "earlier survivors and does not say which; run it again to the end")
+                gone = selected - {s["name"] for s in r["survivors"]} - set(r.get("not_checked", []))
+                kept = [s for s in prev["survivors"] if s["name"] not in selected or s["name"] in r.get("not_checked", [])]
+                now = {s["name"]: s for s in kept + r["survivors"]}
+                left = [now[k] for k in sorted(now)]
+                assert len(gone) == r["killed"] + r["timeout"], (p.name, len(gone), r["killed"], r["timeout"])
                 r = dict(prev, killed=prev["killed"] + r["killed"], timeout=prev["timeout"] + r["timeout"],
-                         survived=r["survived"], survivors=r["survivors"], run=f"{run_kind(prev)}, survivors rerun",
-                         wall_s=(prev["wall_s"] or 0) + (r["wall_s"] or 0))
+                         survived=sum(1 for s in left if s["status"] == "survived"),
+                         no_tests=sum(1 for s in left if s["status"] == "no tests"), survivors=left,
+                         run=run_kind(prev) if run_kind(prev).endswith("survivors rerun") else f"{run_kind(prev)}, survivors rerun",
+                         wall_s=round((prev["wall_s"] or 0) + (r["wall_s"] or 0), 1))
                 r["kill_rate_pct"] = round(100.0 * (r["killed"] + r["timeout"]) / r["tested"], 1)
             by_module[r["module"]] = r
     rows = [by_module[m] for m in MODULES if m in by_module]
+    equivalents = load_equivalents()   # a survivor explained since its run is marked so (the entry is read now)
+    for r in rows:
+        for s in r["survivors"]:
+            s["why"] = s["why"] or explain(r["module"], s["function"], s["before"], s["after"], equivalents)
     meta0 = json.loads(paths[-1].read_text())["meta"]
     block = (f"{BEGIN}\n_Generated by `python bench/bench_mutation.py --combine` from {len(paths)} run(s) "
              f"({meta0['cpus']} CPUs, mutmut {meta0['mutmut']}); column run: all = every mutant of the module, "
@@ -528,7 +553,8 @@ def main() -> int:
     print(table(rows))
     partial = bool(args.sample or args.rerun_survivors)
     json_path = args.json or (None if partial else RESULTS_JSON)
-    md_path = args.md or (None if partial else RESULTS_MD)
+    # a run written to its own --json (one module, to --combine later) leaves the Markdown alone unless --md says
+    md_path = args.md or (None if partial or args.json else RESULTS_MD)
     if json_path:
         old = json.loads(json_path.read_text()) if json_path.exists() and not partial else {}
         merged = {r["module"]: r for r in old.get("modules", [])}

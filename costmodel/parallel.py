@@ -84,16 +84,6 @@ class Parallel:
         """One stage, TP inside a node, no EP, no DP attention: the single-node model."""
         return self.pp == 1 and self.tp_nodes == 1 and self.ep == 1 and not self.dp_attention
 
-    def label(self) -> str:
-        parts = [f"TP{self.tp}"]
-        if self.pp > 1:
-            parts.append(f"PP{self.pp}")
-        if self.ep > 1:
-            parts.append(f"EP{self.ep}")
-        if self.dp_attention:
-            parts.append("DP-attention")
-        return " x ".join(parts[:2]) + "".join(f" {p}" for p in parts[2:])
-
 
 SINGLE = Parallel()
 
