@@ -312,6 +312,7 @@ def test_robust_min_cost_beyond_the_node_says_so(monkeypatch):
     assert not r.feasible and r.reason == (
         f"TP1 fp8 cap 64 chunk 1024 meets the SLOs on every one of {DRAWS} fresh draws of 1,000 requests only beyond "
         "8 replicas (8 GPUs, max_nodes 1); the workload's own draw alone gives 16 req/s per replica")
+    assert r.simulations > 4                            # the fresh draws it ran are counted
     # a nominal sized beyond the node: robust checks from its own replicas
     big = vf._sized(ctx, params(1, 64, "fp8"), 3.0, 0, 1000, nominal=3.0)     # 10 replicas
     rb = vf.robust(ctx, big)
@@ -330,6 +331,7 @@ def test_robust_max_goodput_takes_the_least_goodput_over_the_draws(monkeypatch):
     assert r.load_per_replica_req_s == pytest.approx(least) and r.draws.load_req_s == pytest.approx(least)
     assert all(a == MEETS for a in r.draws.attainment)
     assert at == [(pytest.approx(8 * least), 8, 1000, 1)]
+    assert r.sim_requests == 1000 and r.simulations == 4 + r.draws.simulations   # sized on the draws' request count
     # a fresh draw that misses even at a trickle: not feasible, with the reason
     ctx2, p2, run2, _ = _robust_setup(monkeypatch, "max_goodput", factor={3: 0.0}, rate=1000)
     r2 = vf.robust(ctx2, vf._sized(ctx2, p2, 16.0, 4, 1000, nominal=16.0))
