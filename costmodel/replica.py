@@ -594,8 +594,7 @@ class Replica:
             shared = 0 if kv else cached // bt
             need = -(-target // bt) - shared
             if used_ub is None:
-                # _used_bound, written out (once per admission)
-                used_ub = (self.ctx_sum + self.n_dec) / bt + self.n_dec - self.shared_dec + self.alloc_pf + self.pinned
+                used_ub = self._used_bound()
                 if reserve:
                     res = admission.running_reserve(self)
             own = admission.own_reserve(self, i) if reserve else 0.0
