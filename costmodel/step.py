@@ -381,11 +381,12 @@ class StepModel:
         after pp stage-times of a 1/M-sized micro-batch plus the pp - 1 hops, whatever M is: with
         fewer micro-batches than stages the stages idle (the bubble, 1 - M/pp of their time)."""
         key = (n_decode, prefill_tokens)
-        memo = self._pp_memo.get(key) if type(n_decode) in _PLAIN and type(prefill_tokens) in _PLAIN else None
+        plain = type(n_decode) in _PLAIN and type(prefill_tokens) in _PLAIN
+        memo = self._pp_memo.get(key) if plain else None
         if memo is None:
             m = micro_batches(self._pp, n_decode)
             memo = (m, self.hops_s((n_decode * self._q_per_seq + prefill_tokens) / m))
-            if type(n_decode) in _PLAIN and type(prefill_tokens) in _PLAIN:
+            if plain:
                 self._pp_memo[key] = memo
         m, hops = memo
         st = self._stage_terms(n_decode / m, decode_ctx_sum / m, prefill_tokens / m, prefill_pairs / m,
