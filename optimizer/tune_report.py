@@ -56,8 +56,7 @@ _STATUS_WORDS = {"converged": "converged", "rounds": "stopped at the round limit
 def summary_lines(result: TuneResult, out_dir: str) -> list[str]:
     r = result
     lines = [f"kvtune tune {r.workload}: {_STATUS_WORDS.get(r.status, r.status)} after {len(r.rounds)} round(s), "
-             f"{r.runs} runs, "
-             f"{r.engine_s:.0f} s of engine time ({r.engine or 'engine'})", f"  {r.reason}"]
+             f"{r.runs} runs, {r.engine_s:.0f} s of engine time ({r.engine or 'engine'})", f"  {r.reason}"]
     if r.pick is not None:
         a1, ac = r.attainment_at_promise or {}, r.attainment_at_check or {}
         lines.append(f"Pick ({r.evidence}): {config_id(r.pick)}, {_f(r.promise_req_s, '.3g')} req/s per replica")
