@@ -16,7 +16,7 @@ from kvtune import __version__
 from kvtune.optimizer import recommend as rc
 from kvtune.optimizer import simsearch as ss
 from kvtune.optimizer.result import ParetoPoint
-from kvtune.optimizer.search import UNLAUNCHABLE, completed_evals, evaluate, open_study, run_search
+from kvtune.optimizer.search import UNLAUNCHABLE, completed_evals, config_key, evaluate, open_study, run_search
 from kvtune.optimizer.simsearch import Outcome, Probe, Race
 from kvtune.optimizer.verify import Verification
 
@@ -355,3 +355,45 @@ def test_fp8_weights_and_another_draft_method_reach_the_launch_lines(monkeypatch
     r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
     assert "weights FP8 (1-byte GEMM weights" in r.launch["vllm"] and "weights bf16" not in r.launch["vllm"]
     assert '"method":"eagle","num_speculative_tokens":2' in r.launch["vllm"]
+
+
+def test_a_pick_with_no_tpot_has_no_per_user_speed(monkeypatch):
+    """Outputs of one token have no inter-token gap: the simulation's TPOT mean is null (read as nan)
+    and so is the speed a user sees, 1000 / TPOT tok/s; the rest of the answer stands."""
+    import race_fakes
+    from kvtune.optimizer import verify as vf
+
+    class NoTpot(race_fakes.FakeAt):
+        def summary(self) -> dict:
+            return {**super().summary(), "tpot_ms": {"p50": None, "p90": None, "p99": None, "mean": None}}
+
+    ctx = make_ctx()
+    run = FakeRunner(ctx, G)
+    patch_simulation(monkeypatch, run)
+    monkeypatch.setattr(vf, "simulate_at", lambda *a: NoTpot())
+    r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
+    assert r.status == "ok" and r.cost.usd_per_hour == 4.0
+    assert math.isnan(r.predicted.tpot_ms["mean"]) and math.isnan(r.predicted.tok_s_per_user)
+
+
+def test_the_front_holds_only_configs_that_qualified(monkeypatch):
+    """A verified config beyond max_nodes keeps its sizing (20 replicas of tp2 at 2 req/s: 40 GPUs,
+    $80/h, 40 req/s on 5 nodes > 1) but never serves the target: it is not on the front, even with
+    more goodput than the pick's 32 req/s; the front is the pick alone."""
+    from kvtune.optimizer import verify as vf
+    ctx = make_ctx()
+    run = FakeRunner(ctx, G)
+    patch_simulation(monkeypatch, run)
+    far = vf._sized(ctx, params(2, 64), 2.0, 5, 100, nominal=2.0, replicas=20)
+    assert (far.feasible, far.gpus, far.usd_per_hour, far.goodput_req_s) == (False, 40, 80.0, 40.0)
+    real_race = rc.race
+
+    def race_and_far(*a, **kw):   # the race verified tp2 b64 bf16 too (beaten on the fake)
+        r = real_race(*a, **kw)
+        out = tuple(Outcome(o.config, "verified", far.reason, 5, far) if config_key(o.config) == config_key(far.params) else o
+                    for o in r.outcomes)
+        return dataclasses.replace(r, outcomes=out)
+    monkeypatch.setattr(rc, "race", race_and_far)
+    r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
+    assert r.status == "ok" and any(not v.feasible and v.usd_per_hour == 80.0 for v in r.verified)
+    assert [(x.gpus, x.usd_per_hour, x.goodput_req_s) for x in r.pareto] == [(2, 4.0, 32.0)]

@@ -829,3 +829,21 @@ def test_requests_that_never_fit_rule_configs_out_of_the_race(monkeypatch):
                for o in r.outcomes if o.status == "never_fits")
     assert r.best.params["tp"] == 2 and r.best.replicas == 1 and r.best.usd_per_hour == 4.0
     assert all(config_key(dict(w.params)).startswith("tp2") for b in run.batches for w in b)
+
+
+def test_closest_tells_layouts_of_one_tp_apart():
+    """Two multi-node layouts may share TP, KV dtype and draft length (TP8 x PP1 and TP8 x PP2): they are
+    distinct structures, each one closest-miss candidate; a second cap of a layout already picked is not."""
+    ctx = make_ctx()
+    st, run = _state(ctx, {})   # every verification misses at a trickle: nothing becomes the best
+
+    def ev(pp: int, cap: int, g: float):
+        p = dict(params(8, cap, "fp8"), layout=f"tp8-pp{pp}", pp=pp, ep=1, dp_attention=False)
+        return SimpleNamespace(params=p, per_replica_goodput_req_s=g)
+    # goodput per GPU: pp1 b64 2.0, pp1 b32 1.5, pp2 b64 1.25 (16 GPUs)
+    a, b, c = ev(1, 64, 16.0), ev(1, 32, 12.0), ev(2, 64, 20.0)
+    st.closest([c, b, a])
+    asked = [w for batch in run.batches for w in batch if w.kind == "verify"]
+    assert [config_key(dict(w.params)) for w in asked] == [config_key(a.params), config_key(c.params)]
+    assert {config_key(a.params), config_key(c.params)} == set(st.outcomes)
+    assert st.best is None
