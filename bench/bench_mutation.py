@@ -139,9 +139,17 @@ def _toml_value(v: object) -> str:
     raise TypeError(f"cannot write {v!r} as TOML")
 
 
+# mutmut settings a run overrides (main fills it from --timeout-multiplier / --timeout-constant). mutmut 3.8.1
+# stops a mutant's tests after (estimated + timeout_constant) x timeout_multiplier s of wall time (and twice that
+# of CPU time; mutmut/__main__.py and workers/isolation.py), its estimate being the summed measured durations of
+# the tests that reach the mutated function; defaults 15 and 1 s. A mutant stopped there counts as a timeout.
+CONFIG_OVERRIDES: dict = {}
+
+
 def base_config() -> dict:
     import tomllib
-    return dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"].get("mutmut", {}))
+    cfg = dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"].get("mutmut", {}))
+    return {**cfg, **CONFIG_OVERRIDES}
 
 
 def write_config(dst: Path, module: str | list[str], tests: list[str]) -> dict:
@@ -440,7 +448,8 @@ def combine(paths: list[Path], md: Path) -> int:
         blob = json.loads(p.read_text())
         m = blob["meta"]
         runs.append(f"{p.name}: {m['mode']} at commit {m['commit']} on {m['date']}, load average "
-                    f"{m['load_before']} before, {m['load_after']} after")
+                    f"{m['load_before']} before, {m['load_after']} after"
+                    + "".join(f", mutmut {k} {m[k]:g}" for k in ("timeout_multiplier", "timeout_constant") if k in m))
         for r in blob["modules"]:
             prev = by_module.get(r["module"])
             if run_kind(r) == "survivors" and prev is not None \
@@ -494,6 +503,12 @@ def main() -> int:
                     help="with --sample: the N after the first K (a fresh sample, disjoint from --sample K)")
     ap.add_argument("--max-children", type=int, default=2, help="mutants tested at once (default 2)")
     ap.add_argument("--module-timeout", type=float, default=None, metavar="S", help="stop a module's run after S s")
+    ap.add_argument("--timeout-multiplier", type=float, default=None, metavar="X",
+                    help="mutmut's timeout_multiplier (default 15): a mutant whose tests run longer than X times "
+                         "their measured time (+ the constant) is stopped and counted as a timeout (killed); "
+                         "lower it where looping mutants would each take minutes (costmodel/replica.py)")
+    ap.add_argument("--timeout-constant", type=float, default=None, metavar="S",
+                    help="mutmut's timeout_constant in seconds (default 1), added to the estimate before multiplying")
     ap.add_argument("--json", type=Path, help="write the results here (default: RESULTS-mutation.json on a full run)")
     ap.add_argument("--md", type=Path, help="update this Markdown's generated block (default: RESULTS-mutation.md "
                                             "on a full run)")
@@ -509,6 +524,10 @@ def main() -> int:
 
     if args.combine:
         return combine(args.combine, args.md or RESULTS_MD)
+    if args.timeout_multiplier is not None:
+        CONFIG_OVERRIDES["timeout_multiplier"] = args.timeout_multiplier
+    if args.timeout_constant is not None:
+        CONFIG_OVERRIDES["timeout_constant"] = args.timeout_constant
     log_dir = Path(tempfile.mkdtemp(prefix="kvtune-mutation-logs-"))
     if args.check_planted:
         r = run_module(PLANT_MODULE, MODULES[PLANT_MODULE], None, 1, args.module_timeout, args.keep, log_dir,
@@ -548,7 +567,8 @@ def main() -> int:
                       + (f" after the first {args.sample_skip}" if args.sample_skip else "") if args.sample
                       else "earlier survivors only" if args.rerun_survivors else "all mutants"),
                 load_before=load_before, load_after=round(os.getloadavg()[0], 1), cpus=os.cpu_count(),
-                mutmut=getattr(mutmut, "__version__", "?"), python=platform.python_version())
+                mutmut=getattr(mutmut, "__version__", "?"), python=platform.python_version(),
+                **{k: v for k, v in CONFIG_OVERRIDES.items()})
     print()
     print(table(rows))
     partial = bool(args.sample or args.rerun_survivors)
