@@ -397,3 +397,47 @@ def test_the_front_holds_only_configs_that_qualified(monkeypatch):
     r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
     assert r.status == "ok" and any(not v.feasible and v.usd_per_hour == 80.0 for v in r.verified)
     assert [(x.gpus, x.usd_per_hour, x.goodput_req_s) for x in r.pareto] == [(2, 4.0, 32.0)]
+
+
+def test_the_last_of_several_never_fit_reasons_is_the_one_given():
+    """Three configs, none fits its longest request: the answer names the last one raced (lattice order)."""
+    ctx = make_ctx()
+    outs = [_o(params(1), "never_fits", "too long A"), _o(params(2), "never_fits", "too long B"),
+            _o(params(1, 64), "never_fits", "too long C")]
+    why, closest = rc._why_infeasible(ctx, _race(outs))
+    assert why == "in every configuration that fits in memory, too long C" and closest.config == params(1, 64)
+
+
+def test_never_fitting_configs_are_infeasible_even_under_a_price_cap():
+    """A cap from a cheaper GPU type makes an answer ``dearer`` only when something here meets the SLOs at
+    some load; configs that never fit their requests (or miss at zero load) are not, so it is infeasible."""
+    ctx = make_ctx()
+    study = open_study(ctx, "grid", None, None)
+    for status in ("never_fits", "zero_load"):
+        r = rc._infeasible(ctx, study, [], "grid", _race([_o(params(1), status, "too long"),
+                                                          _o(params(2), status, "too long")]), usd_cap=5.0)
+        assert r.status == "infeasible" and r.reason == "in every configuration that fits in memory, too long"
+
+
+def test_a_priced_miss_below_one_request_per_second_is_still_priced():
+    """0.5 req/s per replica on TP2: 60 replicas, 120 GPUs for 30 req/s; the closest is that one, priced."""
+    ctx = make_ctx()
+    v = Verification(params(2, 64), 0.5, 1, False, "120 GPUs on 15 nodes", replicas=60, gpus=120,
+                     usd_per_hour=240.0)
+    why, closest = rc._why_infeasible(ctx, _race([_o(v.params, "verified", v.reason, v)]))
+    assert why == ("no configuration serves 30 req/s within hardware.max_nodes 1 (8 GPUs), simulated; the closest: "
+                   "120 GPUs on 15 nodes")
+    assert closest.priced and closest.usd_per_hour == 240.0 and closest.config == params(2, 64)
+
+
+def test_at_equal_gpus_the_closest_serves_the_most_per_gpu():
+    """46 GPUs both: TP2 at 40 req/s per replica is 20 per GPU, TP1 at 21 is 21 per GPU: the TP1 one is closer
+    (more per GPU), though its replica serves less. A miss with no reason reads as the SLO attainment's."""
+    ctx = make_ctx(rate=1000)
+    b = Verification(params(2, 64), 40.0, 1, False, "B", replicas=23, gpus=46, usd_per_hour=92.0)
+    c = Verification(params(1, 32), 21.0, 1, False, "", replicas=46, gpus=46, usd_per_hour=92.0)
+    why, closest = rc._why_infeasible(ctx, _race([_o(v.params, "verified", v.reason, v) for v in (b, c)]))
+    assert closest.config == params(1, 32)
+    assert why == ("no configuration serves 1000 req/s within hardware.max_nodes 1 (8 GPUs), simulated; the closest: "
+                   "simulated SLO attainment misses the target")
+    assert closest.miss == why
