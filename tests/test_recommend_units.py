@@ -441,3 +441,32 @@ def test_at_equal_gpus_the_closest_serves_the_most_per_gpu():
     assert why == ("no configuration serves 1000 req/s within hardware.max_nodes 1 (8 GPUs), simulated; the closest: "
                    "simulated SLO attainment misses the target")
     assert closest.miss == why
+
+
+def test_the_workloads_own_draft_reaches_the_launch_lines(monkeypatch):
+    """A draft head the workload names (not the catalog's published one for the target) is what every
+    engine loads; no note says where a draft came from, since the user named it."""
+    own = "acme/eagle3-llama-3.1-8b-finetuned"
+    ctx = make_ctx(speculative={"method": "eagle3", "acceptance": 0.75, "draft_cost": 0.05, "draft_model": own},
+                   spec_k=2)
+    run = FakeRunner(ctx, {}, default=10.0)
+    patch_simulation(monkeypatch, run)
+    r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
+    assert r.status == "ok" and r.recommendation.spec_k == 2
+    assert f'"model":"{own}"' in r.launch["vllm"] and f"--speculative-draft-model-path {own}" in r.launch["sglang"]
+    assert "yuhuili" not in r.launch["vllm"]
+
+
+def test_headroom_is_against_the_target_rate_even_below_one_request_per_second(monkeypatch):
+    """0.5 req/s: the cheapest pick serves its whole per-replica goodput, headroom goodput / 0.5 - 1."""
+    _, r, _ = _answer(monkeypatch, rate=0.5)
+    assert r.status == "ok" and r.predicted.goodput_req_s > 0.5
+    assert r.headroom == pytest.approx(r.predicted.goodput_req_s / 0.5 - 1)
+
+
+def test_max_goodput_without_a_target_rate_has_no_headroom(monkeypatch):
+    """max_goodput with every request at t = 0 (rate .inf): the most goodput on the node (8 replicas of tp1 b64
+    fp8 at 16 req/s); there is no target rate to have headroom over, so it is nan."""
+    ctx, r, _ = _answer(monkeypatch, "max_goodput", rate=math.inf)
+    assert math.isnan(ctx.rate_req_s)
+    assert r.status == "ok" and r.predicted.goodput_req_s == 128.0 and math.isnan(r.headroom)
