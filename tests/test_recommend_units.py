@@ -357,21 +357,32 @@ def test_fp8_weights_and_another_draft_method_reach_the_launch_lines(monkeypatch
     assert '"method":"eagle","num_speculative_tokens":2' in r.launch["vllm"]
 
 
-def test_a_pick_with_no_tpot_has_no_per_user_speed(monkeypatch):
-    """Outputs of one token have no inter-token gap: the simulation's TPOT mean is null (read as nan)
-    and so is the speed a user sees, 1000 / TPOT tok/s; the rest of the answer stands."""
+def _with_tpot(monkeypatch, mean):
+    """A pick whose simulation at its load reports TPOT mean ``mean`` ms (None: no request had a second token)."""
     import race_fakes
     from kvtune.optimizer import verify as vf
 
-    class NoTpot(race_fakes.FakeAt):
+    class AtTpot(race_fakes.FakeAt):
         def summary(self) -> dict:
-            return {**super().summary(), "tpot_ms": {"p50": None, "p90": None, "p99": None, "mean": None}}
+            return {**super().summary(), "tpot_ms": {"p50": mean, "p90": mean, "p99": mean, "mean": mean}}
 
     ctx = make_ctx()
     run = FakeRunner(ctx, G)
     patch_simulation(monkeypatch, run)
-    monkeypatch.setattr(vf, "simulate_at", lambda *a: NoTpot())
-    r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
+    monkeypatch.setattr(vf, "simulate_at", lambda *a: AtTpot())
+    return rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
+
+
+def test_a_pick_below_one_ms_per_token_streams_over_1000_tokens_per_second(monkeypatch):
+    """TPOT mean 0.8 ms (a small model, speculation): a user sees 1000 / 0.8 = 1,250 tok/s."""
+    r = _with_tpot(monkeypatch, 0.8)
+    assert r.status == "ok" and r.predicted.tok_s_per_user == pytest.approx(1250.0)
+
+
+def test_a_pick_with_no_tpot_has_no_per_user_speed(monkeypatch):
+    """Outputs of one token have no inter-token gap: the simulation's TPOT mean is null (read as nan)
+    and so is the speed a user sees, 1000 / TPOT tok/s; the rest of the answer stands."""
+    r = _with_tpot(monkeypatch, None)
     assert r.status == "ok" and r.cost.usd_per_hour == 4.0
     assert math.isnan(r.predicted.tpot_ms["mean"]) and math.isnan(r.predicted.tok_s_per_user)
 
@@ -470,3 +481,30 @@ def test_max_goodput_without_a_target_rate_has_no_headroom(monkeypatch):
     ctx, r, _ = _answer(monkeypatch, "max_goodput", rate=math.inf)
     assert math.isnan(ctx.rate_req_s)
     assert r.status == "ok" and r.predicted.goodput_req_s == 128.0 and math.isnan(r.headroom)
+
+
+def test_the_check_command_names_the_gpu_and_the_solves_overrides(monkeypatch):
+    """The printed ``kvtune simulate`` repeats the GPU (the workload names no gpu_file) and the calibration the
+    solve was given, so it reproduces the pick's first fresh draw."""
+    ctx = make_ctx()
+    run = FakeRunner(ctx, G)
+    patch_simulation(monkeypatch, run)
+    r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run,
+                     overrides={"calibration": "h100-sxm", "engine": None, "profile": None})
+    assert r.status == "ok" and r.predicted.check.endswith(" --seed 1 --gpu h100-sxm --calibration h100-sxm")
+
+
+def test_a_pick_over_two_nodes_names_its_layout(monkeypatch):
+    """405B on two nodes of 8: every config is a multi-node layout (TP16, or TP8 x PP2); whichever the fake
+    engine picks, the answer names that layout and its parallelism."""
+    from kvtune.optimizer.search import SolveContext
+    from kvtune.optimizer.workload import load_workload_dict
+    from race_fakes import spec_dict
+    d = dict(spec_dict(tp=(8,), max_nodes=2, kv=("fp8",), caps=(64, 64), rate=1), model="llama-3.1-405b")
+    ctx = SolveContext.build(load_workload_dict(d, "<test>"))
+    run = FakeRunner(ctx, {}, default=2.0)
+    patch_simulation(monkeypatch, run)
+    r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
+    rec = r.recommendation
+    assert r.status == "ok" and rec.layout in ctx.layouts and rec.gpus == 16 and rec.nodes == 2
+    assert (rec.tp, rec.pp) == (ctx.layouts[rec.layout]["tp"], ctx.layouts[rec.layout]["pp"])
