@@ -145,6 +145,7 @@ def test_pareto_front_by_hand():
     assert [(x.usd_per_hour, x.goodput_req_s) for x in rc.pareto_front([pt(1, 0.0)])] == [(1, 0.0)]
     assert len(rc.pareto_front([pt(4, 10), pt(5, 10 + 1e-13)])) == 1     # no real gain: not on the front
     assert len(rc.pareto_front([pt(4, 10), pt(5, 10 + 1e-12)])) == 1     # a gain must exceed 1e-12 req/s
+    assert len(rc.pareto_front([pt(4, 10), pt(5, 10.5)])) == 2           # half a request per second is a gain
 
 
 # ---- answers with no pick ----------------------------------------------------------------------------------------
@@ -244,6 +245,7 @@ def test_infeasible_and_dearer_answers(monkeypatch):
     patch_simulation(monkeypatch, run)
     r4 = rc.recommend(ctx, study, "grid", runner=run, usd_cap=3.0)
     assert r4.status == "dearer" and "$3.00/h" in r4.reason and r4.verification.configs == 0
+    assert r4.sampler == "grid"
     assert len(r4.race) == len(KEYS)
 
 
@@ -261,7 +263,7 @@ def test_recommend_closes_the_runner_it_made_and_passes_the_stages(monkeypatch):
     study = open_study(ctx, "grid", None, None)
     stage = lambda name, n: None   # noqa: E731
     r = rc.recommend(ctx, study, "grid", verify_top=3, on_stage=stage, usd_cap=7.0)
-    assert isinstance(seen["runner"], ss.LocalRunner) and closed == [seen["runner"]]
+    assert isinstance(seen["runner"], ss.LocalRunner) and closed == [seen["runner"]] and seen["runner"].ctx is ctx
     assert (seen["on_stage"], seen["seeds"], seen["usd_cap"]) == (stage, 3, 7.0)
     assert r.status == "infeasible" and r.reason.endswith("no room")
     mine = FakeRunner(ctx, G)
@@ -295,11 +297,15 @@ def test_solve_runs_the_trials_then_recommends_with_its_overrides(monkeypatch):
     assert optuna.logging.get_verbosity() == optuna.logging.WARNING     # restored
     rc.solve(spec, sampler="tpe")
     assert len(got[-1]["evals"]) == spec.search.trials == 5 and got[-1]["ctx"].seed == 0
+    assert got[-1]["runner"].jobs == 1                 # one process unless asked
     assert got[-1]["usd_cap"] == math.inf and got[-1]["verify_top"] == rc.VERIFY_TOP
     rc.solve(spec, trials=3, sampler="tpe", jobs=2)
     assert len(got[-1]["evals"]) == 3 and got[-1]["runner"].jobs == 2
     rc.solve(spec, trials=3, sampler="nsga2")          # two objectives ($/h, goodput): told as such
     assert len(got[-1]["evals"]) == 3 and got[-1]["sampler"] == "nsga2"
+    rc.solve(spec, trials=1, sampler="tpe", calibration="ideal", engine="sglang")   # both reach the context
+    assert got[-1]["ctx"].engine.record()["calibration"] == {"name": "ideal"} and got[-1]["ctx"].engine.engine == "sglang"
+    assert got[-1]["overrides"] == {"calibration": "ideal", "engine": "sglang", "profile": None}
 
 
 def test_solve_shares_the_race_through_a_storage_and_reads_a_profile(monkeypatch, tmp_path):
@@ -312,10 +318,13 @@ def test_solve_shares_the_race_through_a_storage_and_reads_a_profile(monkeypatch
     rc.solve(spec, trials=2, storage=f"journal:{tmp_path}/s.log", study_name="mine")
     ctx, runner, study = got[-1]
     assert isinstance(runner, StudyRunner) and study.study_name == "mine" and runner.study.study_name == "mine:sim"
+    assert runner.ctx is ctx
     # the screen's trials are in the journal, where another process resumes or shares them
     from kvtune.optimizer.search import make_storage
     shared = optuna.load_study(study_name="mine", storage=make_storage(f"journal:{tmp_path}/s.log"))
     assert len(shared.trials) == 2
+    # and the race's work queue is there too, for the other processes to take work from
+    assert "mine:sim" in optuna.get_all_study_names(make_storage(f"journal:{tmp_path}/s.log"))
     rc.solve(spec, trials=2, profile="profiles/tables/h100-published.csv")
     assert got[-1][0].engine.record()["profile"]["path"] == "profiles/tables/h100-published.csv"
     assert "profile" not in got[0][0].engine.record()
@@ -508,3 +517,62 @@ def test_a_pick_over_two_nodes_names_its_layout(monkeypatch):
     rec = r.recommendation
     assert r.status == "ok" and rec.layout in ctx.layouts and rec.gpus == 16 and rec.nodes == 2
     assert (rec.tp, rec.pp) == (ctx.layouts[rec.layout]["tp"], ctx.layouts[rec.layout]["pp"])
+
+
+def test_the_workloads_engine_runs_in_the_manifest_with_its_activation_reserve(monkeypatch):
+    """engine: sglang picks SGLang's shipped calibration, whose activation reserve is 4.65e9 bytes per GPU
+    (profiles/calibrations/h100-sxm-sglang.yaml): the launch lines plan memory with 4.7 GB held back, and the
+    Kubernetes manifest runs SGLang."""
+    from kvtune.optimizer.search import SolveContext
+    from kvtune.optimizer.workload import load_workload_dict
+    from race_fakes import spec_dict
+    ctx = SolveContext.build(load_workload_dict(dict(spec_dict(), engine="sglang"), "<test>"))
+    assert ctx.eff.activation_reserve_bytes == 4.65e9
+    run = FakeRunner(ctx, G)
+    patch_simulation(monkeypatch, run)
+    r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
+    assert r.status == "ok" and r.engine == "sglang"
+    assert "activation reserve 4.7 GB" in r.launch["sglang"] and "activation reserve 4.7 GB" in r.launch["vllm"]
+    assert "sglang.launch_server" in r.launch["k8s"] and "vllm serve" not in r.launch["k8s"]
+
+
+def test_a_model_given_as_a_config_json_launches_a_placeholder_that_names_it(monkeypatch, tmp_path):
+    """A config.json without ``_name_or_path`` has no Hugging Face id: the launch line says which file was
+    given and where to put the id, rather than launching the folder's name."""
+    import json
+    from kvtune.costmodel.files import profiles_path
+    from kvtune.optimizer.search import SolveContext
+    from kvtune.optimizer.workload import load_workload_dict
+    from race_fakes import spec_dict
+    path = tmp_path / "my-finetune" / "config.json"
+    path.parent.mkdir()
+    path.write_text(profiles_path("models", "llama-3.1-8b.json").read_text())
+    assert "_name_or_path" not in json.loads(path.read_text())
+    ctx = SolveContext.build(load_workload_dict(dict(spec_dict(), model=str(path)), "<test>"))
+    run = FakeRunner(ctx, {}, default=16.0)
+    patch_simulation(monkeypatch, run)
+    r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
+    assert r.status == "ok" and ctx.model.hf_id == ""
+    assert f"model given as {path} (a config.json)" in r.launch["vllm"]
+    assert "vllm serve '<hf-org/model-or-local-folder>'" in r.launch["vllm"] and "my-finetune \\" not in r.launch["vllm"]
+
+
+def test_a_profile_the_solve_read_is_in_the_answer(monkeypatch):
+    """A measured profile table given to the solve is named in the answer (path and how much it answered)."""
+    from kvtune.optimizer.search import SolveContext
+    from kvtune.optimizer.workload import load_workload_dict
+    from race_fakes import spec_dict
+    table = "profiles/tables/h100-published.csv"
+    ctx = SolveContext.build(load_workload_dict(spec_dict(), "<test>"), None, None, None, table)
+    run = FakeRunner(ctx, G)
+    patch_simulation(monkeypatch, run)
+    r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
+    assert r.profile is not None and r.profile.path == table and len(r.profile.sha256) == 64
+
+
+def test_the_race_rows_keep_each_configs_reason(monkeypatch):
+    """Every config the race put out carries its reason into the answer; the one verified has none."""
+    _, r, _ = _answer(monkeypatch)
+    assert [x.reason for x in r.race if x.status == "verified"] == [""]
+    beaten = [x for x in r.race if x.status == "beaten"]
+    assert len(beaten) == 11 and all(x.reason for x in beaten)
