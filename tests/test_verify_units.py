@@ -434,3 +434,50 @@ def test_a_draw_late_at_the_load_with_no_goodput_below_it_leaves_no_load():
     def attain(seed, rate):
         return MEETS if seed == 1 or rate == 2.0 else MISSES
     assert DrawSet(attain, 0.9).goodput_at_load([1, 2], 2.0, lambda g: 2 * g + 1.0) == (0.0, 0.0)
+
+
+class Graded(Fake):
+    """Like ``Fake``, but a draw's attainment falls with how far past its goodput it is run (0.9 x G / rate),
+    so of several misses at one rate the one with the lowest goodput is the worst."""
+
+    def attain(self, seed, rate):
+        self.calls.append((seed, rate))
+        g = self.g[seed]
+        return MEETS if rate <= g else 0.9 * g / rate
+
+
+def test_least_goodput_bisects_the_lowest_attainment_first_and_retries_the_rest_as_one_batch():
+    """Draws of goodput 0.5, 0.4 and 0.45 req/s (a slow model), all missing at 0.6: draw 2 misses worst
+    (attainment 0.6 against 0.75 and 0.675) and is bisected alone; draws 1 and 3 are then tried at its goodput
+    together, in one batch, and meet there, so neither is simulated at any other rate."""
+    f = Graded({1: 0.5, 2: 0.4, 3: 0.45})
+    g = DrawSet(f.attain, 0.9, f.many).least_goodput([1, 2, 3], 0.6)
+    assert 0.4 / (1 + REL_TOL) <= g <= 0.4
+    assert [(s, r) for s, r in f.calls if s != 2] == [(1, 0.6), (3, 0.6), (1, g), (3, g)]
+    assert f.batches == [[(1, 0.6), (2, 0.6), (3, 0.6)], [(1, g), (3, g)]]
+
+
+def test_a_draw_that_misses_at_a_trickle_ends_the_search_without_simulating_the_rest_at_zero():
+    """Draw 1 misses at every rate: the least goodput is 0, and the other draws that missed at the start
+    are not simulated again (there is no rate to try them at), nor is any draw simulated at 0 req/s."""
+    for search in ("least", "at_load"):
+        f = Fake({1: 0.0, 2: 4.0, 3: 3.0})
+        d = DrawSet(f.attain, 0.9, f.many)
+        got = d.least_goodput([1, 2, 3], 6.0) if search == "least" else d.goodput_at_load([1, 2, 3], 6.0, lambda g: g / 2)
+        assert got == (0.0 if search == "least" else (0.0, 0.0))
+        assert [(s, r) for s, r in f.calls if s != 1] == [(2, 6.0), (3, 6.0)]
+        assert all(r > 0 for _, r in f.calls) and d.sims == len(f.calls)
+
+
+def test_goodput_at_load_corrects_a_draw_late_at_the_load_at_most_len_seeds_plus_one_times():
+    """One draw (seeds [1]) that meets only in bands, against the trend (below 0.01, 0.05-0.09, 0.15-0.20,
+    0.40-0.45 and from 1 req/s), the deployment's load half its goodput. From 1 req/s: the load 0.5 misses, so
+    the goodput drops to the band below it, 0.45 (to the tolerance); its load 0.225 misses too: 0.20, load 0.10.
+    That is len(seeds) + 1 = 2 corrections, the most it makes, so 0.20 at 0.10 is the answer (the load misses
+    again, but the search stops there), in goodputs below 1 req/s like any other."""
+    bands = [(0.0, 0.01), (0.05, 0.09), (0.15, 0.20), (0.40, 0.45), (1.0, math.inf)]
+
+    def attain(seed, rate):
+        return MEETS if any(lo <= rate <= hi for lo, hi in bands) else MISSES
+    g, load = DrawSet(attain, 0.9).goodput_at_load([1], 1.0, lambda g: g / 2)
+    assert 0.20 / (1 + REL_TOL) <= g <= 0.20 and load == g / 2
