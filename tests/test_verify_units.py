@@ -481,3 +481,38 @@ def test_goodput_at_load_corrects_a_draw_late_at_the_load_at_most_len_seeds_plus
         return MEETS if any(lo <= rate <= hi for lo, hi in bands) else MISSES
     g, load = DrawSet(attain, 0.9).goodput_at_load([1], 1.0, lambda g: g / 2)
     assert 0.20 / (1 + REL_TOL) <= g <= 0.20 and load == g / 2
+
+
+def test_with_speculation_a_draw_and_the_pick_at_its_load_follow_the_seed():
+    """Speculative acceptance is sampled per verify pass from the simulation's seed: a fresh draw ``s`` runs
+    its requests (drawn with ``s``) and its acceptance with ``s``, as ``kvtune simulate --seed s`` does, not
+    with seed 0; on EAGLE3 at k = 2 near the capacity that moves the attainment and the TPOT."""
+    from kvtune.costmodel.simulate import simulate, simulate_fleet
+    ctx = make_ctx(speculative={"method": "eagle3", "acceptance": 0.6, "draft_cost": 0.05,
+                                "draft_model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}, spec_k=2)
+    p = params(1, 64, "bf16", 2)
+    step, cfg = ctx.fitting_step(p), vf.sim_config(ctx, p)
+
+    def one(rate, seed):
+        return simulate(step, ctx.spec.requests(100, 3, rate_req_s=rate), cfg, "trace", seed=seed).slo_attainment
+
+    def figures(res):   # the summary less its wall time
+        return {k: v for k, v in res.summary().items() if k != "sim_wall_s"}
+
+    def fleet(rate, seed):
+        return figures(simulate_fleet(step, vf._maker(ctx), cfg, 2, rate, 100, "trace", None, seed))
+    rates = (30.0, 35.0, 40.0, 50.0)
+    got = [vf.draw_attainment(ctx, p, rate, 100, 3) for rate in rates]
+    assert got == [one(rate, 3) for rate in rates] and got != [one(rate, 0) for rate in rates]
+    at = [figures(vf.simulate_at(ctx, p, 2 * rate, 2, 100, 3)) for rate in (10.0, 15.0, 20.0)]
+    assert at == [fleet(2 * rate, 3) for rate in (10.0, 15.0, 20.0)]
+    assert at != [fleet(2 * rate, 0) for rate in (10.0, 15.0, 20.0)]
+
+
+def test_robust_config_that_no_draw_sizes_keeps_its_nominal_goodput(monkeypatch):
+    """Every fresh draw of a 16 req/s config serves 1% of it: no count of replicas within the node meets, so
+    the answer is not feasible, and still says the nominal goodput it started from (16 req/s per replica)."""
+    ctx, p, run, at = _robust_setup(monkeypatch, factor={s: 0.01 for s in range(1, DRAWS + 1)})
+    r = vf.robust_config(ctx, p, 16.0, 1000)
+    assert not r.feasible and "only beyond 8 replicas" in r.reason and "gives 16 req/s per replica" in r.reason
+    assert r.nominal_per_replica_goodput_req_s == 16.0 and r.per_replica_goodput_req_s == 16.0 and at == []
