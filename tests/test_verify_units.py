@@ -516,3 +516,22 @@ def test_robust_config_that_no_draw_sizes_keeps_its_nominal_goodput(monkeypatch)
     r = vf.robust_config(ctx, p, 16.0, 1000)
     assert not r.feasible and "only beyond 8 replicas" in r.reason and "gives 16 req/s per replica" in r.reason
     assert r.nominal_per_replica_goodput_req_s == 16.0 and r.per_replica_goodput_req_s == 16.0 and at == []
+
+
+def test_verify_sizes_a_goodput_below_one_request_per_second(monkeypatch):
+    """0.5 req/s per replica (a slow model) is a goodput like any other: 30 / 0.5 = 60 replicas of TP1, 60 GPUs on
+    8 nodes, beyond max_nodes 1, so sized but not feasible (not the unsized miss of a zero goodput)."""
+    import kvtune.costmodel.goodput as gp
+    monkeypatch.setattr(gp, "goodput", lambda *a, **k: SimpleNamespace(goodput_req_s=0.5, iterations=7, reason=""))
+    v = vf.verify(make_ctx(), params(1, 64), 64)
+    assert (v.per_replica_goodput_req_s, v.replicas, v.gpus, v.nodes, v.feasible) == (0.5, 60, 60, 8, False)
+
+
+def test_verify_config_of_a_one_sequence_batch_operates_one_at_a_time(monkeypatch):
+    """A batch cap of 1 admits one sequence at a time: the bisection sizes its requests for a batch of 1."""
+    seen = []
+    monkeypatch.setattr(vf, "verify", lambda ctx, p, ob, guess=None: seen.append(ob) or "v")
+    ctx = make_ctx()
+    assert vf.slots(ctx, params(1, 1)) == 1
+    vf.verify_config(ctx, params(1, 1))
+    assert seen == [1]
