@@ -297,7 +297,7 @@ def test_robust_min_cost_tries_the_given_order_first_and_gives_up_past_the_cap(m
     r = vf.robust(ctx, v, lambda pairs: tried.append(pairs) or [run.draw(p, rate, s) for s, rate in pairs],
                   max_replicas=3, order=[9, 30])
     assert tried[0] == [(9, 15.0), (1, 15.0)]           # the order's seeds first (30 is no fresh draw here)
-    assert not r.feasible and r.draws is None and r.replicas == 2
+    assert r.feasible is False and r.draws is None and r.replicas == 2
     assert r.reason == "TP1 fp8 cap 64 chunk 1024 misses on a fresh draw of 1,000 requests with up to 3 replicas, " \
                        "the most that could beat the best so far"
     assert r.simulations > 4 and at == []
@@ -309,14 +309,14 @@ def test_robust_min_cost_beyond_the_node_says_so(monkeypatch):
     ctx, p, run, at = _robust_setup(monkeypatch, factor={2: 0.1})
     v = vf._sized(ctx, p, 16.0, 4, 1000, nominal=16.0)
     r = vf.robust(ctx, v)
-    assert not r.feasible and r.reason == (
+    assert r.feasible is False and r.reason == (
         f"TP1 fp8 cap 64 chunk 1024 meets the SLOs on every one of {DRAWS} fresh draws of 1,000 requests only beyond "
         "8 replicas (8 GPUs, max_nodes 1); the workload's own draw alone gives 16 req/s per replica")
     assert r.simulations > 4                            # the fresh draws it ran are counted
     # a nominal sized beyond the node: robust checks from its own replicas
     big = vf._sized(ctx, params(1, 64, "fp8"), 3.0, 0, 1000, nominal=3.0)     # 10 replicas
     rb = vf.robust(ctx, big)
-    assert rb.replicas == 10 and not rb.feasible and "only beyond 10 replicas (8 GPUs, max_nodes 1)" in rb.reason
+    assert rb.replicas == 10 and rb.feasible is False and "only beyond 10 replicas (8 GPUs, max_nodes 1)" in rb.reason
 
 
 def test_robust_max_goodput_takes_the_least_goodput_over_the_draws(monkeypatch):
@@ -332,10 +332,10 @@ def test_robust_max_goodput_takes_the_least_goodput_over_the_draws(monkeypatch):
     assert all(a == MEETS for a in r.draws.attainment)
     assert at == [(pytest.approx(8 * least), 8, 1000, 1)]
     assert r.sim_requests == 1000 and r.simulations == 4 + r.draws.simulations   # sized on the draws' request count
-    # a fresh draw that misses even at a trickle: not feasible, with the reason
+    # a fresh draw that misses even at a trickle: not feasible (False, as the JSON answer says), with the reason
     ctx2, p2, run2, _ = _robust_setup(monkeypatch, "max_goodput", factor={3: 0.0}, rate=1000)
     r2 = vf.robust(ctx2, vf._sized(ctx2, p2, 16.0, 4, 1000, nominal=16.0))
-    assert not r2.feasible and r2.reason == ("misses the SLO attainment target 0.9 on a fresh draw of 1,000 requests "
+    assert r2.feasible is False and r2.reason == ("misses the SLO attainment target 0.9 on a fresh draw of 1,000 requests "
                                              "even at a trickle") and r2.simulations > 4
 
 
@@ -514,7 +514,7 @@ def test_robust_config_that_no_draw_sizes_keeps_its_nominal_goodput(monkeypatch)
     the answer is not feasible, and still says the nominal goodput it started from (16 req/s per replica)."""
     ctx, p, run, at = _robust_setup(monkeypatch, factor={s: 0.01 for s in range(1, DRAWS + 1)})
     r = vf.robust_config(ctx, p, 16.0, 1000)
-    assert not r.feasible and "only beyond 8 replicas" in r.reason and "gives 16 req/s per replica" in r.reason
+    assert r.feasible is False and "only beyond 8 replicas" in r.reason and "gives 16 req/s per replica" in r.reason
     assert r.nominal_per_replica_goodput_req_s == 16.0 and r.per_replica_goodput_req_s == 16.0 and at == []
 
 
