@@ -514,6 +514,9 @@ def main() -> int:
                                             "on a full run)")
     ap.add_argument("--rerun-survivors", type=Path, metavar="JSON",
                     help="test only the mutants that survived in this earlier results file (while writing tests)")
+    ap.add_argument("--unexplained-only", action="store_true",
+                    help="with --rerun-survivors: only the survivors bench/mutation_equivalents.yaml does not explain "
+                         "now (an explained one survives again by construction; --combine keeps it as it was)")
     ap.add_argument("--keep", action="store_true", help="keep each temporary copy (to browse with mutmut)")
     ap.add_argument("--check-planted", action="store_true",
                     help="plant one mutant of ModelArch.kv_bytes_per_token and fail unless the tests kill it")
@@ -540,8 +543,10 @@ def main() -> int:
     modules = args.module or list(MODULES)
     earlier: dict[str, list[str]] = {}
     if args.rerun_survivors:
+        equivalents = load_equivalents()
         for r in json.loads(args.rerun_survivors.read_text())["modules"]:
-            earlier[r["module"]] = [s["name"] for s in r["survivors"]]
+            earlier[r["module"]] = [s["name"] for s in r["survivors"] if not args.unexplained_only
+                                    or not explain(r["module"], s["function"], s["before"], s["after"], equivalents)]
         modules = [m for m in modules if m in earlier]
     load_before = round(os.getloadavg()[0], 1)
     commit = git_commit()   # the tree each copy is taken from now, not whatever is committed when the run ends
@@ -565,7 +570,8 @@ def main() -> int:
     meta = dict(commit=commit, date=dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
                 mode=(f"sample of {args.sample} per module"
                       + (f" after the first {args.sample_skip}" if args.sample_skip else "") if args.sample
-                      else "earlier survivors only" if args.rerun_survivors else "all mutants"),
+                      else ("earlier survivors only" + (" (those not explained)" if args.unexplained_only else ""))
+                      if args.rerun_survivors else "all mutants"),
                 load_before=load_before, load_after=round(os.getloadavg()[0], 1), cpus=os.cpu_count(),
                 mutmut=getattr(mutmut, "__version__", "?"), python=platform.python_version(),
                 **{k: v for k, v in CONFIG_OVERRIDES.items()})
