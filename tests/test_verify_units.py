@@ -279,6 +279,7 @@ def test_robust_min_cost_adds_the_replicas_a_fresh_draw_needs(monkeypatch):
     assert r.load_per_replica_req_s == 10.0 and r.goodput_req_s == 48.0
     d = r.draws
     assert d.seeds == tuple(range(1, 1 + DRAWS)) and d.n_requests == 1000 and d.load_req_s == 10.0
+    assert r.sim_requests == 1000                       # sized on the draws' request count
     assert d.goodput_min_req_s is None and d.attainment == (MEETS,) * DRAWS
     # the pick at its load: the first fresh draw on 3 replicas of 1,000 requests at the target rate
     assert at == [(30.0, 3, 1000, 1)]
@@ -535,3 +536,13 @@ def test_verify_config_of_a_one_sequence_batch_operates_one_at_a_time(monkeypatc
     assert vf.slots(ctx, params(1, 1)) == 1
     vf.verify_config(ctx, params(1, 1))
     assert seen == [1]
+
+
+def test_robust_max_goodput_below_one_req_s_per_replica(monkeypatch):
+    """max_goodput on a slow config: draw 0 serves 0.8 req/s per replica, every fresh draw 0.75 x 0.8 = 0.6: that
+    least goodput (to the tolerance) is a goodput, not a miss, and sizes the 8 replicas of the node."""
+    ctx, p, run, at = _robust_setup(monkeypatch, "max_goodput", g=0.8, factor={s: 0.75 for s in range(1, DRAWS + 1)},
+                                    rate=1000)
+    r = vf.robust(ctx, vf._sized(ctx, p, 0.8, 4, 1000, nominal=0.8))
+    assert r.feasible is True and r.replicas == 8
+    assert 0.6 / (1 + REL_TOL) <= r.per_replica_goodput_req_s <= 0.6 and r.nominal_per_replica_goodput_req_s == 0.8
