@@ -546,3 +546,12 @@ def test_robust_max_goodput_below_one_req_s_per_replica(monkeypatch):
     r = vf.robust(ctx, vf._sized(ctx, p, 0.8, 4, 1000, nominal=0.8))
     assert r.feasible is True and r.replicas == 8
     assert 0.6 / (1 + REL_TOL) <= r.per_replica_goodput_req_s <= 0.6 and r.nominal_per_replica_goodput_req_s == 0.8
+
+
+def test_sized_max_goodput_counts_only_whole_replicas():
+    """Three nodes (24 GPUs) and a 16-GPU replica (TP8 x PP2): one whole replica fits, on 16 GPUs over 2 nodes;
+    the other 8 GPUs hold no replica (not 1.5 replicas)."""
+    ctx = make_ctx("max_goodput", rate=100, max_nodes=3)
+    v = vf._sized(ctx, dict(params(8, 64), pp=2), 5.0, 0, 1, nominal=5.0)
+    assert (v.replicas, v.gpus, v.nodes, v.goodput_req_s) == (1, 16, 2, 5.0)
+    assert isinstance(v.replicas, int) and isinstance(v.gpus, int)
