@@ -368,7 +368,8 @@ def test_meets_and_beaten_texts():
 def test_prior_orders_screen_feasible_first_then_capacity_per_gpu():
     ctx = make_ctx()
     ev = evaluate(ctx, params(1, 64))
-    assert ev.feasible and ss._prior(ctx, ev) == (0, ev.value, "tp1-b64-bf16-k0-c1024")
+    assert ev.feasible and ss._prior(ctx, ev) == (0, ev.usd_per_hour, -ev.per_replica_goodput_req_s, ev.value,
+                                                  "tp1-b64-bf16-k0-c1024")
     bad = SimpleNamespace(params=params(2, 64), feasible=False, value=1.0)
     assert ss._prior(ctx, bad) == (1, -_capacity(ctx, params(2, 64)) / 2, "tp2-b64-bf16-k0-c1024")
 
@@ -829,3 +830,23 @@ def test_requests_that_never_fit_rule_configs_out_of_the_race(monkeypatch):
                for o in r.outcomes if o.status == "never_fits")
     assert r.best.params["tp"] == 2 and r.best.replicas == 1 and r.best.usd_per_hour == 4.0
     assert all(config_key(dict(w.params)).startswith("tp2") for b in run.batches for w in b)
+
+
+def test_prior_min_cost_races_the_cheapest_first_then_the_most_screened_goodput_per_gpu():
+    """At equal $/h the screen's value can prefer the smaller batch cap (its headroom bonus is
+    clamped at 100% and parsimony then decides); the race takes the most screened goodput per GPU
+    first there, so the best of a cost is found before its weaker neighbours are raced."""
+    ctx = make_ctx()
+
+    def ev(tp, cap, usd, goodput, value):
+        return SimpleNamespace(params=params(tp, cap), feasible=True, usd_per_hour=usd,
+                               per_replica_goodput_req_s=goodput, value=value)
+    small = ev(1, 8, 12.0, 2.0, 11.8)          # the screen's value prefers it (parsimony)
+    large = ev(1, 512, 12.0, 5.0, 11.9)         # more goodput per GPU at the same $/h
+    wide = ev(2, 512, 12.0, 8.0, 11.7)          # 4 req/s per GPU on 2 GPUs: between them
+    dear = ev(1, 256, 15.0, 50.0, 14.0)         # more goodput, but dearer
+    got = sorted([dear, small, wide, large], key=lambda e: ss._prior(ctx, e))
+    assert [e.params["batch_cap"] for e in got] == [512, 512, 8, 256]
+    assert got[0] is large and got[1] is wide
+    # max_goodput: the screen's value (goodput per $) alone, as before
+    assert ss._prior(make_ctx("max_goodput"), small) == (0, 11.8, config_key(small.params))
