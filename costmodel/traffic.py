@@ -331,6 +331,10 @@ class Trace:
         return (len(self) - 1) / self.span_s if self.span_s > 0 else math.inf
 
 
+DRAW_MEMO = 64   # draws remembered (workload, requests, seed): a solve simulates a few dozen at many rates
+_DRAWS: dict[tuple, tuple] = {}
+
+
 @dataclass(frozen=True)
 class Workload:
     """Either request ``classes`` (sampled, Poisson arrivals at ``rate_req_s``) or a ``trace``
@@ -419,13 +423,36 @@ class Workload:
         return self._sample(int(n), int(seed), rate)
 
     def _sample(self, n: int, seed: int, rate: float) -> Requests:
-        ss = np.random.SeedSequence(seed)
-        r_arrival, r_class, *r_len = [np.random.default_rng(s) for s in ss.spawn(2 + 2 * len(self.classes))]
-        gaps = r_arrival.exponential(1.0, size=n)
+        """``n`` requests of seed ``seed`` at ``rate``: the draw at rate 1 (``_draw``, remembered:
+        a search simulates one draw at many rates) with its arrival times divided by the rate."""
+        try:
+            key = (self, n, seed)
+            parts = _DRAWS.get(key)
+        except TypeError:       # a field that cannot be hashed: nothing remembered
+            key, parts = None, None
+        if parts is None:
+            parts = self._draw(n, seed)
+            if key is not None:
+                if len(_DRAWS) >= DRAW_MEMO:
+                    _DRAWS.pop(next(iter(_DRAWS)))      # the oldest first
+                _DRAWS[key] = parts
+        unit, cls, inp, out, pre, grp, ttft, tpot = parts
         if math.isinf(rate):
             arrival = np.zeros(n)
         else:
-            arrival = np.concatenate(([0.0], np.cumsum(gaps[1:]))) / rate if n else np.zeros(0)
+            arrival = unit / rate if n else np.zeros(0)
+        # copies: a caller may change its requests' arrays, never the remembered draw
+        return Requests(arrival_s=arrival, input_tokens=inp.copy(), output_tokens=out.copy(), prefix_tokens=pre.copy(),
+                        prefix_group=grp.copy(), ttft_slo_s=ttft.copy(), tpot_slo_s=tpot.copy(),
+                        class_idx=cls.copy(), class_names=self.class_names)
+
+    def _draw(self, n: int, seed: int) -> tuple:
+        """The rate-free part of ``_sample``: (arrival times at rate 1, class, prompt, output,
+        prefix, prefix group, TTFT SLO, TPOT SLO), each of ``n``."""
+        ss = np.random.SeedSequence(seed)
+        r_arrival, r_class, *r_len = [np.random.default_rng(s) for s in ss.spawn(2 + 2 * len(self.classes))]
+        gaps = r_arrival.exponential(1.0, size=n)
+        unit = np.concatenate(([0.0], np.cumsum(gaps[1:]))) if n else np.zeros(0)
         cum = np.cumsum([c.share for c in self.classes])
         cls = np.minimum(np.searchsorted(cum / cum[-1], r_class.random(n), side="right"), len(self.classes) - 1)
         inp = np.empty(n, dtype=np.int64)
@@ -444,9 +471,7 @@ class Workload:
                 grp[m] = i
             ttft[m] = (self.slo.ttft_ms if c.ttft_ms is None else c.ttft_ms) / 1e3
             tpot[m] = (self.slo.tpot_ms if c.tpot_ms is None else c.tpot_ms) / 1e3
-        return Requests(arrival_s=arrival, input_tokens=inp, output_tokens=out, prefix_tokens=pre,
-                        prefix_group=grp, ttft_slo_s=ttft, tpot_slo_s=tpot, class_idx=cls.astype(np.int64),
-                        class_names=self.class_names)
+        return unit, cls.astype(np.int64), inp, out, pre, grp, ttft, tpot
 
     def _replay(self, n: int, rate: float | None) -> Requests:
         tr = self.trace

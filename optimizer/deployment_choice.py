@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -46,6 +47,7 @@ __all__ = ["solve_deployments", "disaggregated_answer", "DisaggregatedAnswer", "
 
 MAX_UNIT_GPUS = 16   # one disaggregated unit spans at most two 8-GPU nodes
 DISAGG_VERIFY = 3    # the disaggregated search's best candidates verified on the aggregated kind's evidence
+BESIDE_NICE = 10     # the forked disaggregated search yields the cores to the aggregated one (see _Beside)
 _SUMMARY_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "replicas")
 
 
@@ -247,7 +249,9 @@ def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] 
         return disaggregated_answer(spec, kwargs.get("seed"), over["calibration"], over["engine"], over["profile"],
                                     jobs, kwargs.get("usd_cap", math.inf))
     # the two kinds' searches are independent: with jobs > 1 the disaggregated one runs on a forked
-    # process beside the aggregated one, filling the cores each leaves idle in its sequential steps
+    # process beside the aggregated one, filling the cores each leaves idle in its sequential steps;
+    # at a lower priority (BESIDE_NICE), so its pool does not take turns from the aggregated race's
+    # one-at-a-time verifications, the longer chain (bench/RESULTS-search.md, speed)
     beside = (_Beside(lambda: disaggregated()[0]) if "disaggregated" in kinds and spec.speculative is None
               and jobs > 1 and not kwargs.get("storage") and _may_fork() else None)
     try:
@@ -287,7 +291,8 @@ def _may_fork() -> bool:
 
 
 class _Beside:
-    """``fn()`` on a forked process while this one goes on; ``result()`` waits for its value (None
+    """``fn()`` on a forked process, ``BESIDE_NICE`` lower in priority (it only changes who waits
+    for whom: the value is the same), while this one goes on; ``result()`` waits for its value (None
     if the process failed or its value could not come back: the caller then runs ``fn`` itself, so
     an error is raised where it would have been), ``cancel()`` ends it."""
 
@@ -297,6 +302,10 @@ class _Beside:
         self._recv, send = mpc.Pipe(duplex=False)
 
         def target() -> None:
+            try:
+                os.nice(BESIDE_NICE)
+            except OSError:
+                pass
             try:
                 out = fn()
             except BaseException:

@@ -11,7 +11,9 @@ recommended is decided by the simulator. Stages, each a batch of independent sim
    A short probe decides alone only where its exact binomial interval (requests are independent at
    a trickle) lies wholly on one side of the target.
 2. seeds (max_goodput): the ``SEEDS`` best configs by screened objective, one per structure, verified.
-3. the race, in prior order, ``BATCH`` configs at a time: each config gets the per-replica rate it
+3. the race, in prior order (``_prior``: min_cost the screened deployments in the recommendation's
+   own order, so the best of a price is raced before its weaker neighbours, which its bar then
+   prunes or beats on a short run), ``BATCH`` configs at a time: each config gets the per-replica rate it
    would have to serve to beat the best verified deployment (``bar_req_s``), then
       - pruned without simulating when its decode-bound capacity x ``CAPACITY_SLACK`` is below
         the bar, or when it cannot beat the best at any rate (needs fewer GPUs than its TP);
@@ -403,9 +405,19 @@ def candidates(ctx: SolveContext, runner=None) -> tuple[list[Evaluation], list[E
 
 
 def _prior(ctx: SolveContext, ev: Evaluation) -> tuple:
-    """Race order: the screen's objective for screen-feasible configs, then the rest by
-    decode-bound capacity per GPU; the config key breaks ties."""
+    """Race order: screen-feasible configs first, min_cost in the recommendation's own order
+    (``objective_rank``) on the screened deployment: its $/h, bf16 KV before fp8 at equal cost
+    (when both are searched), the most screened goodput, then the screen's objective (its goodput
+    bonus is clamped at 100% headroom, where its parsimony term alone would race the smallest
+    batch caps first and each winner be verified only to be beaten by the next); max_goodput by
+    the screen's objective.
+    Then the rest by decode-bound capacity per GPU; the config key breaks ties. The order changes
+    what the race simulates, not what it recommends (module docstring: every config that could
+    beat the best is simulated against it)."""
     p = ev.params
+    if ev.feasible and ctx.spec.objective == "min_cost":
+        return (0, *objective_rank("min_cost", ev.usd_per_hour, ev.per_replica_goodput_req_s * ev.replicas,
+                                   p["kv_dtype"], ctx.spec.search.kv_dtype), ev.value, config_key(p))
     if ev.feasible:
         return (0, ev.value, config_key(p))
     return (1, -_capacity(ctx, p) / gpus_per_replica(p), config_key(p))

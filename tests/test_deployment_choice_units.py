@@ -799,3 +799,12 @@ def test_the_forked_searchs_context_is_built_from_the_same_options(spec, monkeyp
     r = dc.solve_deployments(spec, solve_one=lambda s, **k: _result(status="infeasible"), jobs=2, seed=4,
                              calibration="ideal", engine="vllm", profile="p.csv")
     assert r.deployment.kind == "disaggregated" and built == [(spec, 4, "ideal", "vllm", "p.csv")]
+
+
+def test_the_disaggregated_search_beside_runs_at_a_lower_priority_and_returns_its_value():
+    import os
+    from kvtune.optimizer.deployment_choice import BESIDE_NICE, _Beside
+    here = os.nice(0)
+    got = _Beside(lambda: (os.nice(0), 6 * 7)).result()
+    assert got == (min(here + BESIDE_NICE, 19), 42)
+    assert os.nice(0) == here          # this process keeps its priority

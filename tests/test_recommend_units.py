@@ -59,8 +59,11 @@ def test_an_ok_answer_by_hand(monkeypatch):
     assert r.headroom == pytest.approx(32.0 / 30.0 - 1)
     assert r.notes == ("FP8 KV: no bf16 config meets the target at $4.00/h (simulated); check quality on your "
                        "hardest evals",)
-    # the front of the verified configs: the pick is the only one verified on this fake
-    assert [(x.gpus, x.usd_per_hour, x.goodput_req_s, x.evidence) for x in r.pareto] == [(2, 4.0, 32.0, "simulated")]
+    # the front of the verified configs: the race takes bf16 KV first at the screen's cheapest price,
+    # so tp1 b64 bf16 is verified too: 12 req/s per replica on this fake, 3 replicas for 30 req/s,
+    # $6/h for 36 req/s: dearer than the pick but with more goodput, so on the front beside it
+    assert [(x.gpus, x.usd_per_hour, x.goodput_req_s, x.evidence) for x in r.pareto] == [
+        (2, 4.0, 32.0, "simulated"), (3, 6.0, 36.0, "simulated")]
     assert r.pareto[0].config == dict(params(1, 64, "fp8"), replicas=2)
     # the bottleneck and the screened figures are the screen's of the pick
     ev = evaluate(ctx, params(1, 64, "fp8"))
@@ -84,16 +87,18 @@ def test_an_ok_answer_by_hand(monkeypatch):
     assert r.admission == "prompt" and r.profile is None and r.engine is None
     assert r.study_name == study.study_name and r.target_rate_req_s == 30.0
     assert (r.trials.completed, r.trials.feasible) == (6, 6)
-    assert r.verification.configs == 1 and r.verification.outcomes == {"beaten": 11, "verified": 1}
+    # verified: the pick and tp1 b64 bf16 (the front above); the other 10 beaten
+    assert r.verification.configs == 2 and r.verification.outcomes == {"beaten": 10, "verified": 2}
     assert r.verification.simulations == sum(x.simulations for x in r.race) and r.verification.work_items > 0
     assert [x.config for x in r.race] == [p for p in ss.lattice_configs(ctx)]
-    v = r.verified[0]
+    assert [x.config for x in r.verified] == [params(1, 64, "bf16"), params(1, 64, "fp8")]   # lattice order
+    v = r.verified[1]
     assert (v.config, v.feasible, v.usd_per_hour, v.goodput_req_s, v.per_replica_goodput_req_s, v.reason) == (
         params(1, 64, "fp8"), True, 4.0, 32.0, 16.0, "")
     # its own simulations: the fake's bisection (5), 19 fresh draws and the pick at its load; the race row
     # adds the probes that raced it
     assert v.simulations == 5 + 19 + 1
-    assert next(x.simulations for x in r.race if x.status == "verified") > v.simulations
+    assert next(x.simulations for x in r.race if x.config == params(1, 64, "fp8")) > v.simulations
 
 
 def test_max_goodput_is_priced_at_its_goodput(monkeypatch):
@@ -399,7 +404,7 @@ def test_a_pick_with_no_tpot_has_no_per_user_speed(monkeypatch):
 def test_the_front_holds_only_configs_that_qualified(monkeypatch):
     """A verified config beyond max_nodes keeps its sizing (20 replicas of tp2 at 2 req/s: 40 GPUs,
     $80/h, 40 req/s on 5 nodes > 1) but never serves the target: it is not on the front, even with
-    more goodput than the pick's 32 req/s; the front is the pick alone."""
+    more goodput than the pick's 32 req/s or tp1 b64 bf16's 36 ($6/h); the front is those two alone."""
     from kvtune.optimizer import verify as vf
     ctx = make_ctx()
     run = FakeRunner(ctx, G)
@@ -416,7 +421,7 @@ def test_the_front_holds_only_configs_that_qualified(monkeypatch):
     monkeypatch.setattr(rc, "race", race_and_far)
     r = rc.recommend(ctx, open_study(ctx, "grid", None, None), "grid", runner=run)
     assert r.status == "ok" and any(not v.feasible and v.usd_per_hour == 80.0 for v in r.verified)
-    assert [(x.gpus, x.usd_per_hour, x.goodput_req_s) for x in r.pareto] == [(2, 4.0, 32.0)]
+    assert [(x.gpus, x.usd_per_hour, x.goodput_req_s) for x in r.pareto] == [(2, 4.0, 32.0), (3, 6.0, 36.0)]
 
 
 def test_the_last_of_several_never_fit_reasons_is_the_one_given():
@@ -573,6 +578,7 @@ def test_a_profile_the_solve_read_is_in_the_answer(monkeypatch):
 def test_the_race_rows_keep_each_configs_reason(monkeypatch):
     """Every config the race put out carries its reason into the answer; the one verified has none."""
     _, r, _ = _answer(monkeypatch)
-    assert [x.reason for x in r.race if x.status == "verified"] == [""]
+    verified = [x for x in r.race if x.status == "verified"]
     beaten = [x for x in r.race if x.status == "beaten"]
-    assert len(beaten) == 11 and all(x.reason for x in beaten)
+    assert verified and all(x.reason == "" for x in verified)      # both verified here qualify
+    assert len(verified) + len(beaten) == len(KEYS) and all(x.reason for x in beaten)

@@ -368,7 +368,8 @@ def test_meets_and_beaten_texts():
 def test_prior_orders_screen_feasible_first_then_capacity_per_gpu():
     ctx = make_ctx()
     ev = evaluate(ctx, params(1, 64))
-    assert ev.feasible and ss._prior(ctx, ev) == (0, ev.value, "tp1-b64-bf16-k0-c1024")
+    assert ev.feasible and ss._prior(ctx, ev) == (0, ev.usd_per_hour, False, -ev.per_replica_goodput_req_s * ev.replicas,
+                                                  ev.value, "tp1-b64-bf16-k0-c1024")
     bad = SimpleNamespace(params=params(2, 64), feasible=False, value=1.0)
     assert ss._prior(ctx, bad) == (1, -_capacity(ctx, params(2, 64)) / 2, "tp2-b64-bf16-k0-c1024")
 
@@ -829,6 +830,31 @@ def test_requests_that_never_fit_rule_configs_out_of_the_race(monkeypatch):
                for o in r.outcomes if o.status == "never_fits")
     assert r.best.params["tp"] == 2 and r.best.replicas == 1 and r.best.usd_per_hour == 4.0
     assert all(config_key(dict(w.params)).startswith("tp2") for b in run.batches for w in b)
+
+
+def test_prior_min_cost_races_in_the_recommendations_order_on_screened_figures():
+    """At equal $/h the screen's value can prefer the smaller batch cap (its headroom bonus is
+    clamped at 100% and parsimony then decides); the race takes configs in the recommendation's
+    order instead: the cheapest, then bf16 KV before fp8 (when both are searched), then the most
+    screened goodput, so the best of a price is found before its weaker neighbours are raced."""
+    ctx = make_ctx(kv=("bf16", "fp8"))
+
+    def ev(tp, cap, usd, goodput, value, kv="bf16", replicas=2):
+        return SimpleNamespace(params=params(tp, cap, kv), feasible=True, usd_per_hour=usd, replicas=replicas,
+                               per_replica_goodput_req_s=goodput, value=value)
+    small = ev(1, 8, 12.0, 2.0, 11.8)                  # the screen's value prefers it (parsimony)
+    large = ev(1, 512, 12.0, 5.0, 11.9)                # 10 req/s on the same $/h
+    wide = ev(2, 512, 12.0, 8.0, 11.7, replicas=1)     # 8 req/s on as many GPUs: between them
+    fp8 = ev(1, 256, 12.0, 9.0, 11.6, kv="fp8")        # the most goodput, but fp8 KV at the same $/h
+    dear = ev(1, 128, 15.0, 50.0, 14.0)                # the most goodput, but dearer
+    got = sorted([dear, small, fp8, wide, large], key=lambda e: ss._prior(ctx, e))
+    assert got == [large, wide, small, fp8, dear]
+    # one KV format searched: no preference, the goodput decides
+    one = make_ctx(kv=("fp8",))
+    f1, f2 = ev(1, 64, 12.0, 3.0, 11.0, kv="fp8"), ev(1, 128, 12.0, 4.0, 11.5, kv="fp8")
+    assert sorted([f1, f2], key=lambda e: ss._prior(one, e)) == [f2, f1]
+    # max_goodput: the screen's value (goodput per $) alone, as before
+    assert ss._prior(make_ctx("max_goodput"), small) == (0, 11.8, config_key(small.params))
 
 
 def test_closest_tells_layouts_of_one_tp_apart():
