@@ -95,8 +95,14 @@ def main() -> int:
             picks.append((rec, r["predicted"]["goodput_req_s"]))
             o = oracle_cpu_s(name, Path(a.cache_dir))
             pp = f"xPP{rec['pp']}" if rec.get("pp", 1) > 1 else ""
-            print(f"| {name} | {seed} | {rec['replicas']} x TP{rec['tp']}{pp} {rec['kv_dtype']} k{rec['spec_k']} "
-                  f"b{rec['batch_cap']} c{rec['chunk_tokens']} | {r['cost']['usd_per_hour']:.2f} | "
+            if rec.get("deployment") == "disaggregated":   # its tp and batch cap are the decode pool's
+                pf, dc = rec["prefill"], rec["decode"]
+                shown = (f"disaggregated {pf['replicas']} x TP{pf['tp']} prefill + {dc['replicas']} x TP{dc['tp']} "
+                         f"decode {rec['kv_dtype']}")
+            else:
+                shown = (f"{rec['replicas']} x TP{rec['tp']}{pp} {rec['kv_dtype']} k{rec['spec_k']} "
+                         f"b{rec['batch_cap']} c{rec['chunk_tokens']}")
+            print(f"| {name} | {seed} | {shown} | {r['cost']['usd_per_hour']:.2f} | "
                   f"{r['predicted']['goodput_req_s']:.2f} | {v['configs']} / {v['simulations']} | {verdict} | "
                   f"{'' if o is None else f'{o:.0f}'} |", flush=True)
             ok &= wall <= TARGET_WALL_S
