@@ -34,6 +34,17 @@ G = {"tp1-b16-bf16-k0-c1024": 5, "tp1-b32-bf16-k0-c1024": 10, "tp1-b64-bf16-k0-c
      "tp2-b16-fp8-k0-c1024": 9, "tp2-b32-fp8-k0-c1024": 15, "tp2-b64-fp8-k0-c1024": 25}
 
 
+def _first_per_structure(evs) -> list[str]:
+    """The config keys of the first evaluation of each (TP, KV dtype) structure, in ``evs``' order."""
+    want, seen = [], set()
+    for e in evs:
+        s = (e.params["tp"], e.params["kv_dtype"])
+        if s not in seen:
+            seen.add(s)
+            want.append(config_key(e.params))
+    return want
+
+
 def _p(key: str) -> dict:
     tp, cap, kv, k, c = key.split("-")
     return params(int(tp[2:]), int(cap[1:]), kv, int(k[1:]), int(c[1:]))
@@ -214,12 +225,7 @@ def test_nothing_serves_the_rate_the_closest_distinct_structures_are_verified(mo
     assert r.best is None
     evs = sorted((evaluate(ctx, _p(k)) for k in KEYS),
                  key=lambda e: (-(e.per_replica_goodput_req_s or 0.0) / e.params["tp"], config_key(e.params)))
-    want, structs = [], set()
-    for e in evs:
-        s = (e.params["tp"], e.params["kv_dtype"])
-        if s not in structs:
-            structs.add(s)
-            want.append(config_key(e.params))
+    want = _first_per_structure(evs)
     got = [config_key(v.params) for v in r.verified]
     assert sorted(got) == sorted(want[:CLOSEST])
     assert all(not v.feasible and "max_nodes is 1" in v.reason for v in r.verified)
@@ -549,12 +555,7 @@ def test_race_goodput_seeds_one_config_per_structure():
     assert all(w.kind == "verify" for w in first) and len(first) == 3
     structs = [(dict(w.params)["tp"], dict(w.params)["kv_dtype"]) for w in first]
     assert len(set(structs)) == 3
-    want, seen = [], set()
-    for e in alive:
-        s = (e.params["tp"], e.params["kv_dtype"])
-        if s not in seen:
-            seen.add(s)
-            want.append(config_key(e.params))
+    want = _first_per_structure(alive)
     assert [config_key(dict(w.params)) for w in first] == want[:3]
     assert set(st.outcomes) == set(KEYS)
 
