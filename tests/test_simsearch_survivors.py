@@ -421,9 +421,38 @@ def test_race_cost_races_again_what_was_pruned_and_makes_the_winner_robust_first
     ctx = make_ctx()
     st, run = _state(ctx, {"tp1-b64-fp8-k0-c1024": 15.5, "tp1-b16-bf16-k0-c1024": 10.6}, factor={3: 0.95})
     patch_simulation(monkeypatch, run)
-    st.race_cost([evaluate(ctx, params(1, 64, "fp8")), evaluate(ctx, params(1, 16))])
+    st.consider(st.verify([evaluate(ctx, params(1, 64, "fp8"))]))
+    assert ss._capacity(ctx, params(1, 16)) * ss.CAPACITY_SLACK < 15
+    heard = []
+    st.on_stage = lambda name, n: heard.append((name, n))
+    st.race_cost([evaluate(ctx, params(1, 16))])
+    assert heard == [("race", 1), ("race again", 1), ("race", 1)]   # race again: its batches are races too
     b = st.best
     assert config_key(b.params) == "tp1-b16-bf16-k0-c1024" and b.robust and (b.replicas, b.usd_per_hour) == (3, 6.0)
+
+
+def test_settle_makes_nothing_robust_above_the_cap(monkeypatch):
+    """A $3/h cap: the only verified config costs $4/h, so it is never the best; settle runs no draw and
+    leaves its record as verified (feasible, 2 replicas, $4/h: over the cap, not a miss)."""
+    ctx = make_ctx()
+    st, run = _state(ctx, usd_cap=3.0)
+    patch_simulation(monkeypatch, run)
+    st.consider(st.verify([evaluate(ctx, params(1, 64, "fp8"))]))
+    assert st.settle() is True and st.best is None
+    assert [w.kind for w in run.executed] == ["verify"]
+    v = st.outcomes["tp1-b64-fp8-k0-c1024"].verification
+    assert v.feasible and (v.replicas, v.usd_per_hour) == (2, 4.0)
+
+
+def test_local_runner_forks_even_where_the_default_start_method_does_not(monkeypatch):
+    """The pool's processes inherit the context (``_POOL_CTX``) by fork: the runner asks for fork
+    explicitly, not the platform's default (spawn on macOS, forkserver from Python 3.14)."""
+    import multiprocessing as mp
+    import multiprocessing.context as mpc
+    monkeypatch.setattr(mpc._default_context, "_actual_context", mp.get_context("spawn"))
+    assert mp.get_context(None).get_start_method() == "spawn"
+    with ss.LocalRunner(make_ctx(), 2) as run:
+        assert run._get_pool()._ctx.get_start_method() == "fork"
 
 
 # ---- the whole race ------------------------------------------------------------------------------------------------
