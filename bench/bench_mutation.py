@@ -79,7 +79,8 @@ MODULES: dict[str, list[str]] = {
                                 "tests/test_deployment_survivors.py"],
     # the race, verification and the answer: their own unit tests on a fake engine whose answer is known by hand
     # (tests/race_fakes.py), milliseconds each, then the in-process tests of the whole search
-    "optimizer/simsearch.py": ["tests/test_simsearch_units.py", "tests/test_objective.py", "tests/test_simsearch.py"],
+    "optimizer/simsearch.py": ["tests/test_simsearch_units.py", "tests/test_objective.py", "tests/test_simsearch.py",
+                               "tests/test_simsearch_survivors.py"],
     "optimizer/verify.py": ["tests/test_verify_units.py", "tests/test_simsearch_units.py", "tests/test_simsearch.py"],
     "optimizer/recommend.py": ["tests/test_recommend_units.py", "tests/test_search.py", "tests/test_simsearch.py",
                                "tests/test_multinode_solve.py"],
