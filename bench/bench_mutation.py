@@ -303,29 +303,33 @@ def summarise(module: str, statuses: dict[str, str], copy: Path, equivalents: li
                 kill_rate_pct=round(100.0 * caught / tested, 1) if tested else None, survivors=survivors)
 
 
-def untested_by_order(copy: Path, module: str, n_tested: int, tested_names: set[str], max_children: int,
-                      log_dir: Path) -> list[str]:
+def untested_by_order(copy: Path, module: str, names: list[str], n_tested: int, tested_names: set[str],
+                      max_children: int, log_dir: Path) -> list[str]:
     """The mutants an earlier run of every mutant never reached, for a results file that does not list them
-    (only its survivors and how many it tested). mutmut runs the mutants fastest first (sorted by the summed
-    measured time of the tests that reach each one's function), so a run stopped after ``n_tested`` reached the
-    first ``n_tested`` of that order: the rest is what ``mutmut print-time-estimates`` lists after them. The stats
-    that order comes from are collected here by running one earlier survivor (``tested_names``) and are kept in
-    the copy for the run that follows. An earlier survivor in the rest means the order moved since (timings
-    measured again): it is dropped (it was tested) and counted in the log."""
+    (only its survivors and how many it tested). mutmut runs the mutants fastest first (stably sorted by the
+    summed measured time of the tests that reach each one's function: mutmut/__main__.py, _run), so a run stopped
+    after ``n_tested`` reached the first ``n_tested`` of that order. The timings come from mutmut's stats file
+    (mutants/mutmut-stats.json), collected here by running one earlier survivor (``tested_names``) and kept in the
+    copy for the run that follows. They are measured again, so the order near the cut may differ from the
+    earlier run's: an earlier survivor after the cut (it was tested) is dropped and counted in the log."""
+    from mutmut.utils.format_utils import mangled_name_from_mutant_name
     warm = sorted(tested_names)[:1]
     if not warm:
         sys.exit(f"Error: --rerun-untested: {module}: the earlier run names no mutant to collect stats with")
     run_mutmut(copy, warm, max_children, log_dir / (module.replace("/", "_") + ".stats.log"), None)
-    out = subprocess.run(["nice", "-n", "19", mutmut_exe(), "print-time-estimates"], cwd=copy, capture_output=True,
-                         text=True, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
-    order = [ln.split()[-1] for ln in out.stdout.splitlines()
-             if re.match(r"^(\d+ms|<no tests>) \S+$", ln.strip())]
+    stats = json.loads((copy / "mutants" / "mutmut-stats.json").read_text())
+    tests_of, dur = stats["tests_by_mangled_function_name"], stats["duration_by_test"]
+
+    def est(n: str) -> float:
+        return sum(dur.get(t, 0.0) for t in tests_of.get(mangled_name_from_mutant_name(n), []))
+
+    order = sorted(names, key=est)
     rest = order[n_tested:]
     moved = [n for n in rest if n in tested_names]
     with open(log_dir / (module.replace("/", "_") + ".untested.txt"), "w") as f:
         f.write(f"{len(order)} mutants in mutmut's order; untested = the {len(rest)} after the first {n_tested}; "
                 f"{len(moved)} earlier survivors among them dropped: {moved}\n")
-        f.write(out.stdout)
+        f.writelines(f"{est(n):.3f} {n}\n" for n in order)
     return [n for n in rest if n not in tested_names]
 
 
@@ -346,7 +350,7 @@ def run_module(module: str, tests: list[str], n_sample: int | None, max_children
         if plant:
             chosen = [planted_mutant(copy, names)]
         if untested_of is not None and only is None:
-            only = untested_by_order(copy, module, untested_of[0], untested_of[1], max_children, log_dir)
+            only = untested_by_order(copy, module, names, untested_of[0], untested_of[1], max_children, log_dir)
         if only is not None:
             chosen = [n for n in names if n in set(only)]
             if not chosen:
