@@ -72,7 +72,7 @@ MODULES: dict[str, list[str]] = {
                              "tests/test_sim_invariants.py::test_speculation_with_huge_outputs_stays_small_in_memory",
                              "tests/test_sim_never_fit.py", "tests/test_engines.py", "tests/test_replica_by_hand.py",
                              "tests/test_deployment_by_hand.py",   # a decode pool's replica: KV that arrives
-                             "tests/test_replica_survivors.py"],
+                             "tests/test_replica_survivors.py", "tests/test_replica_edges.py"],
     "costmodel/goodput.py": ["tests/test_goodput.py", "tests/test_sim_invariants.py", "tests/test_sim_never_fit.py",
                              "tests/test_goodput_by_hand.py", "tests/test_goodput_survivors.py"],
     "costmodel/deployment.py": ["tests/test_deployment.py", "tests/test_deployment_by_hand.py",
