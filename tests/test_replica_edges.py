@@ -372,13 +372,12 @@ def test_a_decoding_slot_holds_its_finish_step(kv):
 
 # ---- pure decode runs that stop for an arrival ---------------------------------------------------------------------
 
-def _arrival_during_decodes(offsets_s):
-    """32 requests (1000 prompt tokens, 1001 output tokens) at t = 0 on the real step model, and one more (500,
+def _arrival_during_decodes(offsets_s, n=32):
+    """n requests (1000 prompt tokens, 1001 output tokens) at t = 0 on the real step model, and one more (500,
     20) arriving at each given time: the simulation in closed form (decode runs summed by the clock, stopped by
     the arrival) and one step at a time (naive), with the results of both."""
     s = _step()
-    n = 32
-    cfg = SimConfig(128, chunk_tokens=8192)
+    cfg = SimConfig(256, chunk_tokens=8192)
     first_done = simulate_replica(s, _requests([1000] * n, [1001] * n, [0.0] * n), cfg, "trace", None, 0, 0.0,
                                   naive=True).e2e_s.min()
     for off in offsets_s:
@@ -388,12 +387,13 @@ def _arrival_during_decodes(offsets_s):
                simulate_replica(s, req, cfg, "trace", None, 0, 0.0, naive=True))
 
 
-def test_a_decode_run_stops_for_an_arrival_as_the_steps_one_by_one_do():
+@pytest.mark.parametrize("n", [32, 160])   # 160 decoding: the clock's step time has two linear pieces
+def test_a_decode_run_stops_for_an_arrival_as_the_steps_one_by_one_do(n):
     """A pure decode run is summed in closed form up to the next event; an arrival is one: the run stops after
     the step during which it arrives (the arrival joins the batch at the next boundary, as stepping one step at a
     time finds). Arrivals at 30 %, 60 %, 90 % and 97 % of the way to the first completion, and 0.1 ms and 1 ms
     after it: every request's first-token and finish times agree with the step-by-step run."""
-    for closed, naive in _arrival_during_decodes([0.3, 0.6, 0.9, 0.97, 2.0001, 2.001]):
+    for closed, naive in _arrival_during_decodes([0.3, 0.6, 0.9, 0.97, 2.0001, 2.001], n):
         assert closed.events < naive.events                   # the closed form did sum runs
         np.testing.assert_allclose(closed.ttft_s, naive.ttft_s, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(closed.e2e_s, naive.e2e_s, rtol=1e-9, atol=1e-12)
