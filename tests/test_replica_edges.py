@@ -397,3 +397,20 @@ def test_a_decode_run_stops_for_an_arrival_as_the_steps_one_by_one_do(n):
         assert closed.events < naive.events                   # the closed form did sum runs
         np.testing.assert_allclose(closed.ttft_s, naive.ttft_s, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(closed.e2e_s, naive.e2e_s, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("prompt, out, pool_blocks", [(160, 18, 191), (159, 3, 175)])
+def test_a_decode_run_whose_last_step_runs_out_of_blocks_stops_before_it(prompt, out, pool_blocks):
+    """16 identical requests decode in lockstep on the real step model (all prompts in one step). With c tokens
+    cached each holds ceil((c + 1) / 16) blocks; the run to their common finish (out - 1 decode steps) crosses
+    into a new block at its last step: 160 tokens: contexts 160..176, 11 blocks each until context 176 (12),
+    16 x 12 = 192 > 191; 159 tokens: contexts 159, 160, 16 x 11 = 176 > 175. So that step does not fit and one
+    request, the newest, is preempted there, as stepping one step at a time finds."""
+    s = _step()
+    n = 16
+    req = _requests([prompt] * n, [out] * n, [0.0] * n)
+    cfg = SimConfig(n, chunk_tokens=4096, prefix_caching=False, kv_pool_tokens=pool_blocks * 16)
+    closed = simulate_replica(s, req, cfg, "trace", None, 0, 0.0, naive=False)
+    naive = simulate_replica(s, req, cfg, "trace", None, 0, 0.0, naive=True)
+    assert closed.preemptions == naive.preemptions == 1
+    np.testing.assert_allclose(closed.e2e_s, naive.e2e_s, rtol=1e-9)
