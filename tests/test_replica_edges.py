@@ -414,3 +414,20 @@ def test_a_decode_run_whose_last_step_runs_out_of_blocks_stops_before_it(prompt,
     naive = simulate_replica(s, req, cfg, "trace", None, 0, 0.0, naive=True)
     assert closed.preemptions == naive.preemptions == 1
     np.testing.assert_allclose(closed.e2e_s, naive.e2e_s, rtol=1e-9)
+
+
+def test_a_decode_run_beside_a_prompt_without_budget_counts_the_prompts_blocks():
+    """A decode replica on the real step model: 16 requests join with their KV (160 tokens, 18 output tokens) and
+    X (32 prompt tokens) computes its prompt, 16 tokens a step (chunk_tokens 16). Step 1 starts with nothing
+    decoding: X gets 16 tokens and holds its 2 blocks; from step 2 the 16 decodes take the whole budget, so X
+    waits, part-way, beside a pure decode run. At the run's last step (context 176) the 16 hold 12 blocks each:
+    192 + X's 2 = 194 > 193, so the run stops before it and the newest is preempted there, as stepping finds."""
+    s = _step()
+    n = 16
+    req = _requests([160] * n + [32], [18] * n + [2], [0.0] * (n + 1))
+    cfg = SimConfig(n + 1, chunk_tokens=16, prefix_caching=False, kv_pool_tokens=193 * 16)
+    kv = np.array([True] * n + [False])
+    closed = simulate_replica(s, req, cfg, "trace", None, 0, 0.0, naive=False, kv_ready=kv)
+    naive = simulate_replica(s, req, cfg, "trace", None, 0, 0.0, naive=True, kv_ready=kv)
+    assert closed.preemptions == naive.preemptions == 1
+    np.testing.assert_allclose(closed.e2e_s, naive.e2e_s, rtol=1e-9)
