@@ -431,3 +431,18 @@ def test_a_decode_run_beside_a_prompt_without_budget_counts_the_prompts_blocks()
     naive = simulate_replica(s, req, cfg, "trace", None, 0, 0.0, naive=True, kv_ready=kv)
     assert closed.preemptions == naive.preemptions == 1
     np.testing.assert_allclose(closed.e2e_s, naive.e2e_s, rtol=1e-9)
+
+
+def test_a_speculating_decode_run_whose_last_step_runs_out_of_blocks_stops_before_it():
+    """As above with speculation (k = 1, every draft accepted: 2 tokens a verify step): 16 requests join a decode
+    replica with their KV (160 tokens, 19 output tokens: 9 verify steps of 2). At the run's last step their
+    context reaches 176 (12 blocks each, 192 > 191) while the step before holds 11 each (174: 176 <= 191)."""
+    s = _step(spec=SpecConfig(1, 1.0))
+    n = 16
+    req = _requests([160] * n, [19] * n, [0.0] * n)
+    cfg = SimConfig(n, chunk_tokens=4096, prefix_caching=False, kv_pool_tokens=191 * 16)
+    kv = np.ones(n, dtype=bool)
+    closed = simulate_replica(s, req, cfg, "trace", None, 0, 0.0, naive=False, kv_ready=kv)
+    naive = simulate_replica(s, req, cfg, "trace", None, 0, 0.0, naive=True, kv_ready=kv)
+    assert closed.preemptions == naive.preemptions == 1
+    np.testing.assert_allclose(closed.e2e_s, naive.e2e_s, rtol=1e-9)
