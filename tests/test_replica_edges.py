@@ -446,3 +446,17 @@ def test_a_speculating_decode_run_whose_last_step_runs_out_of_blocks_stops_befor
     naive = simulate_replica(s, req, cfg, "trace", None, 0, 0.0, naive=True, kv_ready=kv)
     assert closed.preemptions == naive.preemptions == 1
     np.testing.assert_allclose(closed.e2e_s, naive.e2e_s, rtol=1e-9)
+
+
+def test_a_slot_freed_by_preemption_below_the_top_holds_no_block_with_one_token_blocks():
+    """One-token blocks: a sequence with c tokens cached holds c + 1. A decode replica of 53 blocks; A (10
+    tokens, 3 output tokens), B and C (10, 40) join with their KV at t = 0 in slots 0, 1, 2. A finishes after
+    2 steps; D (20 tokens, 30 output tokens), arriving meanwhile, joins in slot 0 below B and C. At step g
+    B and C hold 11 + g each and D 19 + g: 53 at step 4, 56 > 53 at step 5, so D, the newest, is preempted
+    (its slot, below the top, holds nothing now) and cannot come back (32 + its 23 > 53). B and C alone pass 53
+    at step 16 (2 x 27 = 54): C is preempted there."""
+    s = _Recorder(P, D)
+    req = _requests([10, 10, 10, 20], [3, 40, 40, 30], [0.0, 0.0, 0.0, 0.015])
+    simulate_replica(s, req, SimConfig(4, chunk_tokens=4096, block_tokens=1, kv_pool_tokens=53), "trace", None,
+                     0, 0.0, naive=False, kv_ready=np.ones(4, dtype=bool))
+    assert [c[0] for c in s.calls[:17]] == [3] * 5 + [2] * 11 + [1]
