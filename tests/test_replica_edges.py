@@ -110,13 +110,12 @@ def test_a_prefix_is_pinned_when_it_fits_exactly():
     assert _prompts(s) == [(79, 0), (15, 64)]
 
 
-@pytest.mark.parametrize("pool_blocks, pinned", [(11, False), (12, True)])
+@pytest.mark.parametrize("pool_blocks, pinned", [(12, False), (13, True)])
 def test_the_pin_decision_counts_the_decoding_bound_and_whole_blocks(pool_blocks, pinned):
     """B (7 prompt tokens, no group) and A (80, the first 65 its group's prefix, 1 output token) complete in
     one step; B decodes on beside A's decision: bound (7 + 1) / 16 + 1 = 1.5, prefix ceil(65 / 16) = 5 blocks,
-    A's own ceil(81 / 16) = 6: 12.5 blocks. A pool of 12 does not pin the prefix, nor does 11; C (A's prompt,
-    at t = 10 s) then computes all 80. (Pool 13: 12.5 <= 13, pinned, C reads 65 and computes 15.)"""
-    pool_blocks = pool_blocks + 1 if pinned else pool_blocks
+    A's own ceil(81 / 16) = 6: 12.5 blocks. A pool of 12 does not pin the prefix, and C (A's prompt, at t = 10 s)
+    computes all 80; a pool of 13 pins it, and C reads 65 and computes 15."""
     s = _Recorder(P, D)
     simulate(s, _requests([7, 80, 80], [3, 1, 1], [0.0, 0.0, 10.0], prefix=[0, 65, 65], group=[-1, 0, 0]),
              SimConfig(8, chunk_tokens=4096, kv_pool_tokens=pool_blocks * 16))
