@@ -459,3 +459,14 @@ def test_a_slot_freed_by_preemption_below_the_top_holds_no_block_with_one_token_
     simulate_replica(s, req, SimConfig(4, chunk_tokens=4096, block_tokens=1, kv_pool_tokens=53), "trace", None,
                      0, 0.0, naive=False, kv_ready=np.ones(4, dtype=bool))
     assert [c[0] for c in s.calls[:17]] == [3] * 5 + [2] * 11 + [1]
+
+
+def test_a_speculating_sequence_that_finishes_takes_its_whole_context_out_of_the_batch():
+    """Speculation (k = 1, every draft accepted: 2 tokens a verify step). X (100 prompt tokens, 11 output
+    tokens: 5 verify steps) and Y (100, 41) join a decode replica with their KV: steps 0..4 decode both
+    (contexts 200 + 4 j); X finishes after step 4 with 110 tokens, so step 5 decodes Y alone at context 110."""
+    s = _Recorder(P, D)
+    s.speculation, s.verify_tokens_per_seq = SpecConfig(1, 1.0), 2
+    _decode_replica(s, _requests([100, 100], [11, 41], [0.0, 0.0]), cap=4, pool_tokens=10_000)
+    assert [c[:2] for c in s.calls[:5]] == [(2, 200.0 + 4 * j) for j in range(5)]
+    assert [c[:2] for c in s.calls[5:20]] == [(1, 110.0 + 2 * j) for j in range(15)]
