@@ -470,3 +470,14 @@ def test_a_speculating_sequence_that_finishes_takes_its_whole_context_out_of_the
     _decode_replica(s, _requests([100, 100], [11, 41], [0.0, 0.0]), cap=4, pool_tokens=10_000)
     assert [c[:2] for c in s.calls[:5]] == [(2, 200.0 + 4 * j) for j in range(5)]
     assert [c[:2] for c in s.calls[5:20]] == [(1, 110.0 + 2 * j) for j in range(15)]
+
+
+def test_a_slot_freed_by_a_completion_below_the_top_holds_no_block_with_one_token_blocks():
+    """One-token blocks, a decode replica of 53 blocks: A (10 tokens, 3 output tokens), B and C (10, 40) join
+    with their KV at t = 0 in slots 0, 1, 2. A finishes after 2 steps and its slot 0, below B's and C's, stays
+    free (holding nothing). B and C hold 11 + g each at step g: 54 > 53 first at step 16, where C is preempted."""
+    s = _Recorder(P, D)
+    req = _requests([10, 10, 10], [3, 40, 40], [0.0, 0.0, 0.0])
+    simulate_replica(s, req, SimConfig(4, chunk_tokens=4096, block_tokens=1, kv_pool_tokens=53), "trace", None,
+                     0, 0.0, naive=False, kv_ready=np.ones(3, dtype=bool))
+    assert [c[0] for c in s.calls[:17]] == [3] * 2 + [2] * 14 + [1]
