@@ -432,19 +432,25 @@ def test_a_decode_run_beside_a_prompt_without_budget_counts_the_prompts_blocks()
     np.testing.assert_allclose(closed.e2e_s, naive.e2e_s, rtol=1e-9)
 
 
-def test_a_speculating_decode_run_whose_last_step_runs_out_of_blocks_stops_before_it():
+@pytest.mark.parametrize("pool_blocks, preempted", [(191, 1), (176, 2)])
+def test_a_speculating_decode_run_whose_last_step_runs_out_of_blocks_stops_before_it(pool_blocks, preempted):
     """As above with speculation (k = 1, every draft accepted: 2 tokens a verify step): 16 requests join a decode
     replica with their KV (160 tokens, 19 output tokens: 9 verify steps of 2). At the run's last step their
-    context reaches 176 (12 blocks each, 192 > 191) while the step before holds 11 each (174: 176 <= 191)."""
+    context reaches 176 (12 blocks each, 192 > 191) while the step before holds 11 each (174: 176 <= 191).
+    Turns (closed form): the joins and one run of the 8 steps that fit; the step that preempts the newest and
+    runs the 9th verify step (the other 15 finish); the victim's recompute (160 + 8 x 2 = 176 tokens); its last
+    verify step: 4 turns, 11 steps. A pool of 176 blocks is filled exactly by the 8 steps that fit (the run still
+    takes them all) and the 9th preempts two (192 - 12 > 176); both recompute in one prompt step: the same turns."""
     s = _step(spec=SpecConfig(1, 1.0))
     n = 16
     req = _requests([160] * n, [19] * n, [0.0] * n)
-    cfg = SimConfig(n, chunk_tokens=4096, prefix_caching=False, kv_pool_tokens=191 * 16)
+    cfg = SimConfig(n, chunk_tokens=4096, prefix_caching=False, kv_pool_tokens=pool_blocks * 16)
     kv = np.ones(n, dtype=bool)
     closed = simulate_replica(s, req, cfg, "trace", None, 0, 0.0, naive=False, kv_ready=kv)
     naive = simulate_replica(s, req, cfg, "trace", None, 0, 0.0, naive=True, kv_ready=kv)
-    assert closed.preemptions == naive.preemptions == 1
+    assert closed.preemptions == naive.preemptions == preempted
     np.testing.assert_allclose(closed.e2e_s, naive.e2e_s, rtol=1e-9)
+    assert (closed.events, closed.steps) == (4, 11)
 
 
 def test_a_slot_freed_by_preemption_below_the_top_holds_no_block_with_one_token_blocks():
@@ -481,3 +487,54 @@ def test_a_slot_freed_by_a_completion_below_the_top_holds_no_block_with_one_toke
     simulate_replica(s, req, SimConfig(4, chunk_tokens=4096, block_tokens=1, kv_pool_tokens=53), "trace", None,
                      0, 0.0, naive=False, kv_ready=np.ones(3, dtype=bool))
     assert [c[0] for c in s.calls[:17]] == [3] * 2 + [2] * 14 + [1]
+
+
+# ---- the loop runs once per event ------------------------------------------------------------------------------------
+# ``events`` counts the loop's turns: a run of identical steps summed in closed form is one turn (the module
+# docstring: pure decode steps up to the next event, a completion, an arrival or block pressure; a prompt's chunks
+# up to its last chunk, the next completion or the block bound). On the real step model (closed form on):
+
+def test_a_lone_request_is_a_prompt_step_and_one_decode_run():
+    """500 prompt tokens, 200 output tokens, nothing else: the prompt step, then its 199 decode steps in one run."""
+    res = simulate(_step(), _requests([500], [200], [0.0]), SimConfig(8))
+    assert (res.events, res.steps) == (2, 200)
+
+
+def test_a_prompt_in_three_chunks_is_a_chunk_run_the_last_chunk_and_one_decode_run():
+    """250 prompt tokens with a budget of 100: chunks of 100 and 100 summed as one run (they repeat a shape), the
+    last chunk of 50 (its first token), then its 49 decode steps in one run: 3 turns, 52 steps."""
+    res = simulate(_step(), _requests([250], [50], [0.0]), SimConfig(8, chunk_tokens=100))
+    assert (res.events, res.steps) == (3, 52)
+
+
+def test_a_full_batch_decodes_in_one_run_while_a_request_waits_for_the_output_reserve():
+    """SGLang's admission (the output reserve) and a batch cap of 1: A runs, B waits. The reserve shrinks step by
+    step, but a full batch admits nobody before a completion, so A's 99 decode steps are one run: A's prompt, A's
+    run, B's prompt, B's run: 4 turns."""
+    res = simulate(_step(), _requests([100, 100], [100, 100], [0.0, 0.0]), SimConfig(1, output_reserve=True))
+    assert (res.events, res.steps) == (4, 200)
+
+
+def test_a_decode_run_that_runs_out_of_blocks_is_one_run_up_to_the_last_step_that_fits():
+    """tests above: 16 requests (160 tokens, 18 output tokens) in a pool of 191 blocks. Turns: the 16 prompts;
+    one run of 16 decode steps (the 17th does not fit); the step that preempts the newest and runs one decode step
+    (the other 15 finish); the victim's recompute (176 tokens, its first token was out already); its last decode
+    step: 5 turns, 20 steps."""
+    n = 16
+    res = simulate(_step(), _requests([160] * n, [18] * n, [0.0] * n),
+                   SimConfig(n, chunk_tokens=4096, prefix_caching=False, kv_pool_tokens=191 * 16))
+    assert (res.events, res.steps, res.preemptions) == (5, 20, 1)
+
+
+def test_a_decode_run_with_a_whole_block_to_spare_per_sequence_runs_until_the_second_crossing():
+    """16 requests join a decode replica with their KV (160 tokens, 40 output tokens: 39 decode steps) in a pool
+    of 192 blocks. Each holds ceil((160 + j + 1) / 16) blocks at step j: 11 until j = 15, 12 from j = 16, 13
+    from j = 32: 16 x 12 = 192 still fits, 208 does not. Turns: the joins and one run of 32 steps; the step that
+    preempts two (208 - 13 = 195 > 192, 182 fits) and runs step 32; the 14 left, whose 13 blocks leave no room
+    for a victim's 12, finish in one run of 6; the victims recompute (192 tokens each) in one prompt step; their
+    last 7 decode steps in one run: 5 turns, 47 steps."""
+    n = 16
+    res = simulate_replica(_step(), _requests([160] * n, [40] * n, [0.0] * n),
+                           SimConfig(n, chunk_tokens=4096, prefix_caching=False, kv_pool_tokens=192 * 16), "trace",
+                           None, 0, 0.0, naive=False, kv_ready=np.ones(n, dtype=bool))
+    assert (res.events, res.steps, res.preemptions) == (5, 47, 2)
