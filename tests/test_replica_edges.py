@@ -538,3 +538,17 @@ def test_a_decode_run_with_a_whole_block_to_spare_per_sequence_runs_until_the_se
                            SimConfig(n, chunk_tokens=4096, prefix_caching=False, kv_pool_tokens=192 * 16), "trace",
                            None, 0, 0.0, naive=False, kv_ready=np.ones(n, dtype=bool))
     assert (res.events, res.steps, res.preemptions) == (5, 47, 2)
+
+
+def test_a_free_slot_below_the_top_does_not_shorten_a_decode_run():
+    """As above, with a 17th request Z (160 tokens, 2 output tokens) joining first, in slot 0: it finishes after
+    one step and its slot stays free below the 16 others (holding nothing). The 16 then hold 11 blocks at
+    context 161, 12 up to context 191 and 13 from 192 (16 x 13 = 208 > 192): one run of 31 steps (to step 32).
+    Turns: the joins and Z's one step; the run of 31; the step that preempts two and runs step 32; the 14 left
+    finish in one run of 6 (a victim's 12 blocks do not fit beside their 182); the victims' recompute; their
+    last 7 decode steps: 6 turns, 47 steps."""
+    n = 17
+    res = simulate_replica(_step(), _requests([160] * n, [2] + [40] * 16, [0.0] * n),
+                           SimConfig(n, chunk_tokens=4096, prefix_caching=False, kv_pool_tokens=192 * 16), "trace",
+                           None, 0, 0.0, naive=False, kv_ready=np.ones(n, dtype=bool))
+    assert (res.events, res.steps, res.preemptions) == (6, 47, 2)
