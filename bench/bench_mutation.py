@@ -72,7 +72,7 @@ MODULES: dict[str, list[str]] = {
                              "tests/test_sim_invariants.py::test_speculation_with_huge_outputs_stays_small_in_memory",
                              "tests/test_sim_never_fit.py", "tests/test_engines.py", "tests/test_replica_by_hand.py",
                              "tests/test_deployment_by_hand.py",   # a decode pool's replica: KV that arrives
-                             "tests/test_replica_survivors.py"],
+                             "tests/test_replica_survivors.py", "tests/test_replica_edges.py"],
     "costmodel/goodput.py": ["tests/test_goodput.py", "tests/test_sim_invariants.py", "tests/test_sim_never_fit.py",
                              "tests/test_goodput_by_hand.py", "tests/test_goodput_survivors.py"],
     "costmodel/deployment.py": ["tests/test_deployment.py", "tests/test_deployment_by_hand.py",
@@ -304,8 +304,39 @@ def summarise(module: str, statuses: dict[str, str], copy: Path, equivalents: li
                 kill_rate_pct=round(100.0 * caught / tested, 1) if tested else None, survivors=survivors)
 
 
+def untested_by_order(copy: Path, module: str, names: list[str], n_tested: int, tested_names: set[str],
+                      max_children: int, log_dir: Path) -> list[str]:
+    """The mutants an earlier run of every mutant never reached, for a results file that does not list them
+    (only its survivors and how many it tested). mutmut runs the mutants fastest first (stably sorted by the
+    summed measured time of the tests that reach each one's function: mutmut/__main__.py, _run), so a run stopped
+    after ``n_tested`` reached the first ``n_tested`` of that order. The timings come from mutmut's stats file
+    (mutants/mutmut-stats.json), collected here by running one earlier survivor (``tested_names``) and kept in the
+    copy for the run that follows. They are measured again, so the order near the cut may differ from the
+    earlier run's: an earlier survivor after the cut (it was tested) is dropped and counted in the log."""
+    from mutmut.utils.format_utils import mangled_name_from_mutant_name
+    warm = sorted(tested_names)[:1]
+    if not warm:
+        sys.exit(f"Error: --rerun-untested: {module}: the earlier run names no mutant to collect stats with")
+    run_mutmut(copy, warm, max_children, log_dir / (module.replace("/", "_") + ".stats.log"), None)
+    stats = json.loads((copy / "mutants" / "mutmut-stats.json").read_text())
+    tests_of, dur = stats["tests_by_mangled_function_name"], stats["duration_by_test"]
+
+    def est(n: str) -> float:
+        return sum(dur.get(t, 0.0) for t in tests_of.get(mangled_name_from_mutant_name(n), []))
+
+    order = sorted(names, key=est)
+    rest = order[n_tested:]
+    moved = [n for n in rest if n in tested_names]
+    with open(log_dir / (module.replace("/", "_") + ".untested.txt"), "w") as f:
+        f.write(f"{len(order)} mutants in mutmut's order; untested = the {len(rest)} after the first {n_tested}; "
+                f"{len(moved)} earlier survivors among them dropped: {moved}\n")
+        f.writelines(f"{est(n):.3f} {n}\n" for n in order)
+    return [n for n in rest if n not in tested_names]
+
+
 def run_module(module: str, tests: list[str], n_sample: int | None, max_children: int, timeout_s: float | None,
-               keep: bool, log_dir: Path, plant: bool = False, only: list[str] | None = None) -> dict:
+               keep: bool, log_dir: Path, plant: bool = False, only: list[str] | None = None,
+               untested_of: tuple[int, set[str]] | None = None) -> dict:
     t0 = time.perf_counter()
     missing = [t for t in tests if not (ROOT / t.split("::")[0]).exists()]
     if missing:
@@ -319,6 +350,8 @@ def run_module(module: str, tests: list[str], n_sample: int | None, max_children
         chosen: list[str] = sample(names, n_sample) if n_sample else []
         if plant:
             chosen = [planted_mutant(copy, names)]
+        if untested_of is not None and only is None:
+            only = untested_by_order(copy, module, names, untested_of[0], untested_of[1], max_children, log_dir)
         if only is not None:
             chosen = [n for n in names if n in set(only)]
             if not chosen:
@@ -333,8 +366,9 @@ def run_module(module: str, tests: list[str], n_sample: int | None, max_children
         res = summarise(module, statuses, copy, load_equivalents())
         res.update(enumerated=len(names), sampled=bool(chosen), mutmut_rc=rc, wall_s=round(time.perf_counter() - t0, 1),
                    tests=tests, log=str(log))
+        res["not_checked"] = sorted(k for k, v in statuses.items() if v == "not checked")   # --rerun-untested
         if only is not None:   # what a survivors rerun was asked to test, and what it never reached (--combine)
-            res.update(selected=chosen, not_checked=sorted(k for k, v in statuses.items() if v == "not checked"))
+            res.update(selected=chosen)
         if rc != 0:
             res["error"] = f"mutmut exited {rc}; see {log}"
         return res
@@ -518,6 +552,10 @@ def main() -> int:
     ap.add_argument("--unexplained-only", action="store_true",
                     help="with --rerun-survivors: only the survivors bench/mutation_equivalents.yaml does not explain "
                          "now (an explained one survives again by construction; --combine keeps it as it was)")
+    ap.add_argument("--rerun-untested", type=Path, metavar="JSON",
+                    help="test only the mutants this earlier run of all mutants never reached (stopped by "
+                         "--module-timeout): its not_checked list, or for a file without one mutmut's order after "
+                         "the first 'tested'")
     ap.add_argument("--keep", action="store_true", help="keep each temporary copy (to browse with mutmut)")
     ap.add_argument("--check-planted", action="store_true",
                     help="plant one mutant of ModelArch.kv_bytes_per_token and fail unless the tests kill it")
@@ -549,6 +587,14 @@ def main() -> int:
             earlier[r["module"]] = [s["name"] for s in r["survivors"] if not args.unexplained_only
                                     or not explain(r["module"], s["function"], s["before"], s["after"], equivalents)]
         modules = [m for m in modules if m in earlier]
+    untested_of: dict[str, tuple[int, set[str]]] = {}
+    if args.rerun_untested:
+        for r in json.loads(args.rerun_untested.read_text())["modules"]:
+            if r.get("not_checked") is not None and r.get("selected") is None:
+                earlier[r["module"]] = list(r["not_checked"])
+            elif r["tested"] < r["mutants"]:
+                untested_of[r["module"]] = (r["tested"], {s["name"] for s in r["survivors"]})
+        modules = [m for m in modules if m in earlier or m in untested_of]
     load_before = round(os.getloadavg()[0], 1)
     commit = git_commit()   # the tree each copy is taken from now, not whatever is committed when the run ends
     rows: list[dict] = []
@@ -561,8 +607,10 @@ def main() -> int:
     for m in ([] if args.sample else modules):
         print(f"--- {m} ({'sample of ' + str(args.sample) if args.sample else 'all mutants'}) ...", flush=True)
         r = run_module(m, MODULES[m], args.sample, args.max_children, args.module_timeout, args.keep, log_dir,
-                       only=earlier.get(m) if args.rerun_survivors else None)
-        r["run"] = "survivors" if args.rerun_survivors else ("all" if not args.sample else f"sample of {args.sample}")
+                       only=earlier.get(m) if args.rerun_survivors or args.rerun_untested else None,
+                       untested_of=untested_of.get(m))
+        r["run"] = ("survivors" if args.rerun_survivors else "untested" if args.rerun_untested
+                    else "all" if not args.sample else f"sample of {args.sample}")
         rows.append(r)
         print(f"    {r['killed']} killed, {r['timeout']} timeout, {r['survived']} survived, {r['no_tests']} no tests "
               f"of {r['tested']} -> {r['kill_rate_pct']} % in {r['wall_s']} s"
@@ -572,13 +620,14 @@ def main() -> int:
                 mode=(f"sample of {args.sample} per module"
                       + (f" after the first {args.sample_skip}" if args.sample_skip else "") if args.sample
                       else ("earlier survivors only" + (" (those not explained)" if args.unexplained_only else ""))
-                      if args.rerun_survivors else "all mutants"),
+                      if args.rerun_survivors else f"the mutants {args.rerun_untested.name} never reached"
+                      if args.rerun_untested else "all mutants"),
                 load_before=load_before, load_after=round(os.getloadavg()[0], 1), cpus=os.cpu_count(),
                 mutmut=getattr(mutmut, "__version__", "?"), python=platform.python_version(),
                 **{k: v for k, v in CONFIG_OVERRIDES.items()})
     print()
     print(table(rows))
-    partial = bool(args.sample or args.rerun_survivors)
+    partial = bool(args.sample or args.rerun_survivors or args.rerun_untested)
     json_path = args.json or (None if partial else RESULTS_JSON)
     # a run written to its own --json (one module, to --combine later) leaves the Markdown alone unless --md says
     md_path = args.md or (None if partial or args.json else RESULTS_MD)
