@@ -487,6 +487,19 @@ def combine(paths: list[Path], md: Path) -> int:
                     + "".join(f", mutmut {k} {m[k]:g}" for k in ("timeout_multiplier", "timeout_constant") if k in m))
         for r in blob["modules"]:
             prev = by_module.get(r["module"])
+            if run_kind(r) == "untested":
+                # the rest of a stopped run of every mutant (--rerun-untested): its counts added to that run's
+                if prev is None or prev["tested"] + r["tested"] > prev["mutants"] or r["enumerated"] != prev["mutants"]:
+                    sys.exit(f"Error: {p.name}: {r['module']}'s run of untested mutants follows no stopped run of "
+                             "all its mutants in the files before it")
+                counts = {k: prev[k] + r[k] for k in ("tested", "killed", "timeout", "survived", "no_tests", "other")}
+                r = dict(prev, **counts, survivors=prev["survivors"] + r["survivors"],
+                         run=f"all, in two parts ({prev['tested']} + {r['tested']} untested)"
+                         + (f", {prev['mutants'] - counts['tested']} never tested" if counts["tested"] < prev["mutants"] else ""),
+                         wall_s=round((prev["wall_s"] or 0) + (r["wall_s"] or 0), 1))
+                r["kill_rate_pct"] = round(100.0 * (r["killed"] + r["timeout"]) / r["tested"], 1)
+                by_module[r["module"]] = r
+                continue
             if run_kind(r) == "survivors" and prev is not None \
                     and {s["name"] for s in prev["survivors"]} >= {s["name"] for s in r["survivors"]}:
                 # an earlier full run's survivors tested again (after new tests): its counts updated. A rerun of
