@@ -1,0 +1,186 @@
+"""The launch package's mutation survivors (issue 25 item 1): each test states what an independent
+derivation gives - a value worked out by hand from the docstrings and the engines' rules, or a
+property every emitted manifest must have for Kubernetes to wire it up - and kills the mutants of
+bench/mutation-runs/lau5-launch-all-*.json that the other launch tests let through.
+
+Picks are written by hand as in tests/test_launch_units.py (an 80 GB GPU, a 10,050-token pool per
+GPU), so every figure is arithmetic on round numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from statistics import NormalDist
+
+import pytest
+import yaml
+
+from kvtune.costmodel.traffic import LengthDist, RequestClass, Trace, Workload
+from kvtune.optimizer.launch import LaunchPick, MemoryFacts, Unsupported, disaggregated_launch, launch_for_pick
+from kvtune.optimizer.launch import context as lc
+from kvtune.optimizer.launch import pick as lp
+from kvtune.optimizer.launch.llamacpp import llamacpp_argv
+
+M = "meta-llama/Llama-3.1-8B-Instruct"
+POOL = 10_050
+MEM = MemoryFacts(gpu_memory_bytes=80e9, weight_bytes_total=16e9, weight_bytes_per_gpu=8e9,
+                  activation_reserve_bytes=2e9, kv_bytes_per_token_per_gpu=62e9 / POOL, kv_pool_bytes_per_gpu=62e9,
+                  kv_pool_tokens=POOL, kv_pool_tokens_per_gpu=POOL)
+
+
+def pick(**kw) -> LaunchPick:
+    base = dict(model=M, tp=2, batch_cap=64, chunk_tokens=2048, gpu_mem_util=0.9, memory=MEM, max_request_tokens=5000,
+                max_prompt_tokens=4000, model_context_tokens=131072, gated=True)
+    return LaunchPick(**{**base, **kw})
+
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+# --- context.request_lengths ------------------------------------------------------------------------------------
+
+def test_request_lengths_of_a_trace_are_its_longest_prompt_and_longest_prompt_plus_output_tokens():
+    # three requests: the longest prompt (3,000) is not the longest request (50 + 2,000 = 2,050 < 3,000 + 10)
+    t = Trace(arrival_s=[0.0, 1.0, 2.0], input_tokens=[100, 3000, 50], output_tokens=[900, 10, 2000],
+              prefix_tokens=[0, 0, 0], prefix_group=[-1, -1, -1])
+    assert lc.request_lengths(Workload(trace=t)) == lc.RequestLengths(3000, 3010)
+    # a request whose output dominates: the longest request is 50 + 4,000, not the longest prompt's
+    t2 = Trace(arrival_s=[0.0, 1.0], input_tokens=[3000, 50], output_tokens=[10, 4000],
+               prefix_tokens=[0, 0], prefix_group=[-1, -1])
+    assert lc.request_lengths(Workload(trace=t2)) == lc.RequestLengths(3000, 4050)
+
+
+def test_request_lengths_of_an_unbounded_class_are_its_99_9th_percentile_tokens():
+    # lognormal with mean 500 and sigma 0.5 and no max: mu = ln 500 - 0.5^2 / 2, the 0.999 quantile is
+    # exp(mu + z_0.999 x 0.5) ~ 2,070 tokens (z_0.999 = 3.0902); the output is a fixed 100
+    mu = math.log(500) - 0.5 ** 2 / 2
+    q = math.ceil(math.exp(mu + NormalDist().inv_cdf(0.999) * 0.5))
+    assert 2000 < q < 2100
+    w = Workload(classes=(RequestClass("a", 1.0, LengthDist.lognormal(500, 0.5), LengthDist.fixed(100)),))
+    assert lc.request_lengths(w) == lc.RequestLengths(q, q + 100)
+
+
+# --- pick._looks_like_hf_id (a config.json's _name_or_path launched only when it is an HF id) -------------------
+
+@pytest.mark.parametrize("s, ok", [
+    ("acme/my-finetune-8b", True),
+    ("a/b/c", False),            # two slashes: a path, not org/name
+    (".cache/model", False),     # relative paths
+    ("~/model", False),
+    ("/model", False),           # absolute
+    ("acme/", False),            # no name
+    ("acme/my model", False),    # a space: never in a repository id
+    (None, False), (3, False),
+])
+def test_an_hf_id_is_one_org_slash_name_without_a_path_start_or_space(s, ok):
+    assert lp._looks_like_hf_id(s) is ok
+
+
+# --- llama.cpp's draft ------------------------------------------------------------------------------------------
+
+def test_llamacpp_eagle3_draft_is_a_local_bf16_gguf_converted_with_the_targets_metadata():
+    d = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    argv, notes = llamacpp_argv(pick(tp=1, batch_cap=8, spec_k=2, spec_method="eagle3", draft_model=d),
+                                model_path="m.gguf")
+    out = "EAGLE3-LLaMA3.1-Instruct-8B-BF16.gguf"        # the repository's name, its file type (BF16), .gguf
+    assert flag(argv, "-md") == out and "-hfd" not in argv
+    recipe = [f"huggingface-cli download {d} --local-dir EAGLE3-LLaMA3.1-Instruct-8B",
+              f"huggingface-cli download {M} --local-dir Llama-3.1-8B-Instruct",
+              f"python convert_hf_to_gguf.py EAGLE3-LLaMA3.1-Instruct-8B --target-model-dir Llama-3.1-8B-Instruct "
+              f"--outtype bf16 --outfile {out}"]
+    # the draft's note is the model note with "model: " turned into "draft: " (the target is loaded by -m here)
+    assert notes[0] == f"draft: make {out} (BF16) from {d} with llama.cpp's tools: " + " && ".join(recipe)
+
+
+def test_llamacpp_speculation_without_a_draft_names_llamacpp_as_the_loader():
+    with pytest.raises(Unsupported, match=r"set speculative.draft_model in the workload \(llama.cpp loads it "
+                                          r"separately\)"):
+        llamacpp_argv(pick(tp=1, batch_cap=8, spec_k=2, spec_method="eagle3"), model_path="m.gguf")
+
+
+# --- Kubernetes: every manifest wires up (names Kubernetes accepts, probes and Services on declared ports) ----
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")            # RFC 1123 label: container and volume names
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")       # object names
+PORT_NAME = re.compile(r"(?=.*[a-z])[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # IANA_SVC_NAME, at most 15 characters
+
+
+def _manifests() -> dict[str, list[dict]]:
+    """Every kind of manifest: one node (vLLM, SGLang, TensorRT-LLM with its ConfigMap), a replica over two
+    nodes (LeaderWorkerSet), and each disaggregated engine (router Deployment, StatefulSets)."""
+    texts = {e: launch_for_pick(pick(), "my-llm", e)["k8s"] for e in ("vllm", "sglang", "trtllm")}
+    texts["lws"] = launch_for_pick(pick(tp=16), "my-llm", "sglang")["k8s"]
+    pre, dec = pick(tp=1, replicas=2), pick(tp=2, replicas=3)
+    for e in ("vllm", "sglang", "trtllm"):
+        texts[f"disagg-{e}"] = disaggregated_launch(pre, dec, "my-llm", e)["k8s"]
+    out = {}
+    for k, t in texts.items():
+        assert not t.startswith("# kvtune could not") and "kind:" in t, (k, t[:300])
+        out[k] = [d for d in yaml.safe_load_all(t) if d]
+    return out
+
+
+def _pod_templates(doc: dict) -> list[dict]:
+    s = doc.get("spec", {})
+    if "template" in s:
+        return [s["template"]]
+    lwt = s.get("leaderWorkerTemplate")
+    return [lwt["leaderTemplate"], lwt["workerTemplate"]] if lwt else []
+
+
+@pytest.fixture(scope="module")
+def manifests():
+    return _manifests()
+
+
+def test_every_kubernetes_name_is_one_the_api_server_accepts(manifests):
+    for k, docs in manifests.items():
+        for d in docs:
+            assert DNS_SUBDOMAIN.fullmatch(d["metadata"]["name"]), (k, d["metadata"]["name"])
+            for t in _pod_templates(d):
+                for c in t["spec"]["containers"]:
+                    assert DNS_LABEL.fullmatch(c["name"]), (k, c["name"])
+                    for port in c.get("ports", []):
+                        assert PORT_NAME.fullmatch(port["name"]) and len(port["name"]) <= 15, (k, port)
+                for v in t["spec"].get("volumes", []):
+                    assert DNS_LABEL.fullmatch(v["name"]), (k, v)
+
+
+def test_every_probe_and_service_reaches_a_declared_port(manifests):
+    for k, docs in manifests.items():
+        templates = [t for d in docs for t in _pod_templates(d)]
+        for t in templates:
+            for c in t["spec"]["containers"]:
+                names = {p["name"] for p in c.get("ports", [])}
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    if probe in c:
+                        assert c[probe]["httpGet"]["port"] in names, (k, c["name"], probe, names)
+        for s in (d for d in docs if d["kind"] == "Service"):
+            sel = s["spec"]["selector"]
+            pods = [t for t in templates if sel.items() <= t["metadata"]["labels"].items()]
+            assert pods, (k, sel)
+            for sp in s["spec"]["ports"]:
+                assert any(sp["targetPort"] in {p["name"] for c in t["spec"]["containers"] for p in c.get("ports", [])}
+                           for t in pods), (k, sp)
+
+
+def test_every_mount_has_its_volume_and_every_volume_its_object(manifests):
+    for k, docs in manifests.items():
+        names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+        for d in docs:
+            for t in _pod_templates(d):
+                vols = {v["name"]: v for v in t["spec"].get("volumes", [])}
+                for c in t["spec"]["containers"]:
+                    for m in c.get("volumeMounts", []):
+                        assert m["name"] in vols, (k, c["name"], m)
+                for v in vols.values():
+                    if "configMap" in v:
+                        assert ("ConfigMap", v["configMap"]["name"]) in names, (k, v)
+                    if "persistentVolumeClaim" in v:
+                        assert ("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]) in names, (k, v)
+            sel = d.get("spec", {}).get("selector", {}).get("matchLabels")
+            if sel is not None:
+                for t in _pod_templates(d):
+                    assert sel.items() <= t["metadata"]["labels"].items(), (k, d["metadata"]["name"])
