@@ -112,6 +112,7 @@ def _manifests() -> dict[str, list[dict]]:
     nodes (LeaderWorkerSet), and each disaggregated engine (router Deployment, StatefulSets)."""
     texts = {e: launch_for_pick(pick(), "my-llm", e)["k8s"] for e in ("vllm", "sglang", "trtllm")}
     texts["lws"] = launch_for_pick(pick(tp=16), "my-llm", "sglang")["k8s"]
+    texts["lws-vllm"] = launch_for_pick(pick(tp=16), "my-llm", "vllm")["k8s"]
     pre, dec = pick(tp=1, replicas=2), pick(tp=2, replicas=3)
     for e in ("vllm", "sglang", "trtllm"):
         texts[f"disagg-{e}"] = disaggregated_launch(pre, dec, "my-llm", e)["k8s"]
@@ -184,3 +185,97 @@ def test_every_mount_has_its_volume_and_every_volume_its_object(manifests):
             if sel is not None:
                 for t in _pod_templates(d):
                     assert sel.items() <= t["metadata"]["labels"].items(), (k, d["metadata"]["name"])
+
+
+def test_every_service_port_name_is_a_dns_label(manifests):
+    for k, docs in manifests.items():
+        for s in (d for d in docs if d["kind"] == "Service"):
+            for sp in s["spec"]["ports"]:
+                assert DNS_LABEL.fullmatch(sp["name"]), (k, s["metadata"]["name"], sp)
+
+
+# --- disaggregated text: each pool's header names its role, its replicas' hosts and the program line ----------
+
+PRE = dict(tp=1, batch_cap=16, chunk_tokens=8192, replicas=2)
+DEC = dict(tp=2, batch_cap=128, chunk_tokens=512, replicas=3)
+PRE_HEAD = "prefill pool: 2 replica(s) of TP 1 (1 GPU(s) each), batch cap 16, chunk budget 8192 tokens"
+DEC_HEAD = "decode pool: 3 replica(s) of TP 2 (2 GPU(s) each), batch cap 128, chunk budget 512 tokens"
+PRE_HOSTS, DEC_HOSTS = "<prefill-0>, <prefill-1>", "<decode-0>, <decode-1>, <decode-2>"
+
+
+def _first_command_line(block: str) -> str:
+    return next(ln for ln in block.splitlines() if not ln.startswith("#"))
+
+
+def test_sglang_disaggregated_blocks_name_each_pools_hosts_and_keep_the_program_on_one_line():
+    out = disaggregated_launch(pick(**PRE), pick(**DEC), "x", "sglang")
+    pre, dec, router = out["sglang"].split("\n\n")
+    assert f"# {PRE_HEAD}; run on each of {PRE_HOSTS}\n" in pre
+    assert f"# {DEC_HEAD}; run on each of {DEC_HOSTS}\n" in dec
+    # command(head=3): "python -m <module>" stays on the first line, each flag then starts its own
+    assert _first_command_line(pre) == _first_command_line(dec) == "python -m sglang.launch_server \\"
+    assert _first_command_line(router) == "python -m sglang_router.launch_router \\"
+
+
+def test_trtllm_disaggregated_blocks_name_each_pools_config_and_hosts():
+    out = disaggregated_launch(pick(**PRE), pick(**DEC), "x", "sglang")["trtllm"]
+    pre, dec, server = out["command"].split("\n\n")
+    assert pre.startswith(f"# {PRE_HEAD} (ctx_config.yaml); run on each of {PRE_HOSTS}\n")
+    assert dec.startswith(f"# {DEC_HEAD} (gen_config.yaml); run on each of {DEC_HOSTS}\n")
+    assert server == ("# the disaggregated server (disagg_config.yaml); clients call http://<server-host>:8000\n"
+                      "trtllm-serve disaggregated \\\n  -c disagg_config.yaml")
+    # TensorRT-LLM 1.0.0 spells the backend UCX; the note tells release candidates' users the lower-case one
+    assert any(n.endswith("1.0.0rc6 and older release candidates take 'ucx'") for n in pre.splitlines())
+
+
+def test_trtllm_disaggregated_without_lengths_says_to_size_the_transfer_buffer():
+    out = disaggregated_launch(pick(**PRE, max_request_tokens=None, max_prompt_tokens=None),
+                               pick(**DEC, max_request_tokens=None, max_prompt_tokens=None), "x", "sglang")
+    note = ("# KV transfer buffer: no workload lengths given, so max_tokens_in_buffer is left at TensorRT-LLM's "
+            "default; set it to at least the longest prompt")
+    blocks = out["trtllm"]["command"].split("\n\n")
+    assert all(note in b.splitlines() for b in blocks[:2])
+    assert "max_tokens_in_buffer" not in out["trtllm"]["ctx_config_yaml"]
+
+
+def test_vllm_disaggregated_block_is_comments_then_the_env_and_command():
+    out = disaggregated_launch(pick(**PRE), pick(**DEC), "x", "vllm")
+    for b in out["vllm"].split("\n\n")[:2]:
+        assert _first_command_line(b).startswith("VLLM_NIXL_SIDE_CHANNEL_HOST=<this-host-address> "
+                                                 "VLLM_NIXL_SIDE_CHANNEL_PORT=5600 vllm serve ")
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_pool_over_several_nodes_is_refused_naming_the_pool(role):
+    two_nodes = dict(PRE if role == "prefill" else DEC, tp=16)     # 16 GPUs > 8 per node: two nodes
+    pre = pick(**(two_nodes if role == "prefill" else PRE))
+    dec = pick(**(two_nodes if role == "decode" else DEC))
+    out = disaggregated_launch(pre, dec, "x", "vllm")
+    assert out["unsupported"]["vllm"].startswith(f"a {role} replica spans 2 nodes")
+
+
+# the fields the downward API offers through env fieldRef (kubernetes.io/docs/concepts/workloads/pods/downward-api/)
+FIELD_REFS = {"metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName", "spec.serviceAccountName",
+              "status.hostIP", "status.hostIPs", "status.podIP", "status.podIPs"}
+# what the LeaderWorkerSet controller sets in every pod of a group (lws api/leaderworkerset/v1)
+LWS_VARS = {"LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"}
+
+
+def test_every_env_reference_resolves_to_a_variable_defined_before_it(manifests):
+    # Kubernetes expands $(VAR) in env values and in the command only for variables defined earlier in the
+    # container's env (or set by the LWS controller); an unknown one stays the literal text "$(VAR)"
+    for k, docs in manifests.items():
+        for d in docs:
+            for t in _pod_templates(d):
+                for c in t["spec"]["containers"]:
+                    known = set(LWS_VARS) if d["kind"] == "LeaderWorkerSet" else set()
+                    for e in c.get("env", []):
+                        for ref in re.findall(r"\$\((\w+)\)", e.get("value", "")):
+                            assert ref in known, (k, c["name"], e)
+                        fr = e.get("valueFrom", {}).get("fieldRef")
+                        if fr:
+                            assert fr["fieldPath"] in FIELD_REFS, (k, e)
+                        known.add(e["name"])
+                    for a in c["command"]:
+                        for ref in re.findall(r"\$\((\w+)\)", a):
+                            assert ref in known, (k, c["name"], a)
