@@ -279,3 +279,35 @@ def test_every_env_reference_resolves_to_a_variable_defined_before_it(manifests)
                     for a in c["command"]:
                         for ref in re.findall(r"\$\((\w+)\)", a):
                             assert ref in known, (k, c["name"], a)
+
+
+def _pool_pods(docs: list[dict]) -> set[str]:
+    """Every StatefulSet pod's stable DNS name: pod {set}-{ordinal} under its headless Service."""
+    return {f"{d['metadata']['name']}-{i}.{d['spec']['serviceName']}"
+            for d in docs if d["kind"] == "StatefulSet" for i in range(d["spec"]["replicas"])}
+
+
+def test_every_disaggregated_front_lists_exactly_the_pool_pods_by_their_dns_names(manifests):
+    for e in ("vllm", "sglang", "trtllm"):
+        docs = manifests[f"disagg-{e}"]
+        pods = _pool_pods(docs)
+        assert pods == {f"my-llm-prefill-{i}.my-llm-prefill" for i in range(2)} | \
+            {f"my-llm-decode-{i}.my-llm-decode" for i in range(3)}
+        if e == "trtllm":
+            cm = next(d for d in docs if d["kind"] == "ConfigMap")
+            cfg = yaml.safe_load(cm["data"]["disagg_config.yaml"])
+            hosts = {u.rsplit(":", 1)[0] for s in ("context_servers", "generation_servers") for u in cfg[s]["urls"]}
+            assert {u.rsplit(":", 1)[0].split("-")[2] for u in cfg["context_servers"]["urls"]} == {"prefill"}
+            assert {u.rsplit(":", 1)[0].split("-")[2] for u in cfg["generation_servers"]["urls"]} == {"decode"}
+        else:
+            router = next(d for d in docs if d["kind"] == "Deployment")
+            argv = router["spec"]["template"]["spec"]["containers"][0]["command"]
+            urls = [argv[i + 1] for i, a in enumerate(argv) if a in ("--prefill", "--decode")]
+            hosts = {u.split("//", 1)[1].rsplit(":", 1)[0] for u in urls}
+        assert hosts == pods, (e, hosts)
+
+
+def test_trtllm_disaggregated_manifest_says_where_its_config_files_are(manifests):
+    text = disaggregated_launch(pick(**PRE), pick(**DEC), "my-llm", "trtllm")["k8s"]
+    assert ("# config files (ctx_config.yaml, gen_config.yaml, disagg_config.yaml): the ConfigMap my-llm-config, "
+            "mounted at /etc/kvtune\n") in text
