@@ -9,6 +9,7 @@ GPU), so every figure is arithmetic on round numbers.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from statistics import NormalDist
@@ -311,3 +312,13 @@ def test_trtllm_disaggregated_manifest_says_where_its_config_files_are(manifests
     text = disaggregated_launch(pick(**PRE), pick(**DEC), "my-llm", "trtllm")["k8s"]
     assert ("# config files (ctx_config.yaml, gen_config.yaml, disagg_config.yaml): the ConfigMap my-llm-config, "
             "mounted at /etc/kvtune\n") in text
+
+
+def test_vllm_disaggregated_pods_name_the_nixl_connector_both_ways(manifests):
+    # every vLLM pool pod transfers KV through the NixlConnector in role kv_both (the module docstring:
+    # the decode replica pulls the prompt's blocks once the prefill finishes; either side may hold them)
+    sets = [d for d in manifests["disagg-vllm"] if d["kind"] == "StatefulSet"]
+    assert len(sets) == 2
+    for d in sets:
+        argv = d["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert json.loads(flag(argv, "--kv-transfer-config")) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
