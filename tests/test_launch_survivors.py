@@ -322,3 +322,77 @@ def test_vllm_disaggregated_pods_name_the_nixl_connector_both_ways(manifests):
     for d in sets:
         argv = d["spec"]["template"]["spec"]["containers"][0]["command"]
         assert json.loads(flag(argv, "--kv-transfer-config")) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+
+
+# --- the disaggregated manifest's header and its pools' context, per engine -----------------------------------
+
+RDMA = ("# the KV moves pod to pod over RDMA: give the pods your cluster's RDMA devices (e.g. the NVIDIA network "
+        "operator's rdma/ resources) or the transfer falls back to TCP, slower than kvtune's link model")
+
+
+@pytest.mark.parametrize("engine, label, front", [
+    ("vllm", "vLLM 0.33.0", "router"), ("sglang", "SGLang 0.5.23", "router"),
+    ("trtllm", "TensorRT-LLM 1.0.0", "trtllm-serve disaggregated server")])
+def test_disaggregated_manifest_header_names_the_front_the_token_secret_and_the_rdma_advice(engine, label, front):
+    from kvtune.optimizer.launch.versions import ROUTER_IMAGES
+    for gated in (True, False):
+        text = disaggregated_launch(pick(**PRE, gated=gated), pick(**DEC, gated=gated), "my-llm", engine)["k8s"]
+        head = [ln for ln in text.splitlines() if ln.startswith("#")]
+        assert head[0] == (f"# {label} disaggregated on Kubernetes: 2 prefill x TP 1 + 3 decode x TP 2, the {front} "
+                           f"as a Deployment behind Service my-llm")
+        token = "# Hugging Face token: kubectl create secret generic hf-token --from-literal=token=hf_..."
+        assert head[1] == token + (" (required: gated model)" if gated else "")
+        assert head[2] == RDMA
+        router_note = [ln for ln in head if ln.startswith("# router image ")]
+        if engine == "vllm":   # a dated nightly image: the header says how to check it or replace it
+            assert len(router_note) == 1 and router_note[0].startswith(
+                f"# router image {ROUTER_IMAGES['vllm-router']}: a dated nightly; Docker Hub keeps only the newest 14")
+        else:                  # the engine's own image holds the front
+            assert router_note == []
+
+
+def _context_flag(argv: list[str]) -> int:
+    for f in ("--max-model-len", "--context-length"):
+        if f in argv:
+            return int(flag(argv, f))
+    raise AssertionError(argv)
+
+
+def test_disaggregated_pools_are_sized_by_role_in_the_manifest_too(manifests):
+    # prefill pods run the prompt + its first token: 4,000 + 1 = 4,001 (SGLang: max(4,001 + 1, 4,000 + 6) = 4,006);
+    # decode pods the whole request, 5,000 (SGLang + 1 = 5,001); TensorRT-LLM's max_seq_len in ctx/gen_config.yaml
+    want = {"vllm": {"prefill": 4001, "decode": 5000}, "sglang": {"prefill": 4006, "decode": 5001}}
+    for e, sizes in want.items():
+        for d in (d for d in manifests[f"disagg-{e}"] if d["kind"] == "StatefulSet"):
+            argv = d["spec"]["template"]["spec"]["containers"][0]["command"]
+            assert _context_flag(argv) == sizes[d["metadata"]["labels"]["role"]], (e, d["metadata"]["name"])
+    cm = next(d for d in manifests["disagg-trtllm"] if d["kind"] == "ConfigMap")
+    assert yaml.safe_load(cm["data"]["ctx_config.yaml"])["max_seq_len"] == 4001
+    assert yaml.safe_load(cm["data"]["gen_config.yaml"])["max_seq_len"] == 5000
+
+
+def test_disaggregated_front_probes_use_each_fronts_health_routes(manifests):
+    # vllm-router 0.1.17 / sglang-router 0.3.2: /liveness and /readiness; trtllm-serve disaggregated: /health
+    want = {"vllm": ("/liveness", "/readiness"), "sglang": ("/liveness", "/readiness"), "trtllm": ("/health", "/health")}
+    for e, (live, ready) in want.items():
+        router = next(d for d in manifests[f"disagg-{e}"] if d["kind"] == "Deployment")
+        c = router["spec"]["template"]["spec"]["containers"][0]
+        assert (c["livenessProbe"]["httpGet"]["path"], c["readinessProbe"]["httpGet"]["path"]) == (live, ready)
+
+
+def test_a_long_disaggregated_name_is_cut_to_names_kubernetes_accepts():
+    # a StatefulSet's pods carry controller-revision-hash = "<set>-<10-character hash>", a label value of at
+    # most 63 characters: a set name ({name}-prefill) of at most 52; names end in a letter or digit
+    for name in ("a" * 39 + " model for the rag pools", "My RAG Pools " * 8, "--" + "b" * 60):
+        text = disaggregated_launch(pick(**PRE), pick(**DEC), name, "vllm")["k8s"]
+        docs = [d for d in yaml.safe_load_all(text) if d]
+        for d in docs:
+            n = d["metadata"]["name"]
+            assert DNS_LABEL.fullmatch(n) and len(n) <= 63, (name, n)
+            if d["kind"] == "StatefulSet":
+                assert len(n) <= 52, (name, n)
+    # the default name
+    text = disaggregated_launch(pick(**PRE), pick(**DEC), engine="vllm")["k8s"]
+    assert "behind Service kvtune-llm\n" in text
+    assert {d["metadata"]["name"] for d in yaml.safe_load_all(text) if d and d["kind"] == "Service"} == \
+        {"kvtune-llm", "kvtune-llm-prefill", "kvtune-llm-decode"}
