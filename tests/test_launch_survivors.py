@@ -16,6 +16,7 @@ from statistics import NormalDist
 
 import pytest
 import yaml
+from engine_contracts import check_argv
 
 from kvtune.costmodel.traffic import LengthDist, RequestClass, Trace, Workload
 from kvtune.optimizer.launch import LaunchPick, MemoryFacts, Unsupported, disaggregated_launch, launch_for_pick
@@ -396,3 +397,34 @@ def test_a_long_disaggregated_name_is_cut_to_names_kubernetes_accepts():
     assert "behind Service kvtune-llm\n" in text
     assert {d["metadata"]["name"] for d in yaml.safe_load_all(text) if d and d["kind"] == "Service"} == \
         {"kvtune-llm", "kvtune-llm-prefill", "kvtune-llm-decode"}
+
+
+# --- an engine that cannot run the pick says why, in its own entry ------------------------------------------------
+
+def test_a_disaggregated_engine_that_cannot_run_the_pools_says_why_in_its_entry_and_the_manifest():
+    # DP attention on a dense model: vLLM 0.33.0's data parallelism of a dense model is plain replicas
+    out = disaggregated_launch(pick(**PRE, dp_attention=True), pick(**DEC, dp_attention=True), "x", "vllm")
+    why = out["unsupported"]["vllm"]
+    assert why.startswith("DP attention: vLLM 0.33.0 data parallelism of a dense model is plain replicas")
+    assert out["vllm"] == f"# vLLM 0.33.0 cannot run this pick disaggregated: {why}"
+    # the manifest runs vLLM (the engine asked for), which refuses the same way
+    assert out["unsupported"]["k8s"] == why and out["k8s"] == f"# disaggregated Kubernetes manifest: {why}"
+
+
+def test_llamacpp_mtp_drafts_with_the_models_own_heads():
+    argv, notes = llamacpp_argv(pick(tp=1, batch_cap=8, spec_k=3, spec_method="mtp", mtp_layers=1), model_path="m.gguf")
+    i = argv.index("--spec-type")
+    assert argv[i:i + 4] == ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3"] and "-md" not in argv
+    assert check_argv("llamacpp", argv) == []
+    with pytest.raises(Unsupported, match="multi-token-prediction heads"):
+        llamacpp_argv(pick(tp=1, batch_cap=8, spec_k=3, spec_method="mtp"), model_path="m.gguf")
+
+
+def test_sglang_algorithm_refuses_a_method_sglang_lacks_listing_those_it_runs():
+    from kvtune.optimizer.launch.sglang import sglang_algorithm
+    assert [sglang_algorithm(m) for m in ("eagle3", "eagle", "mtp", "ngram", "draft")] == \
+        ["EAGLE3", "EAGLE", "NEXTN", "NGRAM", "STANDALONE"]
+    with pytest.raises(Unsupported) as exc:
+        sglang_algorithm("medusa")
+    assert str(exc.value) == ("speculative method 'medusa': SGLang 0.5.23 has no such algorithm (it runs draft, eagle, "
+                              "eagle3, mtp, ngram; medusa heads are not among them)")
