@@ -19,7 +19,8 @@ import yaml
 from engine_contracts import check_argv
 
 from kvtune.costmodel.traffic import LengthDist, RequestClass, Trace, Workload
-from kvtune.optimizer.launch import LaunchPick, MemoryFacts, Unsupported, disaggregated_launch, launch_for_pick
+from kvtune.optimizer.launch import (LaunchPick, MemoryFacts, Unsupported, argv_of, disaggregated_launch, launch_for_pick,
+                                     launch_settings)
 from kvtune.optimizer.launch import context as lc
 from kvtune.optimizer.launch import pick as lp
 from kvtune.optimizer.launch.llamacpp import llamacpp_argv
@@ -428,3 +429,30 @@ def test_sglang_algorithm_refuses_a_method_sglang_lacks_listing_those_it_runs():
         sglang_algorithm("medusa")
     assert str(exc.value) == ("speculative method 'medusa': SGLang 0.5.23 has no such algorithm (it runs draft, eagle, "
                               "eagle3, mtp, ngram; medusa heads are not among them)")
+
+
+# --- launch_settings' defaults and shell.argv_of ------------------------------------------------------------------
+
+CFG = {"tp": 1, "batch_cap": 8, "chunk_tokens": 512}
+
+
+def test_launch_settings_defaults_name_no_reserve_and_eight_gpus_a_node():
+    from kvtune.costmodel.hardware import get_gpu
+    from kvtune.costmodel.models import get_model
+    out = launch_settings("llama-3.1-8b", CFG, 1, 0.9, None, arch=get_model("llama-3.1-8b"), gpu=get_gpu("h100-sxm"))
+    assert "name: kvtune-llm\n" in out["k8s"]                  # the default name
+    assert out["memory"]["activation_reserve_bytes"] == 0      # no reserve unless one is given
+    # 9 GPUs a replica (PP 9) do not fit the default 8-GPU node: two nodes
+    out = launch_settings("org/m", dict(CFG, pp=9), 1, 0.9, None)
+    assert "one replica spans 2 nodes" in out["vllm"]
+
+
+def test_launch_settings_passes_the_longest_prompt_to_sglangs_context():
+    # SGLang's --context-length: max(longest request + 1, longest prompt + 6) = max(5,001, 4,998 + 6) = 5,004
+    out = launch_settings("org/m", CFG, 1, 0.9, None, max_request_tokens=5000, max_prompt_tokens=4998)
+    assert flag(argv_of(out["sglang"]), "--context-length") == "5004"
+
+
+def test_argv_of_drops_indented_comment_lines_too():
+    text = "# a comment\n  # an indented comment\nvllm serve m \\\n  --port 8000"
+    assert argv_of(text) == ["vllm", "serve", "m", "--port", "8000"]
