@@ -456,3 +456,91 @@ def test_launch_settings_passes_the_longest_prompt_to_sglangs_context():
 def test_argv_of_drops_indented_comment_lines_too():
     text = "# a comment\n  # an indented comment\nvllm serve m \\\n  --port 8000"
     assert argv_of(text) == ["vllm", "serve", "m", "--port", "8000"]
+
+
+# --- pick._memory: the plan the simulator used, for the layout the config names -----------------------------------
+
+def test_the_memory_plan_splits_weights_and_kv_over_the_pipeline_stages():
+    # Llama-3.1-70B at TP 4 x PP 2 on an 80 GB H100 at 0.9: 70,553,706,496 params x 2 bytes / 8 GPUs =
+    # 17,638,426,624 weight bytes a GPU; pool 72e9 - that = 54,361,573,376; KV a token a GPU: 80 layers / 2 stages
+    # x 2 (K, V) x 8 / 4 heads x 128 x 2 bytes = 40,960; pool tokens floor(54,361,573,376 / 40,960) = 1,327,186
+    from kvtune.costmodel import get_gpu, get_model
+    from kvtune.optimizer.launch import build_pick
+    cfg = {"tp": 4, "pp": 2, "batch_cap": 64, "chunk_tokens": 2048}
+    p = build_pick("llama-3.1-70b", cfg, 1, 0.9, None, arch=get_model("llama-3.1-70b"), gpu=get_gpu("h100-sxm"))
+    m = p.memory
+    assert m.weight_bytes_per_gpu == 17_638_426_624
+    assert m.kv_pool_bytes_per_gpu == pytest.approx(54_361_573_376, rel=1e-12)
+    assert m.kv_bytes_per_token_per_gpu == 40_960 and m.kv_pool_tokens == 1_327_186
+
+
+def test_a_layout_the_simulator_refuses_has_no_memory_plan():
+    # costmodel.parallel.Parallel refuses ep other than 1 or tp, and a TP group over nodes that is not a whole
+    # number of nodes: the simulator has no plan for such a config, so neither has the launch
+    from kvtune.costmodel import get_gpu, get_model
+    from kvtune.optimizer.launch import build_pick
+    arch, gpu = get_model("llama-3.1-70b"), get_gpu("h100-sxm")
+    cfg = {"tp": 4, "batch_cap": 64, "chunk_tokens": 2048}
+    assert build_pick("llama-3.1-70b", cfg, 1, 0.9, None, arch=arch, gpu=gpu).memory is not None
+    assert build_pick("llama-3.1-70b", dict(cfg, ep=2), 1, 0.9, None, arch=arch, gpu=gpu).memory is None
+    assert build_pick("llama-3.1-70b", dict(cfg, tp=8), 1, 0.9, None, arch=arch, gpu=gpu,
+                      gpus_per_node=6).memory is None
+
+
+# --- pick.draft_reference / model_reference ----------------------------------------------------------------------
+
+def test_draft_reference_names_the_checkpoint_and_says_where_it_came_from(tmp_path):
+    from kvtune.costmodel import get_model
+    l8 = get_model("llama-3.1-8b")
+    # a catalog name becomes its Hugging Face id, with where that was read
+    assert lp.draft_reference("draft", "smollm2-135m", l8) == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct", "",
+        "draft: HuggingFaceTB/SmolLM2-135M-Instruct (profiles/models.yaml smollm2-135m)")
+    # an id as given: nothing to say
+    assert lp.draft_reference("draft", "acme/tiny-draft", l8) == ("acme/tiny-draft", "", "")
+    # nothing to load: the reason, no draft, no note
+    assert lp.draft_reference("draft", None, l8) == (
+        None, "speculative.draft_model: method 'draft' needs the draft model", "")
+    # a config.json naming its id: that id, and the note says so (no catalog source)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"_name_or_path": "acme/my-draft"}))
+    assert lp.draft_reference("draft", str(cfg), l8) == (
+        "acme/my-draft", "", f"draft: acme/my-draft; model given as {cfg}: launching acme/my-draft, the id its "
+                             f"config.json names")
+    # a config.json naming none: no draft to launch, and why
+    bare = tmp_path / "bare" / "config.json"
+    bare.parent.mkdir()
+    bare.write_text("{}")
+    ref, err, note = lp.draft_reference("draft", str(bare), l8)
+    assert (ref, note) == (None, "") and err.startswith(f"speculative.draft_model {str(bare)!r}: model given as ")
+    # no method, or no model facts: the draft as given
+    assert lp.draft_reference(None, "acme/x", l8) == ("acme/x", "", "")
+    assert lp.draft_reference("eagle3", "acme/x", None) == ("acme/x", "", "")
+
+
+def test_model_reference_reads_the_id_a_config_names_wherever_the_path_points(tmp_path):
+    named = {"_name_or_path": "acme/my-finetune-8b"}
+    say = "launching acme/my-finetune-8b, the id its config.json names"
+    assert lp.model_reference("anything", "org/catalog-id") == ("org/catalog-id", "")
+    # a folder: its config.json
+    (tmp_path / "ft").mkdir()
+    (tmp_path / "ft" / "config.json").write_text(json.dumps(named))
+    assert lp.model_reference(str(tmp_path / "ft")) == ("acme/my-finetune-8b", f"model given as {tmp_path / 'ft'}: {say}")
+    # an existing file without the .json suffix
+    (tmp_path / "cfg").write_text(json.dumps(named))
+    assert lp.model_reference(str(tmp_path / "cfg"))[0] == "acme/my-finetune-8b"
+    # a .json path that does not exist: a placeholder, never the path itself
+    ref, note = lp.model_reference(str(tmp_path / "missing" / "config.json"))
+    assert ref == lp.PLACEHOLDER and "replace" in note
+    # an HF id (no such path): itself
+    assert lp.model_reference("acme/model") == ("acme/model", "")
+
+
+def test_launch_settings_passes_the_reserve_and_the_node_size_on():
+    from kvtune.costmodel import get_gpu, get_model
+    out = launch_settings("llama-3.1-8b", CFG, 1, 0.9, None, arch=get_model("llama-3.1-8b"), gpu=get_gpu("h100-sxm"),
+                          activation_reserve_bytes=2e9)
+    assert out["memory"]["activation_reserve_bytes"] == 2e9
+    # TP 8 on 4-GPU nodes: two nodes
+    out = launch_settings("org/m", dict(CFG, tp=8), 1, 0.9, None, gpus_per_node=4)
+    assert "one replica spans 2 nodes" in out["vllm"]
