@@ -544,3 +544,37 @@ def test_launch_settings_passes_the_reserve_and_the_node_size_on():
     # TP 8 on 4-GPU nodes: two nodes
     out = launch_settings("org/m", dict(CFG, tp=8), 1, 0.9, None, gpus_per_node=4)
     assert "one replica spans 2 nodes" in out["vllm"]
+
+
+# --- build_pick: its defaults, and the drafter's memory ---------------------------------------------------------
+
+def test_build_pick_defaults_are_bf16_weights_and_kv_caching_on_and_the_cost_models_method():
+    from kvtune.costmodel.memory import GPU_MEM_UTIL
+    from kvtune.costmodel.step import SPEC_METHOD
+    from kvtune.optimizer.launch import build_pick
+    p = build_pick("org/m", CFG, 1, 0.85, None)
+    assert (p.weights, p.kv_dtype, p.prefix_caching, p.gpu_mem_util) == ("bf16", "bf16", True, 0.85)
+    assert GPU_MEM_UTIL != 0.85
+    # a speculative: section without a method means the cost model's (costmodel.step.SPEC_METHOD)
+    q = build_pick("org/m", dict(CFG, spec_k=3), 1, 0.9, {"draft_model": "acme/head"})
+    assert (q.spec_method, q.spec_k) == (SPEC_METHOD, 3)
+
+
+def test_the_drafters_weights_and_kv_are_in_the_plan_only_while_speculating():
+    # Llama-3.1-70B at TP 8 with the Llama-3.1-8B draft at the target's TP: the draft's KV a token a GPU is
+    # 32 layers x 2 (K, V) x 8 / 8 heads x 128 x 2 bytes = 16,384; its weights 8,030,261,248 x 2 / 8 = 2,007,565,312
+    from kvtune.costmodel import get_gpu, get_model
+    from kvtune.optimizer.launch import build_pick
+    arch, gpu = get_model("llama-3.1-70b"), get_gpu("h100-sxm")
+    spec = {"method": "draft", "draft_model": "llama-3.1-8b"}
+    cfg = {"tp": 8, "batch_cap": 64, "chunk_tokens": 2048, "spec_k": 3}
+    m = build_pick("llama-3.1-70b", cfg, 1, 0.9, spec, arch=arch, gpu=gpu).memory
+    assert m.draft == "draft model llama-3.1-8b"
+    assert (m.draft_weight_bytes_per_gpu, m.draft_kv_bytes_per_token_per_gpu) == (2_007_565_312, 16_384)
+    # no draft length (spec_k 0): speculation is off and nothing drafts beside the model
+    off = build_pick("llama-3.1-70b", dict(cfg, spec_k=0), 1, 0.9, spec, arch=arch, gpu=gpu)
+    assert not off.speculating and off.memory.draft == "" and off.memory.draft_weight_bytes_per_gpu == 0
+    # the pick notes where the draft id came from (a catalog name)
+    q = build_pick("llama-3.1-8b", dict(cfg, tp=1), 1, 0.9, {"method": "draft", "draft_model": "smollm2-135m"},
+                   arch=get_model("llama-3.1-8b"))
+    assert q.draft_note == "draft: HuggingFaceTB/SmolLM2-135M-Instruct (profiles/models.yaml smollm2-135m)"
