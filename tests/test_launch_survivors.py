@@ -578,3 +578,43 @@ def test_the_drafters_weights_and_kv_are_in_the_plan_only_while_speculating():
     q = build_pick("llama-3.1-8b", dict(cfg, tp=1), 1, 0.9, {"method": "draft", "draft_model": "smollm2-135m"},
                    arch=get_model("llama-3.1-8b"))
     assert q.draft_note == "draft: HuggingFaceTB/SmolLM2-135M-Instruct (profiles/models.yaml smollm2-135m)"
+
+
+def test_build_pick_without_model_facts_assumes_no_heads_no_moe_and_no_context_cap():
+    from kvtune.optimizer.launch import build_pick
+    from kvtune.optimizer.launch.vllm import vllm_argv
+    p = build_pick("org/m", CFG, 1, 0.9, None, max_request_tokens=5000)
+    assert (p.mtp_layers, p.is_moe, p.model_context_tokens) == (0, False, 0)
+    assert flag(vllm_argv(p)[0], "--max-model-len") == "5000"      # the request, not capped by a context
+    q = build_pick("org/m", dict(CFG, spec_k=2), 1, 0.9, {"method": "mtp"})
+    with pytest.raises(Unsupported, match="multi-token-prediction heads"):
+        vllm_argv(q)
+
+
+def test_a_model_of_unstated_context_leaves_the_request_uncapped():
+    import dataclasses
+
+    from kvtune.costmodel import get_model
+    from kvtune.optimizer.launch import build_pick
+    from kvtune.optimizer.launch.vllm import vllm_argv
+    arch = dataclasses.replace(get_model("llama-3.1-8b"), max_context_tokens=0)   # config.json stating none
+    p = build_pick("llama-3.1-8b", CFG, 1, 0.9, None, arch=arch, max_request_tokens=5000)
+    assert p.model_context_tokens == 0 and flag(vllm_argv(p)[0], "--max-model-len") == "5000"
+
+
+def test_the_memory_plan_holds_the_kv_dtype_the_config_names():
+    # Llama-3.1-70B at TP 4: KV a token a GPU = 80 layers x 2 (K, V) x 8 / 4 heads x 128 x bytes: 81,920 at bf16
+    # (the default), 40,960 at fp8
+    from kvtune.costmodel import get_gpu, get_model
+    from kvtune.optimizer.launch import build_pick
+    arch, gpu = get_model("llama-3.1-70b"), get_gpu("h100-sxm")
+    cfg = {"tp": 4, "batch_cap": 64, "chunk_tokens": 2048}
+    assert build_pick("llama-3.1-70b", cfg, 1, 0.9, None, arch=arch, gpu=gpu).memory.kv_bytes_per_token_per_gpu == 81_920
+    fp8 = build_pick("llama-3.1-70b", dict(cfg, kv_dtype="fp8"), 1, 0.9, None, arch=arch, gpu=gpu)
+    assert fp8.kv_dtype == "fp8" and fp8.memory.kv_bytes_per_token_per_gpu == 40_960
+
+
+def test_an_engine_without_a_published_image_names_none_in_its_header():
+    text = launch_for_pick(pick(tp=1))["llamacpp"]
+    assert text.splitlines()[0] == "# llama.cpp llama-server 0c1e57098"
+    assert launch_for_pick(pick())["vllm"].splitlines()[0] == "# vLLM 0.33.0 (image vllm/vllm-openai:v0.33.0)"
