@@ -618,3 +618,14 @@ def test_an_engine_without_a_published_image_names_none_in_its_header():
     text = launch_for_pick(pick(tp=1))["llamacpp"]
     assert text.splitlines()[0] == "# llama.cpp llama-server 0c1e57098"
     assert launch_for_pick(pick())["vllm"].splitlines()[0] == "# vLLM 0.33.0 (image vllm/vllm-openai:v0.33.0)"
+
+
+def test_every_object_and_pod_of_a_manifest_carries_its_app_label(manifests):
+    # one label finds the whole deployment (kubectl get all,pods -l app=NAME): every workload, Service, ConfigMap
+    # and every pod template carry app=<the manifest's name>
+    for k, docs in manifests.items():
+        for d in docs:
+            if d["kind"] != "PersistentVolumeClaim":
+                assert d["metadata"]["labels"]["app"] == "my-llm", (k, d["kind"], d["metadata"])
+            for t in _pod_templates(d):
+                assert t["metadata"]["labels"]["app"] == "my-llm", (k, d["metadata"]["name"])
