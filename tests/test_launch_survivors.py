@@ -629,3 +629,52 @@ def test_every_object_and_pod_of_a_manifest_carries_its_app_label(manifests):
                 assert d["metadata"]["labels"]["app"] == "my-llm", (k, d["kind"], d["metadata"])
             for t in _pod_templates(d):
                 assert t["metadata"]["labels"]["app"] == "my-llm", (k, d["metadata"]["name"])
+
+
+# --- launch_for_pick: entries, notes, the manifest's header -------------------------------------------------------
+
+def test_every_engines_notes_are_in_its_entry_and_a_refusal_says_why():
+    out = launch_for_pick(pick())
+    texts = {"vllm": out["vllm"], "sglang": out["sglang"], "trtllm": out["trtllm"]["command"]}
+    for e, text in texts.items():
+        assert out["notes"][e], e
+        for n in out["notes"][e]:
+            assert f"# {n}\n" in text, (e, n)
+    # llama.cpp runs one GPU a server: TP 2 is refused, and its entry says why
+    why = out["unsupported"]["llamacpp"]
+    assert why.startswith("TP 2 x PP 1: llama.cpp's --split-mode")
+    assert out["llamacpp"] == f"# llama.cpp llama-server 0c1e57098 cannot run this pick: {why}"
+
+
+def test_the_plain_commands_keep_each_flag_on_its_own_line():
+    # command(): only SGLang keeps its first three words (python -m sglang.launch_server) together; llama-server's
+    # first flag starts its own line like every other
+    out = launch_for_pick(pick(tp=1))
+    first = {e: next(ln for ln in out[e].splitlines() if not ln.startswith("#")) for e in ("vllm", "sglang", "llamacpp")}
+    assert first == {"vllm": f"vllm serve {M} \\", "sglang": "python -m sglang.launch_server \\", "llamacpp": "llama-server \\"}
+
+
+def test_a_multi_node_sglang_command_names_a_placeholder_leader():
+    argv = argv_of(launch_for_pick(pick(tp=16))["sglang"])
+    assert flag(argv, "--dist-init-addr") == "<leader-address>:20000" and flag(argv, "--node-rank") == "0"
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_the_manifest_header_states_the_layout_the_token_and_the_cache(gated):
+    one = launch_for_pick(pick(gated=gated), "my-llm")["k8s"].splitlines()
+    token = "# Hugging Face token: kubectl create secret generic hf-token --from-literal=token=hf_..."
+    assert one[:4] == ["# vLLM 0.33.0 on Kubernetes: 1 replica(s) of 2 GPU(s)",
+                       token + (" (required: gated model)" if gated else ""),
+                       "# model cache: a ReadWriteMany PersistentVolumeClaim (needs a storage class that offers it)",
+                       "apiVersion: v1"]
+    two = launch_for_pick(pick(tp=16, replicas=3, gated=gated), "my-llm")["k8s"].splitlines()
+    assert two[0] == "# vLLM 0.33.0 on Kubernetes: 3 replica(s) of 16 GPU(s) over 2 nodes (LeaderWorkerSet)"
+
+
+def test_launch_for_pick_names_and_cuts_the_manifest():
+    assert "  name: kvtune-llm\n" in launch_for_pick(pick())["k8s"]          # the default name
+    # a cut that ends on a separator: the name still ends in a letter or digit
+    for name in ("a" * 49 + " model", "--" + "b" * 70):
+        docs = [d for d in yaml.safe_load_all(launch_for_pick(pick(), name)["k8s"]) if d]
+        for d in docs:
+            assert DNS_LABEL.fullmatch(d["metadata"]["name"]), (name, d["metadata"]["name"])
