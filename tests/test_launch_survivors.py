@@ -678,3 +678,37 @@ def test_launch_for_pick_names_and_cuts_the_manifest():
         docs = [d for d in yaml.safe_load_all(launch_for_pick(pick(), name)["k8s"]) if d]
         for d in docs:
             assert DNS_LABEL.fullmatch(d["metadata"]["name"]), (name, d["metadata"]["name"])
+
+
+# --- llama.cpp's context at its boundaries --------------------------------------------------------------------------
+
+def _pool(tokens: int) -> MemoryFacts:
+    return MemoryFacts(gpu_memory_bytes=80e9, weight_bytes_total=16e9, weight_bytes_per_gpu=16e9,
+                       activation_reserve_bytes=0.0, kv_bytes_per_token_per_gpu=1e5, kv_pool_bytes_per_gpu=tokens * 1e5,
+                       kv_pool_tokens=tokens, kv_pool_tokens_per_gpu=tokens)
+
+
+def test_llamacpp_slots_that_hold_exactly_the_longest_request_are_neither_short_nor_capped():
+    # 8,000 pool tokens over 8 slots: 1,000 a slot = the longest request. Not below it (no note), not above it
+    # (no cap): -c is the pool's slots rounded down to 256 as the pool sizes it, 8,000 // 256 x 256 = 7,936
+    argv, notes = llamacpp_argv(pick(tp=1, batch_cap=8, memory=_pool(8000), max_request_tokens=1000), model_path="m")
+    assert flag(argv, "-c") == "7936"
+    assert not any("below the longest request" in n for n in notes)
+    assert "context: -c 7936 = 8 slots x 1000 tokens per slot, rounded to a multiple of 256 as llama.cpp pads it" in notes
+
+
+def test_llamacpp_one_token_a_slot_still_runs_padded_to_256():
+    # 8 tokens over 8 slots: one a slot is enough to start; 8 < 256, so -c is padded up to 256
+    argv, _ = llamacpp_argv(pick(tp=1, batch_cap=8, memory=_pool(8), max_request_tokens=None), model_path="m")
+    assert flag(argv, "-c") == "256"
+
+
+def test_llamacpp_without_a_plan_or_lengths_says_what_it_lacks():
+    with pytest.raises(Unsupported) as exc:
+        llamacpp_argv(pick(tp=1, memory=None, max_request_tokens=None), model_path="m")
+    assert str(exc.value) == "no memory plan and no request length to size -c (total context) from"
+
+
+def test_the_model_note_heads_the_manifest_too():
+    note = "model given as ./cfg.json: launching acme/x, the id its config.json names"
+    assert f"\n# {note}\n" in launch_for_pick(pick(model_note=note))["k8s"]
