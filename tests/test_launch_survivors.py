@@ -712,3 +712,21 @@ def test_llamacpp_without_a_plan_or_lengths_says_what_it_lacks():
 def test_the_model_note_heads_the_manifest_too():
     note = "model given as ./cfg.json: launching acme/x, the id its config.json names"
     assert f"\n# {note}\n" in launch_for_pick(pick(model_note=note))["k8s"]
+
+
+@pytest.mark.parametrize("method", ["eagle3", "draft"])
+def test_trtllm_speculation_without_a_draft_names_tensorrt_llm_as_the_loader(method):
+    from kvtune.optimizer.launch.trtllm import trtllm_api
+    with pytest.raises(Unsupported) as exc:
+        trtllm_api(pick(spec_k=2, spec_method=method))
+    assert str(exc.value) == (f"speculative method {method!r} needs its draft model: set speculative.draft_model in "
+                              f"the workload (TensorRT-LLM loads it separately)")
+
+
+def test_llamacpp_threads_flags_or_the_note_asking_for_them():
+    argv, notes = llamacpp_argv(pick(tp=1, batch_cap=8), model_path="m")
+    assert "-t" not in argv and notes[-1] == (
+        "threads: llama-server uses every core by default; pass -t/-tb with the thread count your calibration was "
+        "measured at (kvtune tune records it)")
+    argv, notes = llamacpp_argv(pick(tp=1, batch_cap=8), threads=6, model_path="m")
+    assert flag(argv, "-t") == flag(argv, "-tb") == "6" and not any(n.startswith("threads:") for n in notes)
