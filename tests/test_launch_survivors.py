@@ -730,3 +730,13 @@ def test_llamacpp_threads_flags_or_the_note_asking_for_them():
         "measured at (kvtune tune records it)")
     argv, notes = llamacpp_argv(pick(tp=1, batch_cap=8), threads=6, model_path="m")
     assert flag(argv, "-t") == flag(argv, "-tb") == "6" and not any(n.startswith("threads:") for n in notes)
+
+
+def test_memory_facts_json_names_every_field_as_it_is_and_the_drafts_only_with_one():
+    import dataclasses
+    fields = [f.name for f in dataclasses.fields(MemoryFacts)]
+    draft_keys = ("draft", "draft_weight_bytes_per_gpu", "draft_kv_bytes_per_token_per_gpu")
+    assert MEM.to_json() == {k: getattr(MEM, k) for k in fields if k not in draft_keys}
+    d = dataclasses.replace(MEM, draft="draft model x", draft_weight_bytes_per_gpu=1e9,
+                            draft_kv_bytes_per_token_per_gpu=2048.0)
+    assert d.to_json() == {k: getattr(d, k) for k in fields}
