@@ -740,3 +740,31 @@ def test_memory_facts_json_names_every_field_as_it_is_and_the_drafts_only_with_o
     d = dataclasses.replace(MEM, draft="draft model x", draft_weight_bytes_per_gpu=1e9,
                             draft_kv_bytes_per_token_per_gpu=2048.0)
     assert d.to_json() == {k: getattr(d, k) for k in fields}
+
+
+# --- SGLang and TensorRT-LLM odds and ends ------------------------------------------------------------------------
+
+def test_a_method_without_a_draft_length_runs_no_speculation_in_sglang():
+    from kvtune.optimizer.launch.sglang import sglang_argv
+    argv, _ = sglang_argv(pick(spec_method="ngram", spec_k=0))      # LaunchPick.speculating: False
+    assert not any(a.startswith("--speculative") for a in argv) and "--enable-mixed-chunk" in argv
+
+
+def test_sglang_speculation_without_a_draft_names_sglang_as_the_loader():
+    from kvtune.optimizer.launch.sglang import sglang_argv
+    with pytest.raises(Unsupported) as exc:
+        sglang_argv(pick(spec_k=2, spec_method="draft"))
+    assert str(exc.value) == ("speculative method 'draft' needs its draft model: set speculative.draft_model in the "
+                              "workload (SGLang loads it separately)")
+
+
+def test_trtllm_bf16_notes_are_the_context_and_memory_only_and_expert_parallel_two_is_set():
+    from kvtune.optimizer.launch.trtllm import trtllm_api, trtllm_argv
+    _, _, notes = trtllm_argv(pick())
+    assert [n.split(":")[0] for n in notes] == ["context", "memory"]       # no checkpoint note for bf16 weights
+    api, _ = trtllm_api(pick(tp=2, ep=2))
+    assert api["moe_expert_parallel_size"] == 2
+    api, notes = trtllm_api(pick(memory=None))
+    assert "free_gpu_memory_fraction" not in api["kv_cache_config"]
+    assert notes[-1] == ("memory: no memory plan to convert; TensorRT-LLM's default free_gpu_memory_fraction applies "
+                         "and its KV pool will differ from kvtune's")
