@@ -768,3 +768,15 @@ def test_trtllm_bf16_notes_are_the_context_and_memory_only_and_expert_parallel_t
     assert "free_gpu_memory_fraction" not in api["kv_cache_config"]
     assert notes[-1] == ("memory: no memory plan to convert; TensorRT-LLM's default free_gpu_memory_fraction applies "
                          "and its KV pool will differ from kvtune's")
+
+
+def test_an_engine_pod_gets_sixty_minutes_to_load_before_liveness_applies(manifests):
+    # kubernetes._probes: loading (download + weights + graph capture) may take up to 60 minutes; the startup
+    # probe holds liveness off for periodSeconds x failureThreshold
+    for k, docs in manifests.items():
+        for d in docs:
+            for t in _pod_templates(d):
+                for c in t["spec"]["containers"]:
+                    if "startupProbe" in c:
+                        s = c["startupProbe"]
+                        assert s["periodSeconds"] * s["failureThreshold"] == 60 * 60, (k, c["name"])
