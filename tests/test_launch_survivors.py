@@ -780,3 +780,20 @@ def test_an_engine_pod_gets_sixty_minutes_to_load_before_liveness_applies(manife
                     if "startupProbe" in c:
                         s = c["startupProbe"]
                         assert s["periodSeconds"] * s["failureThreshold"] == 60 * 60, (k, c["name"])
+
+
+def test_every_engine_pod_caches_models_on_the_volume_and_reads_the_token_secret(manifests):
+    # huggingface_hub reads HF_HOME (where downloads go) and HF_TOKEN: HF_HOME must be where the PVC is mounted,
+    # and the token comes from the Secret the header tells users to create (hf-token, key token)
+    for k, docs in manifests.items():
+        for d in docs:
+            for t in _pod_templates(d):
+                if d["kind"] == "Deployment" and t["metadata"]["labels"].get("role") == "router":
+                    continue   # a router loads no model
+                vols = {v["name"]: v for v in t["spec"]["volumes"]}
+                for c in t["spec"]["containers"]:
+                    env = {e["name"]: e for e in c["env"]}
+                    cache = [m["mountPath"] for m in c["volumeMounts"] if "persistentVolumeClaim" in vols[m["name"]]]
+                    assert env["HF_HOME"]["value"] in cache, (k, c["name"])
+                    ref = env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
+                    assert (ref["name"], ref["key"]) == ("hf-token", "token"), (k, c["name"])
