@@ -797,3 +797,24 @@ def test_every_engine_pod_caches_models_on_the_volume_and_reads_the_token_secret
                     assert env["HF_HOME"]["value"] in cache, (k, c["name"])
                     ref = env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
                     assert (ref["name"], ref["key"]) == ("hf-token", "token"), (k, c["name"])
+
+
+# a Kubernetes quantity (apimachinery resource.Quantity): a number and a binary or decimal suffix, case as written
+QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?")
+
+
+def test_shared_memory_is_a_ram_backed_volume_and_the_cache_a_shared_claim(manifests):
+    # the engines' workers talk through /dev/shm (NCCL): an emptyDir of medium Memory (the only RAM-backed
+    # medium besides HugePages) with a valid size; the model cache is the one ReadWriteMany claim the header names
+    for k, docs in manifests.items():
+        for d in docs:
+            if d["kind"] == "PersistentVolumeClaim":
+                assert d["spec"]["accessModes"] == ["ReadWriteMany"], k
+                assert QUANTITY.fullmatch(d["spec"]["resources"]["requests"]["storage"]), k
+            for t in _pod_templates(d):
+                vols = {v["name"]: v for v in t["spec"].get("volumes", [])}
+                for c in t["spec"]["containers"]:
+                    for m in c.get("volumeMounts", []):
+                        if m["mountPath"] == "/dev/shm":
+                            e = vols[m["name"]]["emptyDir"]
+                            assert e["medium"] == "Memory" and QUANTITY.fullmatch(e["sizeLimit"]), (k, e)
