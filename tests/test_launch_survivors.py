@@ -818,3 +818,37 @@ def test_shared_memory_is_a_ram_backed_volume_and_the_cache_a_shared_claim(manif
                         if m["mountPath"] == "/dev/shm":
                             e = vols[m["name"]]["emptyDir"]
                             assert e["medium"] == "Memory" and QUANTITY.fullmatch(e["sizeLimit"]), (k, e)
+
+
+# --- the YAML as written: block style, apiVersion and kind first, config files as literal blocks -----------------
+
+def _manifest_texts() -> dict[str, str]:
+    return {"trtllm": launch_for_pick(pick(), "my-llm", "trtllm")["k8s"],
+            "disagg-trtllm": disaggregated_launch(pick(**PRE), pick(**DEC), "my-llm", "trtllm")["k8s"]}
+
+
+def test_manifests_are_block_yaml_each_document_opening_with_apiversion_and_kind():
+    for k, text in _manifest_texts().items():
+        body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
+        for doc in body.split("\n---\n"):
+            lines = doc.strip("\n").splitlines()
+            assert lines[0].startswith("apiVersion: ") and lines[1].startswith("kind: "), (k, lines[:3])
+        assert not re.search(r": \[|^\s*- \[", body, re.M), k       # no flow-style lists
+
+
+def test_config_files_in_a_configmap_read_as_the_file_itself():
+    # kubernetes._str: a file's text (several lines) is written as a YAML literal block
+    for k, text in _manifest_texts().items():
+        docs = [d for d in yaml.safe_load_all(text) if d]
+        cm = next(d for d in docs if d["kind"] == "ConfigMap")
+        for fname, content in cm["data"].items():
+            assert "\n" in content
+            block = "\n".join("    " + ln for ln in content.rstrip("\n").splitlines())
+            assert f"  {fname}: |\n{block}\n" in text, (k, fname)
+
+
+def test_the_service_users_call_listens_on_http_port_80(manifests):
+    # clients call http://<name>/ (the header: "behind Service <name>"): port 80, HTTP's own
+    for k, docs in manifests.items():
+        svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "my-llm")
+        assert [p["port"] for p in svc["spec"]["ports"]] == [80], k
