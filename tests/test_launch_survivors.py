@@ -852,3 +852,34 @@ def test_the_service_users_call_listens_on_http_port_80(manifests):
     for k, docs in manifests.items():
         svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "my-llm")
         assert [p["port"] for p in svc["spec"]["ports"]] == [80], k
+
+
+# --- vLLM, SGLang and the version records -------------------------------------------------------------------------
+
+def test_vllm_refusals_name_vllm_and_say_what_it_lacks():
+    from kvtune.optimizer.launch.vllm import vllm_argv
+    with pytest.raises(Unsupported) as exc:
+        vllm_argv(pick(spec_k=2, spec_method="draft"))
+    assert str(exc.value) == ("speculative method 'draft' needs its draft model: set speculative.draft_model in the "
+                              "workload (vLLM loads it separately)")
+    with pytest.raises(Unsupported) as exc:
+        vllm_argv(pick(dp_attention=True))
+    assert str(exc.value) == ("DP attention: vLLM 0.33.0 data parallelism of a dense model is plain replicas, not the "
+                              "attention-DP kvtune simulated")
+
+
+def test_sglang_fp8_weights_load_the_published_fp8_checkpoint_and_say_so():
+    from kvtune.optimizer.launch.sglang import sglang_argv
+    ckpt = lp.fp8_checkpoint(M)          # the catalog's published FP8 checkpoint of Llama-3.1-8B
+    assert ckpt
+    argv, notes = sglang_argv(pick(weights="fp8"))
+    assert flag(argv, "--model-path") == ckpt and "--quantization" not in argv
+    assert notes[0] == f"FP8 weights: the FP8 checkpoint {ckpt} (SGLang reads its quantization_config)"
+
+
+def test_engine_version_json_names_every_field_as_it_is():
+    import dataclasses
+
+    from kvtune.optimizer.launch import ENGINE_VERSIONS
+    for v in ENGINE_VERSIONS.values():
+        assert v.to_json() == {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
