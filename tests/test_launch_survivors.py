@@ -883,3 +883,30 @@ def test_engine_version_json_names_every_field_as_it_is():
     from kvtune.optimizer.launch import ENGINE_VERSIONS
     for v in ENGINE_VERSIONS.values():
         assert v.to_json() == {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
+
+
+def test_sglang_quantizes_online_without_a_published_fp8_checkpoint_and_sets_expert_parallel():
+    from kvtune.optimizer.launch.sglang import sglang_argv
+    assert lp.fp8_checkpoint("org/unknown") == ""
+    argv, notes = sglang_argv(pick(model="org/unknown", gated=False, weights="fp8"))
+    assert flag(argv, "--model-path") == "org/unknown" and flag(argv, "--quantization") == "fp8"
+    assert notes[0] == "FP8 weights: online quantization of the bf16 checkpoint while loading (--quantization fp8)"
+    assert flag(sglang_argv(pick(tp=2, ep=2))[0], "--ep-size") == "2"
+
+
+def test_sglang_context_for_a_one_token_pool_is_that_token():
+    # a pool of 1 token holds one whole SGLang token (SGLang pages one token): not refused, capped at 1
+    s = lc.sglang_context_length(pick(memory=_pool(1)))
+    assert s.value == 1 and s.note.endswith("--context-length 1; SGLang refuses longer requests")
+
+
+def test_trtllm_argv_for_pipeline_and_expert_parallel_and_a_modelopt_checkpoint():
+    from kvtune.optimizer.launch.trtllm import trtllm_argv
+    argv, _, _ = trtllm_argv(pick(tp=2, pp=2))
+    assert argv[:6] == ["trtllm-serve", M, "--tp_size", "2", "--pp_size", "2"]
+    argv, _, _ = trtllm_argv(pick(tp=2, ep=2))
+    assert flag(argv, "--ep_size") == "2"
+    ckpt = lp.fp8_checkpoint(M, "modelopt")      # the catalog's ModelOpt FP8 checkpoint of Llama-3.1-8B
+    argv, _, notes = trtllm_argv(pick(weights="fp8"))
+    assert argv[1] == ckpt and notes[0] == (f"FP8 weights: the pre-quantized checkpoint {ckpt} (its hf_quant_config "
+                                            f"sets the FP8 GEMMs)")
