@@ -910,3 +910,29 @@ def test_trtllm_argv_for_pipeline_and_expert_parallel_and_a_modelopt_checkpoint(
     argv, _, notes = trtllm_argv(pick(weights="fp8"))
     assert argv[1] == ckpt and notes[0] == (f"FP8 weights: the pre-quantized checkpoint {ckpt} (its hf_quant_config "
                                             f"sets the FP8 GEMMs)")
+
+
+def test_vllm_fp8_notes_say_which_checkpoint_or_online_quantization():
+    from kvtune.optimizer.launch.vllm import vllm_argv
+    ckpt = lp.fp8_checkpoint(M)
+    argv, notes = vllm_argv(pick(weights="fp8"))
+    assert argv[2] == ckpt and notes[0] == (f"FP8 weights: the FP8 checkpoint {ckpt} (vLLM reads its "
+                                            f"quantization_config; no --quantization flag)")
+    argv, notes = vllm_argv(pick(model="org/unknown", gated=False, weights="fp8"))
+    assert flag(argv, "--quantization") == "fp8_per_tensor"
+    assert notes[0] == ("FP8 weights: online quantization of the bf16 checkpoint while loading (--quantization "
+                        "fp8_per_tensor)")
+
+
+def test_a_method_an_engine_lacks_is_no_refusal_while_speculation_is_off():
+    from kvtune.optimizer.launch.vllm import vllm_argv
+    # medusa with no draft length: nothing speculates, so vLLM 0.33.0 (which dropped Medusa) still launches
+    argv, _ = vllm_argv(pick(spec_method="medusa", spec_k=0))
+    assert "--speculative-config" not in argv
+
+
+def test_a_request_exactly_the_pool_is_sized_to_it_without_a_refusal_note():
+    # TensorRT-LLM holds 10,048 tokens (whole 32-token blocks of the 10,050 pool); a 10,048-token request fits
+    s = lc.trtllm_max_seq_len(pick(max_request_tokens=10_048))
+    assert s == lc.Sized(10_048, "context: max_seq_len 10,048 = the longest prompt + output kvtune simulated "
+                                 "(the KV pool holds 10,048)")
