@@ -134,8 +134,8 @@ def _pod_templates(doc: dict) -> list[dict]:
     return [lwt["leaderTemplate"], lwt["workerTemplate"]] if lwt else []
 
 
-@pytest.fixture(scope="module")
-def manifests():
+@pytest.fixture   # per test, not per module: mutmut credits a call to the test whose setup made it, so a
+def manifests():  # module-scoped fixture would tie every manifest builder to the first test only
     return _manifests()
 
 
