@@ -89,7 +89,8 @@ MODULES: dict[str, list[str]] = {
     "optimizer/gpu_choice.py": ["tests/test_gpu_choice.py", "tests/test_gpu_choice_units.py",
                                 "tests/test_deployment_choice_units.py"],
     "optimizer/launch": ["tests/test_launch.py", "tests/test_launch_disagg.py", "tests/test_launch_contracts.py",
-                         "tests/test_capabilities.py", "tests/test_launch_memory_by_hand.py", "tests/test_launch_units.py"],
+                         "tests/test_capabilities.py", "tests/test_launch_memory_by_hand.py", "tests/test_launch_units.py",
+                         "tests/test_launch_survivors.py"],
 }
 # Never selected: the golden runs (tests/test_sim_golden.py) kill any change by its hash without
 # saying what is wrong; a mutant counts as killed only by a test that checks a property or a value.
