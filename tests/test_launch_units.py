@@ -395,6 +395,23 @@ def test_launch_for_pick_gathers_every_engine_and_a_manifest():
     assert launch_for_pick(pick(), engine="nope")["k8s_engine"] == "vllm"
 
 
+def test_a_long_name_still_gives_statefulsets_that_can_create_pods():
+    # StatefulSet pods are labelled controller-revision-hash = <statefulset>-<10-character hash>, <= 63
+    # characters (kubernetes/kubernetes#64023); LWS names its StatefulSets <lws> and <lws>-<group index>
+    big = dataclasses.replace(MEM, weight_bytes_total=810e9)
+    for name in ("x" * 60, "a" * 39 + "-" + "b" * 20, "m"):
+        out = launch_for_pick(pick(tp=8, pp=2, replicas=12, memory=big, gated=False), name)
+        docs = list(yaml.safe_load_all(out["k8s"]))
+        lws = next(d for d in docs if d["kind"] == "LeaderWorkerSet")["metadata"]["name"]
+        service = next(d for d in docs if d["kind"] == "Service")["metadata"]["name"]
+        worker_sts = f"{lws}-{12 - 1}"
+        assert len(f"{worker_sts}-0123456789") <= 63 and lws != service and lws.endswith("-lws")
+        assert lws == (service if len(service) <= 40 else service[:40].rstrip("-")) + "-lws"
+    # a client Service named as the LeaderWorkerSet would be would collide with the controller's own Service
+    assert k8s.lws_name("c" * 40 + "-lws") == "c" * 40 + "-set"
+    assert k8s.lws_name("short") == "short-lws"
+
+
 def test_the_manifest_sizes_and_spreads_a_replica_over_nodes():
     big = dataclasses.replace(MEM, weight_bytes_total=810e9)
     out = launch_for_pick(pick(tp=8, pp=2, replicas=3, memory=big, gated=False), "m")

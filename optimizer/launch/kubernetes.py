@@ -160,7 +160,16 @@ def manifest(p: LaunchPick, name: str, version: EngineVersion, argv_for,
     return dump_yaml(head + [lws, service(name, leader_label)])
 
 
+# A StatefulSet's pods carry the label controller-revision-hash = "<statefulset>-<10-character hash>", at
+# most 63 characters, so a StatefulSet named over 52 characters creates no pod (kubernetes/kubernetes#64023).
+# The LWS controller names its leader StatefulSet as the LeaderWorkerSet and each group's worker StatefulSet
+# "<leaderworkerset>-<group index>": 44 characters leave room for a 7-digit group index.
+LWS_NAME_MAX = 44
+
+
 def lws_name(name: str) -> str:
-    """The LeaderWorkerSet's name (and its controller's headless Service's): never the name of
-    the Service kvtune emits for clients."""
-    return f"{name}-lws"
+    """The LeaderWorkerSet's name (and its controller's headless Service's), at most ``LWS_NAME_MAX``
+    characters: never the name of the Service kvtune emits for clients."""
+    base = name[:LWS_NAME_MAX - len("-lws")].rstrip("-")
+    out = f"{base}-lws"
+    return out if out != name else f"{base}-set"
