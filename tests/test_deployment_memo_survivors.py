@@ -75,6 +75,22 @@ def test_every_replica_of_the_round_robin_serves_even_a_single_request():
     assert events == ev and events >= 2      # each replica turns its loop at least once
 
 
+def test_a_long_prompt_is_simulated_in_closed_form_chunk_runs_and_its_counters_add_up():
+    # two 20,000-token prompts at t=0 over two replicas, 512-token chunks: each replica computes
+    # ceil(20,000 / 512) = 40 chunks (39 full, one of 32), one step each: 80 steps in the pool. Its
+    # loop turns are its replicas' as ``simulate`` runs them (runs of identical chunks summed in
+    # closed form, naive=False), so far fewer turns than steps; the times are the replicas' too
+    s = _step()
+    cfg = SimConfig(8, 512)
+    req = requests([20_000, 20_000], [9, 9], [0.0, 0.0])
+    ready, rej, pre, steps, events, _ = D._simulate_prefill_pool(Pool(s, cfg, 2), req, *_args(req), "trace", 0)
+    assert (rej.tolist(), pre, steps) == ([False, False], 0, 80)
+    lone = simulate_replica(s, requests([20_000], [1], [0.0]), cfg, "trace", None, 0, 0.0, naive=False)
+    assert (lone.steps, events) == (40, 2 * lone.events)
+    assert events < steps
+    assert ready.tolist() == [lone.e2e_s[0] - FRONT_S] * 2
+
+
 # ---- the memo -----------------------------------------------------------------------------------------
 
 @pytest.fixture
