@@ -76,7 +76,7 @@ MODULES: dict[str, list[str]] = {
     "costmodel/goodput.py": ["tests/test_goodput.py", "tests/test_sim_invariants.py", "tests/test_sim_never_fit.py",
                              "tests/test_goodput_by_hand.py", "tests/test_goodput_survivors.py"],
     "costmodel/deployment.py": ["tests/test_deployment.py", "tests/test_deployment_by_hand.py",
-                                "tests/test_deployment_survivors.py"],
+                                "tests/test_deployment_survivors.py", "tests/test_deployment_memo_survivors.py"],
     # the race, verification and the answer: their own unit tests on a fake engine whose answer is known by hand
     # (tests/race_fakes.py), milliseconds each, then the in-process tests of the whole search
     "optimizer/simsearch.py": ["tests/test_simsearch_units.py", "tests/test_objective.py", "tests/test_simsearch.py",
