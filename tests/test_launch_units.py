@@ -17,8 +17,9 @@ import json
 import pytest
 import yaml
 from engine_contracts import check_argv, check_trtllm_api, trtllm_startup_errors, vllm_startup_errors
+from launch_picks import M, MEM, POOL, flag, pick
 
-from kvtune.optimizer.launch import (ENGINE_VERSIONS, LaunchPick, MemoryFacts, Unsupported, argv_of, launch_for_pick,
+from kvtune.optimizer.launch import (ENGINE_VERSIONS, Unsupported, argv_of, launch_for_pick,
                                      scheduling)
 from kvtune.optimizer.launch import context as lc
 from kvtune.optimizer.launch import kubernetes as k8s
@@ -27,22 +28,6 @@ from kvtune.optimizer.launch.sglang import sglang_argv, sglang_mixed_chunk
 from kvtune.optimizer.launch.shell import command, comment_block
 from kvtune.optimizer.launch.trtllm import free_fraction, trtllm_api, trtllm_argv
 from kvtune.optimizer.launch.vllm import vllm_argv
-
-M = "meta-llama/Llama-3.1-8B-Instruct"
-POOL = 10_050
-MEM = MemoryFacts(gpu_memory_bytes=80e9, weight_bytes_total=16e9, weight_bytes_per_gpu=8e9,
-                  activation_reserve_bytes=2e9, kv_bytes_per_token_per_gpu=62e9 / POOL, kv_pool_bytes_per_gpu=62e9,
-                  kv_pool_tokens=POOL, kv_pool_tokens_per_gpu=POOL)
-
-
-def pick(**kw) -> LaunchPick:
-    base = dict(model=M, tp=2, batch_cap=64, chunk_tokens=2048, gpu_mem_util=0.9, memory=MEM, max_request_tokens=5000,
-                max_prompt_tokens=4000, model_context_tokens=131072, gated=True)
-    return LaunchPick(**{**base, **kw})
-
-
-def flag(argv, name):
-    return argv[argv.index(name) + 1]
 
 
 # --- context.py -------------------------------------------------------------------------------------------------
