@@ -1,9 +1,10 @@
 """Behaviour check for refactors: record every example's recommendation, then compare two records.
 
-    python bench/compare_recommendations.py record OUT.json [--examples a,b] [--seed 0]
+    python bench/compare_recommendations.py record OUT.json [--examples a,b] [--oracle] [--seed 0]
     python bench/compare_recommendations.py compare BEFORE.json AFTER.json
 
 ``record`` runs ``kvtune solve`` (a subprocess, the installed command) on each ``examples/*.yaml``
+(and with ``--oracle`` each ``bench/oracle/*.yaml``, recorded as ``oracle/<name>``)
 with a fixed ``--seed`` and keeps its whole ``--json`` result minus what legitimately changes from
 run to run: timestamps, wall times, file paths (the solve's own temporary folder) and the version.
 The exit status is kept too (3 infeasible is a recommendation). ``compare`` says, per example,
@@ -46,7 +47,7 @@ def scrub(obj, tmp: str):
 def record(out: Path, examples: list[str], seed: int) -> None:
     records = {}
     for name in examples:
-        path = ROOT / "examples" / f"{name}.yaml"
+        path = ROOT / "bench" / f"{name}.yaml" if name.startswith("oracle/") else ROOT / "examples" / f"{name}.yaml"
         with tempfile.TemporaryDirectory() as tmp:
             js = Path(tmp) / "result.json"
             proc = subprocess.run(
@@ -103,6 +104,7 @@ def main() -> int:
     r = sub.add_parser("record")
     r.add_argument("out", type=Path)
     r.add_argument("--examples", default="", help="comma-separated names (default: every example)")
+    r.add_argument("--oracle", action="store_true", help="also every bench/oracle/*.yaml workload")
     r.add_argument("--seed", type=int, default=0)
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
@@ -112,6 +114,8 @@ def main() -> int:
         return compare(args.before, args.after)
     names = [n for n in args.examples.split(",") if n] or sorted(
         q.stem for q in (ROOT / "examples").glob("*.yaml"))
+    if args.oracle:
+        names += sorted(f"oracle/{q.stem}" for q in (ROOT / "bench" / "oracle").glob("*.yaml"))
     record(args.out, names, args.seed)
     return 0
 
