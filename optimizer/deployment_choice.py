@@ -37,17 +37,18 @@ from kvtune.costmodel.step import StepCost
 from .check import disaggregated_command
 from .disagg import DEFAULT_ENGINE, DisaggCandidate, PoolChoice, fork_map, search_disaggregated
 from .disagg_verify import UnitVerification, robust_unit, unit_rank, verify_unit
-from .objective import objective_rank
+from .objective import objective_for
 from .result import (AggregatedSummary, Bottleneck, Cost, DeploymentChoice, DisaggregatedMiss,
                      DisaggregatedRecommendation, DisaggregatedSummary, JsonObject, Predicted, SolveResult)
 from .search import SolveContext
 from .workload import WorkloadSpec
 
-__all__ = ["solve_deployments", "disaggregated_answer", "DisaggregatedAnswer", "deployment_lines", "result_rank"]
+__all__ = ["combine", "disaggregated_answer", "DisaggregatedAnswer", "deployment_lines", "Beside",
+           "may_fork"]
 
 MAX_UNIT_GPUS = 16   # one disaggregated unit spans at most two 8-GPU nodes
 DISAGG_VERIFY = 3    # the disaggregated search's best candidates verified on the aggregated kind's evidence
-BESIDE_NICE = 10     # the forked disaggregated search yields the cores to the aggregated one (see _Beside)
+BESIDE_NICE = 10     # the forked disaggregated search yields the cores to the aggregated one (see Beside)
 _SUMMARY_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "replicas")
 
 
@@ -81,43 +82,39 @@ def _agg_summary(r: SolveResult) -> AggregatedSummary | None:
                              ranked_goodput_req_s=r.predicted.ranked_goodput_req_s)
 
 
-def _units(spec: WorkloadSpec, c: DisaggCandidate, max_total: int, rate: float) -> int:
-    if spec.objective == "min_cost":
-        return max(1, math.ceil(rate / c.goodput_req_s)) if c.goodput_req_s > 0 else 0
-    return max(1, max_total // c.gpus)
-
-
-def _score(spec: WorkloadSpec, max_total: int, rate: float, usd: float,
+def _score(ctx: SolveContext, max_total: int, rate: float, usd: float,
            usd_cap: float = math.inf) -> Callable[[DisaggCandidate], tuple]:
+    """The disaggregated search's order of its candidates: each sized as the objective sizes a
+    deployment (``Objective.replicas``), then ranked by it; one beyond the node budget, or (min_cost)
+    dearer than ``usd_cap``, last."""
+    goal = ctx.objective
+
     def score(c: DisaggCandidate) -> tuple:
         if not c.goodput_req_s > 0:
             return (math.inf, 0.0)
-        u = _units(spec, c, max_total, rate)
-        if u * c.gpus > max_total or (spec.objective == "min_cost" and u * c.gpus * usd > usd_cap * (1 + 1e-12)):
+        u = goal.replicas(rate, c.goodput_req_s, c.gpus, max_total)
+        if not u or u * c.gpus > max_total or (goal.caps_cost and u * c.gpus * usd > usd_cap * (1 + 1e-12)):
             return (math.inf, 0.0)
-        if spec.objective == "min_cost":
+        if goal.caps_cost:
             return (u * c.gpus * usd, -c.goodput_req_s)
         return (-(c.goodput_req_s / (c.gpus * usd)), c.gpus)
     return score
 
 
-def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibration: str | None = None,
-                         engine: str | None = None, profile: str | None = None, jobs: int = 1,
-                         usd_cap: float = math.inf) -> tuple[DisaggregatedAnswer, SolveContext | None]:
-    """The best disaggregated deployment for ``spec`` (or why none), and the solve context it was
-    searched in (None where skipped). The search's ``DISAGG_VERIFY`` best candidates are verified
-    on the aggregated kind's evidence (``optimizer.disagg_verify``), ranked by the objective, and
-    the best made robust to the draw. ``usd_cap`` (min_cost): only deployments at or below it count
-    (another GPU type has one there)."""
+def disaggregated_answer(ctx: SolveContext, jobs: int = 1, usd_cap: float = math.inf) -> DisaggregatedAnswer:
+    """The best disaggregated deployment in ``ctx`` (or why none). The search's ``DISAGG_VERIFY``
+    best candidates are verified on the aggregated kind's evidence (``optimizer.disagg_verify``),
+    ranked by the objective, and the best made robust to the draw. ``usd_cap`` (min_cost): only
+    deployments at or below it count (another GPU type has one there)."""
+    spec = ctx.spec
     if spec.speculative is not None:
         return DisaggregatedAnswer(DisaggregatedMiss(
-            status="skipped", reason="speculative decoding is searched for aggregated replicas only")), None
-    ctx = SolveContext.build(spec, seed, calibration, engine, profile)
+            status="skipped", reason="speculative decoding is searched for aggregated replicas only"))
     h = spec.hardware
     max_total = h.max_nodes * h.gpus_per_node
     rate = ctx.rate_req_s
     eng = ctx.engine.engine or DEFAULT_ENGINE
-    score = _score(spec, max_total, rate, h.usd_per_gpu_hour, usd_cap)
+    score = _score(ctx, max_total, rate, h.usd_per_gpu_hour, usd_cap)
 
     def make(r, n, s):
         return spec.requests(n, s, rate_req_s=r)
@@ -141,8 +138,8 @@ def disaggregated_answer(spec: WorkloadSpec, seed: int | None = None, calibratio
     if best is None:
         return DisaggregatedAnswer(DisaggregatedMiss(
             status="infeasible", reason="no disaggregated deployment of single-node replicas met the SLOs"
-                                        + (" within hardware.max_nodes" if searches else "")), tuple(searches)), ctx
-    return DisaggregatedAnswer(_summary(ctx, best), tuple(searches), best), ctx
+                                        + (" within hardware.max_nodes" if searches else "")), tuple(searches))
+    return DisaggregatedAnswer(_summary(ctx, best), tuple(searches), best)
 
 
 def _best_unit(ctx: SolveContext, nominal: list[UnitVerification], usd_cap: float = math.inf, jobs: int = 1
@@ -151,7 +148,7 @@ def _best_unit(ctx: SolveContext, nominal: list[UnitVerification], usd_cap: floa
     nominal rank order, each that could still beat the best (a nominal figure bounds its robust
     one) is made robust (``robust_unit``, its draws on ``jobs`` processes); none dearer than
     ``usd_cap`` (min_cost)."""
-    cap = usd_cap if ctx.spec.objective == "min_cost" else math.inf
+    cap = usd_cap if ctx.objective.caps_cost else math.inf
 
     def ok(u: UnitVerification) -> bool:
         return u.feasible and u.usd_per_hour <= cap * (1 + 1e-12)
@@ -179,26 +176,13 @@ def _margin(spec: WorkloadSpec, win: AggregatedSummary | DisaggregatedSummary,
             lose: AggregatedSummary | DisaggregatedSummary) -> float:
     """How much better the winner is: $/h saved (min_cost) or goodput per $ gained (max_goodput,
     both on the workload's own draw)."""
-    if spec.objective == "min_cost":
-        return 100.0 * (lose.usd_per_hour / win.usd_per_hour - 1.0)
-    return 100.0 * ((_ranked(win) / win.usd_per_hour) / (_ranked(lose) / lose.usd_per_hour) - 1.0)
+    return objective_for(spec.objective).margin_pct(win.usd_per_hour, _ranked(win), lose.usd_per_hour, _ranked(lose))
 
 
 def _better(spec: WorkloadSpec, d: DisaggregatedSummary, a: AggregatedSummary) -> bool:
-    kvs = spec.search.kv_dtype
-    return (objective_rank(spec.objective, d.usd_per_hour, _ranked(d), d.kv_dtype, kvs)
-            < objective_rank(spec.objective, a.usd_per_hour, _ranked(a), str(a.config.get("kv_dtype", "bf16")), kvs))
-
-
-def result_rank(spec: WorkloadSpec, r: SolveResult) -> tuple:
-    """One solve's answer under the objective (``optimizer.objective``): what the GPU-type choice
-    compares; an answer that is not ok sorts last."""
-    if r.status != "ok" or r.cost is None or r.predicted is None or r.recommendation is None:
-        return (1,)
-    p = r.predicted
-    good = p.ranked_goodput_req_s if p.ranked_goodput_req_s is not None else p.goodput_req_s
-    return (0, *objective_rank(spec.objective, r.cost.usd_per_hour, good, r.recommendation.kv_dtype,
-                               spec.search.kv_dtype))
+    kvs, goal = spec.search.kv_dtype, objective_for(spec.objective)
+    return (goal.rank(d.usd_per_hour, _ranked(d), d.kv_dtype, kvs)
+            < goal.rank(a.usd_per_hour, _ranked(a), str(a.config.get("kv_dtype", "bf16")), kvs))
 
 
 def _disagg_recommendation(model: str, gpu: str, d: DisaggregatedSummary) -> DisaggregatedRecommendation:
@@ -228,46 +212,14 @@ def _launch(spec: WorkloadSpec, rec: DisaggregatedRecommendation, ctx: SolveCont
     return disaggregated_launch(pick(rec.prefill), pick(rec.decode), f"kvtune-{arch.name}", spec.engine)
 
 
-def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] | None = None,
-                      **kwargs: Any) -> SolveResult:
-    """The whole answer: per GPU type (``optimizer.gpu_choice`` when ``hardware.gpu`` lists
-    several), ``solve_one(spec, **kwargs)`` (aggregated) and, when ``spec.search.deployment`` lists
-    it, the disaggregated search on that type; the best of everything for the objective (module
-    docstring)."""
-    if solve_one is None:
-        from .recommend import solve
-        solve_one = solve
-    one = solve_one
-    if spec.hardware.choices:
-        from .gpu_choice import solve_gpu_choice
-        return solve_gpu_choice(spec, solve_one=lambda s, **kw: solve_deployments(s, one, **kw), **kwargs)
+def combine(spec: WorkloadSpec, agg: SolveResult, dis: DisaggregatedAnswer | None, ctx: SolveContext,
+            over: Mapping[str, Any]) -> SolveResult:
+    """One GPU type's answer: the aggregated kind's (``agg``) and, where ``search.deployment`` lists
+    it, the disaggregated kind's (``dis``), the best of them for the objective (module docstring);
+    ``ctx`` the context both were searched in."""
     kinds = tuple(spec.search.deployment)
-    over = {k: kwargs.get(k) for k in ("calibration", "engine", "profile")}
-    jobs = int(kwargs.get("jobs") or 1)
-
-    def disaggregated() -> tuple[DisaggregatedAnswer, SolveContext | None]:
-        return disaggregated_answer(spec, kwargs.get("seed"), over["calibration"], over["engine"], over["profile"],
-                                    jobs, kwargs.get("usd_cap", math.inf))
-    # the two kinds' searches are independent: with jobs > 1 the disaggregated one runs on a forked
-    # process beside the aggregated one, filling the cores each leaves idle in its sequential steps;
-    # at a lower priority (BESIDE_NICE), so its pool does not take turns from the aggregated race's
-    # one-at-a-time verifications, the longer chain (bench/RESULTS-search.md, speed)
-    beside = (_Beside(lambda: disaggregated()[0]) if "disaggregated" in kinds and spec.speculative is None
-              and jobs > 1 and not kwargs.get("storage") and _may_fork() else None)
-    try:
-        agg = solve_one(spec, **kwargs)
-    except BaseException:
-        if beside is not None:
-            beside.cancel()
-        raise
-    if "disaggregated" not in kinds:
+    if dis is None:
         return dataclasses.replace(agg, deployment=DeploymentChoice(searched=kinds, kind="aggregated"))
-    got = beside.result() if beside is not None else None
-    if got is None:     # not forked, or the process failed: here (an error then says what it says)
-        dis, ctx = disaggregated()
-    else:               # the context the search ran in, built again (a function of these inputs)
-        dis, ctx = got, SolveContext.build(spec, kwargs.get("seed"), over["calibration"], over["engine"],
-                                           over["profile"])
     shown = _agg_summary(agg)
     a = shown if "aggregated" in kinds else None
     x = dis.pick
@@ -280,17 +232,17 @@ def solve_deployments(spec: WorkloadSpec, solve_one: Callable[..., SolveResult] 
             block, kind="aggregated" if agg.status == "ok" else None,
             margin_pct=_margin(spec, a, x) if (a is not None and isinstance(x, DisaggregatedSummary)) else None,
             against="disaggregated" if d_ok else None))
-    assert ctx is not None and dis.verified is not None and dis.at_target is not None   # completed above
+    assert dis.verified is not None and dis.at_target is not None   # completed above
     return _disaggregated_result(spec, agg, ctx, dis, x, a, block, over)
 
 
-def _may_fork() -> bool:
+def may_fork() -> bool:
     """A forked process may start others (a pool's daemonic workers may not)."""
     import multiprocessing as mp
     return not mp.current_process().daemon
 
 
-class _Beside:
+class Beside:
     """``fn()`` on a forked process, ``BESIDE_NICE`` lower in priority (it only changes who waits
     for whom: the value is the same), while this one goes on; ``result()`` waits for its value (None
     if the process failed or its value could not come back: the caller then runs ``fn`` itself, so
@@ -347,7 +299,7 @@ def _disaggregated_result(spec: WorkloadSpec, agg: SolveResult, ctx: SolveContex
     at = u.at
     tpot_mean = at["tpot_ms"].get("mean", float("nan"))
     rate = agg.target_rate_req_s
-    out_tok_s = (rate if spec.objective == "min_cost" else x.goodput_req_s) * ctx.stats.mean_output_tokens
+    out_tok_s = ctx.objective.priced_rate_req_s(rate, x.goodput_req_s) * ctx.stats.mean_output_tokens
     usd = spec.hardware.usd_per_gpu_hour
     check = disaggregated_command(spec, u.cand.prefill, u.cand.decode, u.kv_dtype, u.cand.link, u.units, u.engine,
                                   u.fleet_rate_req_s, u.n_requests, u.draws.seeds[0], ctx.gpu.name, over)
@@ -362,7 +314,7 @@ def _disaggregated_result(spec: WorkloadSpec, agg: SolveResult, ctx: SolveContex
                             draws=u.draws.to_json(), check=check, ranked_goodput_req_s=u.ranked_goodput_req_s),
         cost=Cost(usd_per_hour=x.usd_per_hour, usd_per_gpu_hour=usd,
                   usd_per_million_output_tokens=x.gpus * usd / (out_tok_s * 3600) * 1e6 if out_tok_s > 0 else math.inf,
-                  priced_at="target rate" if spec.objective == "min_cost" else "goodput"),
+                  priced_at=ctx.objective.priced_at),
         headroom=x.goodput_req_s / rate - 1 if rate and rate > 0 else float("nan"),
         bottleneck=Bottleneck(term="disaggregated", batch_limit=None, operating_batch=None),
         launch_aggregated=agg.launch, launch=_launch(spec, rec, ctx),

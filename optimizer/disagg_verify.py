@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .disagg import DisaggCandidate, ForkPool, PoolChoice, uncached_prompt_tokens
-from .objective import objective_rank
 from .search import SolveContext
 from .verify import REL_TOL, DrawSet, Draws, draw_seeds, sim_requests
 
@@ -81,8 +80,7 @@ def unit_rank(ctx: SolveContext, u: UnitVerification) -> tuple:
     """``optimizer.objective.objective_rank`` for a unit, then fewer GPUs and its shape, so the order
     is total and never depends on which search produced it."""
     c = u.cand
-    return (*objective_rank(ctx.spec.objective, u.usd_per_hour, u.ranked_goodput_req_s, u.kv_dtype,
-                            ctx.spec.search.kv_dtype),
+    return (*ctx.objective.rank(u.usd_per_hour, u.ranked_goodput_req_s, u.kv_dtype, ctx.spec.search.kv_dtype),
             u.gpus, c.prefill.tp, c.prefill.replicas, c.decode.tp, c.decode.replicas, c.prefill.chunk_tokens,
             c.decode.batch_cap, u.kv_dtype)
 
@@ -129,17 +127,13 @@ def _run_one(ctx: SolveContext, c: DisaggCandidate, kv: str, engine: str):
 
 def _sized(ctx: SolveContext, base: UnitVerification, per_unit: float, units: int | None = None) -> UnitVerification:
     """The deployment ``per_unit`` req/s per unit sizes to (``units``, when robust sizing needs more)."""
-    h = ctx.spec.hardware
+    h, goal = ctx.spec.hardware, ctx.objective
     gpus_unit = base.cand.gpus
-    if ctx.spec.objective == "min_cost":
-        units = units or max(1, math.ceil(ctx.rate_req_s / per_unit * (1 - 1e-12)))
-        fleet = ctx.rate_req_s
-    else:
-        units = max(1, ctx.max_gpus // gpus_unit)
-        fleet = per_unit * units if not math.isfinite(ctx.rate_req_s) else min(ctx.rate_req_s, per_unit * units)
+    units = goal.replicas(ctx.rate_req_s, per_unit, gpus_unit, ctx.max_gpus, at_least=units)
+    fleet = goal.fleet_rate_req_s(ctx.rate_req_s, per_unit, units) if units else 0.0
     gpus = units * gpus_unit
     nodes = math.ceil(gpus / h.gpus_per_node)
-    ok = gpus <= ctx.max_gpus
+    ok = 0 < gpus <= ctx.max_gpus
     why = "" if ok else (f"disaggregated {units} x [{base.cand.prefill.replicas} prefill x TP{base.cand.prefill.tp} + "
                          f"{base.cand.decode.replicas} decode x TP{base.cand.decode.tp}] serves {per_unit:.3g} req/s "
                          f"per unit (simulated): {nodes} nodes, max_nodes is {h.max_nodes}")
@@ -184,7 +178,7 @@ def robust_unit(ctx: SolveContext, u: UnitVerification, jobs: int = 1) -> UnitVe
 def _robust_unit(ctx: SolveContext, u: UnitVerification, d: DrawSet, n: int) -> UnitVerification:
     seeds = draw_seeds(ctx)
     least: float | None = None
-    if ctx.spec.objective == "min_cost":
+    if not ctx.objective.fixed_fleet:   # units grow until every draw meets the target rate
         most = max(u.units, ctx.max_gpus // u.cand.gpus)
         units = d.replicas_for(seeds, u.units, most, lambda k: ctx.rate_req_s / k)
         if units is None:

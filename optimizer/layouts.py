@@ -15,6 +15,8 @@ The recommendation carries the layout under the names the launch generators read
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import math
 
 from kvtune.costmodel.memory import gpus_to_hold
@@ -27,12 +29,12 @@ def layout_label(p: Parallel) -> str:
     return f"tp{p.tp}-pp{p.pp}-ep{p.ep}" + ("-dpattn" if p.dp_attention else "")
 
 
-def gpus_per_replica(params: dict) -> int:
+def gpus_per_replica(params: Mapping) -> int:
     """GPUs one replica of a trial's config occupies (TP x PP)."""
     return int(params["tp"]) * int(params.get("pp", 1))
 
 
-def layout_params(params: dict, gpus_per_node: int) -> dict:
+def layout_params(params: Mapping, gpus_per_node: int) -> dict:
     """The parallelism a recommendation carries, defaults filled in, for the launch generators."""
     gpus = gpus_per_replica(params)
     return {"pp": int(params.get("pp", 1)), "ep": int(params.get("ep", 1)),

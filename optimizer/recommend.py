@@ -30,7 +30,7 @@ from .simsearch import LocalRunner, Race, race, ranked_goodput
 from .check import aggregated_command
 from .verify import Verification, sim_requests, verify
 
-__all__ = ["solve", "verify", "recommend", "pareto_front", "sim_requests", "VERIFY_TOP", "SolveResult"]
+__all__ = ["solve", "solve_in", "verify", "recommend", "pareto_front", "sim_requests", "VERIFY_TOP", "SolveResult"]
 
 VERIFY_TOP = 4         # max_goodput: configs fully verified before the race (--verify-top)
 _PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
@@ -81,7 +81,7 @@ def _dtype_notes(ctx: SolveContext, pick: Verification, r: Race) -> list[str]:
         # the preference is stated where it cost goodput: an fp8 config verified at the same $/h with more
         more = [v for v in r.verified if v.feasible and v.params["kv_dtype"] != "bf16"
                 and v.usd_per_hour == pick.usd_per_hour and (v.goodput_req_s or 0.0) > (pick.goodput_req_s or 0.0)]
-        if more and ctx.spec.objective == "min_cost":
+        if more and ctx.objective.bf16_tie_break:
             v = max(more, key=lambda v: v.goodput_req_s or 0.0)
             return [f"bf16 KV preferred at equal $/h: {config_key(v.params)} (fp8 KV) costs the same "
                     f"${v.usd_per_hour:.2f}/h with {v.goodput_req_s:.2f} req/s goodput against "
@@ -118,7 +118,7 @@ def _ok(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler
         and pick.output_tok_s is not None and pick.load_per_replica_req_s is not None \
         and pick.output_tok_s_at_goodput is not None
     # min_cost is priced at the target rate it serves; max_goodput at its goodput
-    out_tok_s = ctx.rate_req_s * ctx.stats.mean_output_tokens if spec.objective == "min_cost" \
+    out_tok_s = ctx.rate_req_s * ctx.stats.mean_output_tokens if not ctx.objective.fixed_fleet \
         else pick.output_tok_s_at_goodput
     usd = pick.usd_per_hour
     tpot_mean = pick.tpot_ms["mean"]
@@ -151,7 +151,7 @@ def _ok(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler
         screened=Screened.from_json(ev.screened()),
         cost=Cost(usd_per_hour=usd, usd_per_gpu_hour=spec.hardware.usd_per_gpu_hour,
                   usd_per_million_output_tokens=usd / (out_tok_s * 3600) * 1e6 if out_tok_s > 0 else float("inf"),
-                  priced_at="target rate" if spec.objective == "min_cost" else "goodput"),
+                  priced_at=ctx.objective.priced_at),
         bottleneck=Bottleneck(term=ev.bottleneck, batch_limit=ev.batch_limit, operating_batch=ev.batch,
                               step=StepTerms(**{k: detail.get(k) for k in _STEP_TERMS})),
         headroom=headroom,
@@ -174,7 +174,7 @@ def _lengths(spec) -> dict:
 
 
 def _verified_row(v: Verification) -> VerifiedRow:
-    return VerifiedRow(config=v.params, feasible=v.feasible, usd_per_hour=v.usd_per_hour,
+    return VerifiedRow(config=v.params.config, feasible=v.feasible, usd_per_hour=v.usd_per_hour,
                        goodput_req_s=v.goodput_req_s, per_replica_goodput_req_s=v.per_replica_goodput_req_s,
                        simulations=v.simulations, reason=v.reason)
 
@@ -223,12 +223,12 @@ def _why_infeasible(ctx: SolveContext, r: Race) -> tuple[str, Closest | None]:
         h = spec.hardware
         reason = (f"no configuration serves {ctx.rate_req_s:g} req/s within hardware.max_nodes {h.max_nodes} "
                   f"({ctx.max_gpus} GPUs), simulated; the closest: {v.reason or 'simulated SLO attainment misses the target'}"
-                  if spec.objective == "min_cost" else v.reason or "simulated SLO attainment misses the target")
-        return reason, Closest(config=v.params, miss=v.reason or reason, usd_per_hour=v.usd_per_hour, priced=True)
+                  if not ctx.objective.fixed_fleet else v.reason or "simulated SLO attainment misses the target")
+        return reason, Closest(config=v.params.config, miss=v.reason or reason, usd_per_hour=v.usd_per_hour, priced=True)
     if r.verified:
         v = max(r.verified, key=lambda v: (v.per_replica_goodput_req_s or 0.0, config_key(v.params)))
         reason = v.reason or "simulated SLO attainment misses the target"
-        return reason, Closest(config=v.params, miss=reason, usd_per_hour=v.usd_per_hour, priced=True)
+        return reason, Closest(config=v.params.config, miss=reason, usd_per_hour=v.usd_per_hour, priced=True)
     o = alive[0]
     h = spec.hardware
     return (f"no configuration serves {ctx.rate_req_s:g} req/s within hardware.max_nodes {h.max_nodes} "
@@ -241,15 +241,28 @@ def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str
           on_trial: Callable[[int, int], None] | None = None, calibration: str | None = None,
           engine: str | None = None, profile: str | None = None, jobs: int = 1,
           on_stage: Callable[[str, int], None] | None = None, usd_cap: float = math.inf) -> SolveResult:
-    """Search, verify and recommend: the whole ``kvtune solve`` for a loaded ``WorkloadSpec``.
-    ``seed`` drives the sampler; the simulated request sample follows ``spec.search.seed``.
-    ``calibration``/``engine``/``profile`` override the spec's (see ``SolveContext.build``).
-    ``on_trial(done, total)`` hears the screen's trials, ``on_stage(name, n)`` the race's stages."""
+    """The aggregated kind alone on ``spec``'s one GPU type (``optimizer.solve.solve`` searches
+    every kind and type): its context built here, then ``solve_in``. ``seed`` drives the sampler;
+    the simulated request sample follows ``spec.search.seed``. ``calibration``/``engine``/``profile``
+    override the spec's (see ``SolveContext.build``)."""
+    ctx = SolveContext.build(spec, seed, calibration, engine, profile)
+    return solve_in(ctx, trials, sampler, storage, study_name, verify_top, on_trial, jobs, on_stage, usd_cap,
+                    {"calibration": calibration, "engine": engine, "profile": profile})
+
+
+def solve_in(ctx: SolveContext, trials: int | None = None, sampler: str = "tpe", storage: str | None = None,
+             study_name: str | None = None, verify_top: int = VERIFY_TOP,
+             on_trial: Callable[[int, int], None] | None = None, jobs: int = 1,
+             on_stage: Callable[[str, int], None] | None = None, usd_cap: float = math.inf,
+             overrides: dict | None = None) -> SolveResult:
+    """Search, verify and recommend the aggregated kind in ``ctx``: the screen's study, then the
+    race (``recommend``). ``on_trial(done, total)`` hears the screen's trials, ``on_stage(name, n)``
+    the race's stages; ``overrides``: the calibration/engine/profile the solve was given (the
+    printed ``kvtune simulate`` command repeats them)."""
     with _quiet_optuna():
-        ctx = SolveContext.build(spec, seed, calibration, engine, profile)
         study = open_study(ctx, sampler, storage, study_name)
         if trials is None:
-            trials = spec.search.trials
+            trials = ctx.spec.search.trials
             if sampler == "grid":
                 trials = math.prod(len(v) for v in grid_space(ctx).values())
         run_search(ctx, study, trials, sampler, on_trial)
@@ -259,8 +272,7 @@ def solve(spec, trials: int | None = None, seed: int | None = None, sampler: str
         else:
             runner = LocalRunner(ctx, jobs)
         with runner:
-            return recommend(ctx, study, sampler, verify_top, runner, on_stage,
-                             {"calibration": calibration, "engine": engine, "profile": profile}, usd_cap)
+            return recommend(ctx, study, sampler, verify_top, runner, on_stage, overrides, usd_cap)
 
 
 @contextlib.contextmanager

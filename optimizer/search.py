@@ -37,7 +37,7 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass, field, fields
-from typing import Callable
+from typing import Callable, Mapping
 
 import optuna
 from optuna.samplers._base import _CONSTRAINTS_KEY
@@ -54,6 +54,8 @@ from kvtune.costmodel.models import ModelArch
 from kvtune.costmodel.parallel import Parallel
 from kvtune.costmodel.step import StepCost
 
+from .deployment import Aggregated, Offer
+from .objective import MinCost, Objective, objective_for
 from .step_factory import StepFactory
 from .layouts import gpus_per_replica, search_layouts
 from .screen import WorkloadStats, screen
@@ -67,8 +69,8 @@ JOURNAL_LOCK_GRACE_S = 5  # seconds after which a journal lock left by a killed 
 STALE_S = 600.0        # a RUNNING trial this old is a leftover (one evaluation takes milliseconds)
 UNCLAIMED_S = 10.0     # a RUNNING trial that never wrote its host/pid this long after it started is dead
 N_SCREEN_REQUESTS = 2000  # requests sampled to describe the workload's lengths and SLOs
-GOODPUT_BONUS = 0.01   # share of $/h a config with 100% screened headroom gains in the objective
-PARSIMONY = 2e-5       # share of $/h the largest batch cap and chunk budget lose in the objective
+GOODPUT_BONUS = MinCost.GOODPUT_BONUS   # the screen's value: optimizer.objective.MinCost.screen_value
+PARSIMONY = MinCost.PARSIMONY
 UNLAUNCHABLE = "unlaunchable_layouts"  # memo key: why the layouts that hold the model cannot be launched
 SEEDER_ATTR = "kvtune_seeder"  # study user attribute: the process that created the study (and seeds it)
 PROCESS_TOKEN = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # this process, unique
@@ -97,6 +99,7 @@ class SolveContext:
     memo: dict = field(default_factory=dict)  # results derived from this context alone (simsearch's never-fit check)
     steps: dict[tuple, StepCost | Exception] = field(default_factory=dict)  # step models built, by config
     draft: DraftFootprint | None = None  # the speculative drafter resident beside the model (costmodel.draft)
+    objective: Objective = field(default_factory=MinCost)  # the workload's objective (optimizer.objective)
 
     @classmethod
     def build(cls, spec: WorkloadSpec, seed: int | None = None, calibration: str | None = None,
@@ -110,8 +113,9 @@ class SolveContext:
         weight_dtype = spec.weights or "bf16"
         em.check_profile_covers(model, weight_dtype)
         rate = spec.workload.mean_rate_req_s
+        objective = objective_for(spec.objective)
         if rate is None or not math.isfinite(rate):
-            if spec.objective == "min_cost":
+            if objective.caps_cost:
                 raise InputError(f"{spec.path}: workload.rate_req_s: objective min_cost needs a finite target rate")
             rate = math.nan  # max_goodput without a target: no headroom to report
         req = spec.requests(N_SCREEN_REQUESTS, spec.search.seed)
@@ -131,11 +135,17 @@ class SolveContext:
         return cls(spec=spec, seed=spec.search.seed if seed is None else seed, workload_seed=spec.search.seed,
                    model=model, gpu=gpu, eff=em.efficiency, stats=WorkloadStats.from_requests(req, spec.slo.attainment),
                    rate_req_s=float(rate), engine=em, layouts={k: v for k, v in layouts.items() if not why[k]},
-                   draft=draft, memo=memo)
+                   draft=draft, memo=memo, objective=objective)
 
     @property
     def weight_dtype(self) -> str:
         return self.spec.weights or "bf16"
+
+    @property
+    def offer(self) -> Offer:
+        """This solve's GPU type at its price."""
+        h = self.spec.hardware
+        return Offer(self.gpu.name, float(h.usd_per_gpu_hour), int(h.gpus_per_node))
 
     def speculation(self, k: int) -> SpecConfig | None:
         """Draft length k of the workload's speculative section as the step model's config (None: off).
@@ -161,9 +171,13 @@ class SolveContext:
                 self.steps[key] = exc
         return self.steps[key]
 
-    def fitting_step(self, params: dict) -> StepCost:
+    def step_of(self, d: Aggregated) -> StepCost | Exception:
+        """``step`` for a deployment's config."""
+        return self.step(d.layout.tp, d.knobs.kv_dtype, d.knobs.spec_k, d.layout.name)
+
+    def fitting_step(self, params: Mapping) -> StepCost:
         """The step model of a config known to fit (the simulator's): its error raised otherwise."""
-        sm = self.step(params["tp"], params["kv_dtype"], params["spec_k"], params.get("layout"))
+        sm = self.step_of(Aggregated.from_config(params))
         if isinstance(sm, Exception):
             raise sm
         return sm
@@ -174,20 +188,18 @@ class SolveContext:
         return h.max_nodes * h.gpus_per_node
 
 
-def config_key(p: dict) -> str:
-    key = f"tp{p['tp']}-b{p['batch_cap']}-{p['kv_dtype']}-k{p['spec_k']}-c{p['chunk_tokens']}"
-    return key + (f"-{p['layout']}" if p.get("layout") else "")
+def config_key(p: Mapping) -> str:
+    """A config's name (``optimizer.deployment.Aggregated.key``)."""
+    return Aggregated.from_config(p).key
 
 
 def _size(ctx: SolveContext, tp: int, goodput_req_s: float, nodes_pick: int | None) -> dict:
-    """Replicas, GPUs, nodes and cost for a per-replica goodput."""
+    """Replicas, GPUs, nodes and cost for a per-replica goodput (``Objective.replicas``)."""
     h = ctx.spec.hardware
     if nodes_pick is not None:                                # nsga2: nodes searched
         replicas = nodes_pick * h.gpus_per_node // tp
-    elif ctx.spec.objective == "max_goodput":
-        replicas = ctx.max_gpus // tp
     else:
-        replicas = math.ceil(ctx.rate_req_s / goodput_req_s * (1 - 1e-12)) if goodput_req_s > 0 else 0
+        replicas = ctx.objective.replicas(ctx.rate_req_s, goodput_req_s, tp, ctx.max_gpus)
     gpus = replicas * tp
     nodes = math.ceil(gpus / h.gpus_per_node)
     usd = gpus * h.usd_per_gpu_hour
@@ -197,7 +209,7 @@ def _size(ctx: SolveContext, tp: int, goodput_req_s: float, nodes_pick: int | No
             "goodput_req_s": total, "headroom": headroom if math.isfinite(headroom) else 0.0}
 
 
-def _aggressiveness(ctx: SolveContext, params: dict) -> float:
+def _aggressiveness(ctx: SolveContext, params: Mapping) -> float:
     """Where batch cap and chunk budget sit in their search ranges, 0 (smallest) to 1 (largest),
     on a log scale. Past the point where they bind, larger values buy no screened goodput but
     admit more at once (bigger KV swings, longer mixed steps) in ways the screen does not see."""
@@ -214,7 +226,7 @@ class Evaluation:
     ``user_attrs['eval']`` (``to_json``) and what the race and the result read (``from_json``).
     A config that does not fit carries only the first eight fields."""
 
-    params: dict                   # tp, batch_cap, kv_dtype, spec_k, chunk_tokens (+ layout, pp, ...)
+    params: Aggregated             # the config screened (one replica, no price; ``config``: its JSON)
     fits: bool
     feasible: bool
     constraint: tuple[float, ...]  # memory shortfall GB, SLO-share shortfall, nodes over budget: all <= 0 feasible
@@ -242,18 +254,23 @@ class Evaluation:
     _NO_FIT_KEYS = ("params", "fits", "feasible", "constraint", "value", "reason", "per_replica_goodput_req_s",
                     "bottleneck")
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, Aggregated):   # a config mapping (read back, or a caller's)
+            object.__setattr__(self, "params", Aggregated.from_config(self.params))
+
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trial"}
         if not self.fits:
             d = {k: d[k] for k in self._NO_FIT_KEYS}
+        d["params"] = self.params.config
         d["constraint"] = list(self.constraint)
         return d
 
     @classmethod
     def from_json(cls, d: dict, trial: int | None = None) -> "Evaluation":
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known and k != "constraint"},
-                   constraint=tuple(d["constraint"]), trial=trial)
+        return cls(**{k: v for k, v in d.items() if k in known and k not in ("constraint", "params")},
+                   params=Aggregated.from_config(d["params"]), constraint=tuple(d["constraint"]), trial=trial)
 
     def screened(self) -> dict:
         """The screen's figures the result shows under ``screened``."""
@@ -262,16 +279,13 @@ class Evaluation:
                 "ttft_zero_load_ms": self.ttft_zero_load_ms, "tpot_batch1_ms": self.tpot_batch1_ms}
 
 
-def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> Evaluation:
+def evaluate(ctx: SolveContext, params: Mapping, nodes_pick: int | None = None) -> Evaluation:
     """Screen one configuration and size the deployment: a JSON-able record (``user_attrs['eval']``).
 
     ``constraint`` = [memory shortfall GB, SLO-share shortfall, nodes over budget]: all <= 0 is
-    feasible. ``value`` is the screened objective (lower is better): min_cost ranks by $/h, then
-    (a bounded bonus, under ``GOODPUT_BONUS`` of the $/h, never enough to reorder two costs) by
-    screened headroom, then (``PARSIMONY``, smaller still) by the smaller batch cap and chunk, so
-    the sampler climbs towards more goodput at the cheapest cost and, among configs the screen
-    cannot tell apart, towards the least aggressive settings."""
-    sm = ctx.step(params["tp"], params["kv_dtype"], params["spec_k"], params.get("layout"))
+    feasible. ``value`` is the screened objective (lower is better, ``Objective.screen_value``)."""
+    params = Aggregated.from_config(params)
+    sm = ctx.step_of(params)
     h = ctx.spec.hardware
     worst = ctx.max_gpus * h.usd_per_gpu_hour
     if isinstance(sm, Exception):
@@ -281,8 +295,9 @@ def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> 
     # what configs of one step model share is screened once (the step model and the statistics live
     # as long as the context, so their identities key its memo)
     memo = ctx.memo.setdefault(("screen", id(sm), id(ctx.stats)), {})
-    s = screen(sm, ctx.stats, params["batch_cap"], params["chunk_tokens"], memo)
-    size = _size(ctx, gpus_per_replica(params), s.goodput_req_s, nodes_pick)
+    s = screen(sm, ctx.stats, params.knobs.batch_cap, params.knobs.chunk_tokens, memo)
+    gpr = params.gpus_per_replica
+    size = _size(ctx, gpr, s.goodput_req_s, nodes_pick)
     over = 0.0
     if s.feasible:
         if size["replicas"] < 1:
@@ -290,17 +305,14 @@ def evaluate(ctx: SolveContext, params: dict, nodes_pick: int | None = None) -> 
         elif size["nodes"] > h.max_nodes:
             over = size["nodes"] - h.max_nodes
     feasible = s.feasible and over <= 0
-    if ctx.spec.objective == "max_goodput":
-        value = -s.goodput_req_s / (gpus_per_replica(params) * h.usd_per_gpu_hour)
-    else:
-        value = size["usd_per_hour"] * (1 - GOODPUT_BONUS * min(max(size["headroom"], 0.0), 1.0)
-                                        + PARSIMONY * _aggressiveness(ctx, params)) if feasible else 2 * worst
+    value = ctx.objective.screen_value(size["usd_per_hour"], s.goodput_req_s, gpr, h.usd_per_gpu_hour,
+                                       size["headroom"], _aggressiveness(ctx, params), feasible, worst)
     reason = s.reason
     if s.feasible and over > 0:
         reason = (f"needs {size['nodes']} nodes ({size['gpus']} GPUs) for {ctx.rate_req_s:g} req/s at "
-                  f"{s.goodput_req_s:.2f} req/s per TP-{params['tp']}"
-                  + (f" x PP-{params['pp']}" if params.get("pp", 1) > 1 else "")
-                  + f" replica ({gpus_per_replica(params)} GPUs) > hardware.max_nodes {h.max_nodes}")
+                  f"{s.goodput_req_s:.2f} req/s per TP-{params.layout.tp}"
+                  + (f" x PP-{params.layout.pp}" if params.layout.pp > 1 else "")
+                  + f" replica ({gpr} GPUs) > hardware.max_nodes {h.max_nodes}")
     return Evaluation(
         params=params, fits=True, feasible=feasible,
         constraint=(0.0, s.slo_shortfall, over), value=value, reason=reason,
@@ -390,9 +402,7 @@ def metric_names(sampler: str, objective: str) -> list[str]:
     """What the screen's study values are (``study.set_metric_names``; optuna-dashboard shows them)."""
     if sampler == "nsga2":
         return ["usd_per_hour", "screened_goodput_req_s"]
-    if objective == "max_goodput":
-        return ["screened_neg_goodput_req_s_per_usd_hour"]
-    return ["screened_usd_per_hour_ranked"]   # $/h, less a bounded headroom bonus; infeasible: 2 x the max-nodes $/h
+    return [objective_for(objective).screen_metric]
 
 
 def make_sampler(name: str, ctx: SolveContext, seed: int) -> optuna.samplers.BaseSampler:

@@ -47,15 +47,15 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, ClassVar, Mapping
 
 import numpy as np
 
 from kvtune.costmodel.goodput import capacity_bound_req_s, completion_rate_req_s
 
-from .layouts import gpus_per_replica
-from .objective import objective_rank, prefers_bf16
-from .search import Evaluation, SolveContext, config_key, evaluate, grid_space
+from .deployment import Aggregated
+from .objective import MaxGoodput, MinCost, prefers_bf16
+from .search import Evaluation, SolveContext, evaluate, grid_space
 from .verify import (REL_TOL, Verification, config_requests, draw_attainment, robust, robust_config, sim_config,
                      sim_requests, verify_config)
 
@@ -80,8 +80,6 @@ OVERLOAD = 0.8          # a full probe whose middle completions run below this s
                         # the engine does not keep up, so its goodput (at most its saturated throughput, where the
                         # SLOs are loose enough to hold anyway) is below the rate (Poisson noise on >= 667 middle
                         # completions: ~4% sd)
-_PARAM_KEYS = ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens")
-_LAYOUT_KEYS = ("layout", "pp", "ep", "dp_attention")
 
 
 @dataclass(frozen=True)
@@ -115,11 +113,15 @@ class Outcome:
     ``pruned`` (cannot beat the best, by its capacity bound or its TP), ``beaten`` (misses the
     rate it would need, simulated)."""
 
-    params: tuple        # ((key, value), ...) in _PARAM_KEYS order
+    params: Aggregated   # the config (one replica)
     status: str
     reason: str
     simulations: int
     verification: Verification | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, Aggregated):
+            object.__setattr__(self, "params", Aggregated.from_config(self.params))
 
     @property
     def config(self) -> dict:
@@ -133,13 +135,8 @@ class Outcome:
     @classmethod
     def from_json(cls, d: dict) -> "Outcome":
         v = d.get("verification")
-        return cls(_freeze(d["config"]), d["status"], d["reason"], d["simulations"],
+        return cls(Aggregated.from_config(d["config"]), d["status"], d["reason"], d["simulations"],
                    Verification.from_json(v) if v is not None else None)
-
-
-def _freeze(p: dict) -> tuple:
-    """A config as a tuple: the search keys, then a multi-node layout's keys (``optimizer.layouts``)."""
-    return tuple((k, p[k]) for k in _PARAM_KEYS) + tuple((k, p[k]) for k in _LAYOUT_KEYS if k in p)
 
 
 @dataclass(frozen=True)
@@ -174,33 +171,38 @@ class Work:
     at ``rate_req_s``: its attainment, ``optimizer.verify.draw_attainment``)."""
 
     kind: str
-    params: tuple
+    params: Aggregated
     rate_req_s: float = 0.0
     n_requests: int = 0
     seed: int = 0        # ``draw``: the fresh draw's seed
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, Aggregated):
+            object.__setattr__(self, "params", Aggregated.from_config(self.params))
+
     @property
     def key(self) -> str:
-        p = dict(self.params)
+        k = self.params.key
         if self.kind == "verify":
-            return "verify:" + config_key(p)
+            return "verify:" + k
         if self.kind == "robust":
-            return f"robust:{config_key(p)}@{self.rate_req_s!r}x{self.n_requests}"
+            return f"robust:{k}@{self.rate_req_s!r}x{self.n_requests}"
         if self.kind == "draw":
-            return f"draw:{config_key(p)}@{self.rate_req_s!r}x{self.n_requests}s{self.seed}"
-        return f"probe:{config_key(p)}@{self.rate_req_s:.9g}x{self.n_requests}"
+            return f"draw:{k}@{self.rate_req_s!r}x{self.n_requests}s{self.seed}"
+        return f"probe:{k}@{self.rate_req_s:.9g}x{self.n_requests}"
 
     def to_json(self) -> dict:
-        return {**asdict(self), "params": dict(self.params)}
+        return {"kind": self.kind, "params": self.params.config, "rate_req_s": self.rate_req_s,
+                "n_requests": self.n_requests, "seed": self.seed}
 
     @classmethod
     def from_json(cls, d: dict) -> "Work":
-        return cls(**{**d, "params": _freeze(d["params"])})
+        return cls(**{**d, "params": Aggregated.from_config(d["params"])})
 
 
 def execute(ctx: SolveContext, w: Work) -> dict:
     """Run one work item: a JSON-able result (a ``Probe``'s or a ``Verification``'s record)."""
-    p = dict(w.params)
+    p = w.params
     if w.kind == "verify":
         return verify_config(ctx, p).to_json()
     if w.kind == "robust":
@@ -218,7 +220,7 @@ def execute(ctx: SolveContext, w: Work) -> dict:
     met = res.met_slo[order][res.measured[order]]
     lo_b, hi_b = binomial_interval(int(met.sum()), int(met.size))
     lo_s, hi_s = upper_attainment(met)
-    return Probe(config_key(p), w.rate_req_s, w.n_requests, float(res.slo_attainment), meets, int(res.rejected),
+    return Probe(p.key, w.rate_req_s, w.n_requests, float(res.slo_attainment), meets, int(res.rejected),
                  "" if meets else _miss_reason(res, req, a), min(lo_b, lo_s), max(hi_b, hi_s),
                  completion_rate_req_s(res)).to_json()
 
@@ -285,7 +287,7 @@ def _pool_execute(w: "Work") -> dict:
     return execute(_POOL_CTX, w)
 
 
-def _pool_screen(params: dict) -> Evaluation:
+def _pool_screen(params: Mapping) -> Evaluation:
     assert _POOL_CTX is not None, "set by LocalRunner before the pool forks"
     return evaluate(_POOL_CTX, params)
 
@@ -359,13 +361,14 @@ def _largest_requests(ctx: SolveContext):
                    prefix_group=np.full(k, -1, dtype=np.int64), **cols)
 
 
-def never_fit_reason(ctx: SolveContext, params: dict) -> str:
+def never_fit_reason(ctx: SolveContext, params: Mapping) -> str:
     """Why some of the workload's requests can never be served on this config (their prompt plus
     output exceed the whole KV pool, so the engine refuses them), or "" if all fit: the largest
     requests of a ``NEVER_FIT_SAMPLE`` draw, run alone through the simulator. Such a config is
     never recommended, whatever its attainment: a deployment would refuse those requests."""
     from kvtune.costmodel.simulate import simulate
-    key = ("never_fit", params["tp"], params.get("layout"), params["kv_dtype"], params["spec_k"])
+    params = Aggregated.from_config(params)
+    key = ("never_fit", *params.structure)
     cache = ctx.memo
     if key not in cache:
         if "largest" not in cache:
@@ -378,11 +381,11 @@ def never_fit_reason(ctx: SolveContext, params: dict) -> str:
 
 
 # ---- the candidates and their order --------------------------------------------------------------
-def _step(ctx: SolveContext, p: dict):
-    return ctx.step(p["tp"], p["kv_dtype"], p["spec_k"], p.get("layout"))
+def _step(ctx: SolveContext, p):
+    return ctx.step_of(Aggregated.from_config(p))
 
 
-def lattice_configs(ctx: SolveContext) -> list[dict]:
+def lattice_configs(ctx: SolveContext) -> list[Aggregated]:
     """Every config of the search space (``grid_space``): TP, or a multi-node layout's whole
     parallelism (``optimizer.layouts``), x KV dtype x speculation length x batch cap x chunk."""
     space = grid_space(ctx)
@@ -392,7 +395,7 @@ def lattice_configs(ctx: SolveContext) -> list[dict]:
         p.setdefault("spec_k", 0)
         if "layout" in p:
             p.update(ctx.layouts[p["layout"]])
-        out.append({k: p[k] for k in (*_PARAM_KEYS, *_LAYOUT_KEYS) if k in p})
+        out.append(Aggregated.from_config(p))
     return out
 
 
@@ -414,18 +417,16 @@ def _prior(ctx: SolveContext, ev: Evaluation) -> tuple:
     Then the rest by decode-bound capacity per GPU; the config key breaks ties. The order changes
     what the race simulates, not what it recommends (module docstring: every config that could
     beat the best is simulated against it)."""
-    p = ev.params
-    if ev.feasible and ctx.spec.objective == "min_cost":
-        return (0, *objective_rank("min_cost", ev.usd_per_hour, ev.per_replica_goodput_req_s * ev.replicas,
-                                   p["kv_dtype"], ctx.spec.search.kv_dtype), ev.value, config_key(p))
+    p = Aggregated.from_config(ev.params)
     if ev.feasible:
-        return (0, ev.value, config_key(p))
-    return (1, -_capacity(ctx, p) / gpus_per_replica(p), config_key(p))
+        return (0, *_race_of(ctx).prior(ctx, ev), p.key)
+    return (1, -_capacity(ctx, p) / p.gpus_per_replica, p.key)
 
 
-def _capacity(ctx: SolveContext, p: dict) -> float:
+def _capacity(ctx: SolveContext, p) -> float:
+    p = Aggregated.from_config(p)
     sm = _step(ctx, p)
-    return capacity_bound_req_s(sm, ctx.stats.mean_input_tokens, ctx.stats.mean_output_tokens, p["batch_cap"])
+    return capacity_bound_req_s(sm, ctx.stats.mean_input_tokens, ctx.stats.mean_output_tokens, p.knobs.batch_cap)
 
 
 def _n(ctx: SolveContext, ev: Evaluation) -> int:
@@ -441,8 +442,8 @@ def rank(ctx: SolveContext, v: Verification) -> tuple:
     every config on the same requests, a paired comparison); $/h is the deployment's as sized, robust
     to the draw once ``optimizer.verify.robust`` has run."""
     p = v.params
-    return (*objective_rank(ctx.spec.objective, v.usd_per_hour or math.inf, ranked_goodput(v), p["kv_dtype"],
-                            ctx.spec.search.kv_dtype), gpus_per_replica(p), config_key(p))
+    return (*ctx.objective.rank(v.usd_per_hour or math.inf, ranked_goodput(v), p.knobs.kv_dtype,
+                                ctx.spec.search.kv_dtype), p.gpus_per_replica, p.key)
 
 
 def ranked_goodput(v: Verification) -> float:
@@ -451,7 +452,7 @@ def ranked_goodput(v: Verification) -> float:
     return (v.per_replica_goodput_req_s if g is None else g) * (v.replicas or 0)
 
 
-def replicas_bound(ctx: SolveContext, p: dict) -> int:
+def replicas_bound(ctx: SolveContext, p) -> int:
     """The most replicas config ``p`` could need for the target rate (min_cost): its group met
     the SLOs at zero load, simulated at ``ZERO_LOAD_SHARE`` x the decode-bound capacity of its
     largest batch cap, which is at least that share of ``p``'s own (capacity does not fall with
@@ -467,14 +468,14 @@ def _replicas_to_beat(ctx: SolveContext, v: Verification, best: Verification | N
     """min_cost: the most replicas of ``v``'s config that could still beat ``best`` (fewer GPUs; as
     many with bf16 KV against fp8, or with more goodput on the workload's draw in the same KV class),
     or with no best every replica max_nodes allows within ``usd_cap``; 0: none."""
-    gpr = gpus_per_replica(v.params)
+    gpr = v.params.gpus_per_replica
     if best is None:
         return _gpus_within(ctx, usd_cap) // gpr
     g = best.gpus or 0
     cap = (g - 1) // gpr
     if g % gpr == 0:
         both = prefers_bf16(ctx.spec.search.kv_dtype)
-        mine, theirs = both and v.params["kv_dtype"] != "bf16", both and best.params["kv_dtype"] != "bf16"
+        mine, theirs = both and v.params.knobs.kv_dtype != "bf16", both and best.params.knobs.kv_dtype != "bf16"
         per = v.nominal_per_replica_goodput_req_s or v.per_replica_goodput_req_s
         if (theirs and not mine) or (mine == theirs and per * (g // gpr) > ranked_goodput(best)):
             cap = max(cap, g // gpr)
@@ -488,23 +489,21 @@ def _gpus_within(ctx: SolveContext, usd_cap: float) -> int:
     return min(ctx.max_gpus, int(usd_cap / ctx.spec.hardware.usd_per_gpu_hour * (1 + 1e-12)))
 
 
-def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None,
+def bar_req_s(ctx: SolveContext, p, best: Verification | None,
               usd_cap: float = math.inf) -> tuple[float | None, int, str]:
     """(per-replica rate config ``p`` must serve to beat ``best``, the replicas it would then
-    take, what it would beat); rate None: it cannot beat it at any rate.
+    take, what it would beat); rate None: it cannot beat it at any rate. The objective's race
+    says how (``_CostRace.bar``, ``_GoodputRace.bar``)."""
+    return _race_of(ctx).bar(ctx, Aggregated.from_config(p), best, usd_cap)
 
-    min_cost: ``best`` holds ``params``, ``gpus``, ``usd_per_hour`` and ``goodput_req_s``. ``p``
+
+def _cost_bar(ctx: SolveContext, p: Aggregated, best: Verification | None,
+              usd_cap: float) -> tuple[float | None, int, str]:
+    """min_cost: ``best`` holds ``params``, ``gpus``, ``usd_per_hour`` and ``goodput_req_s``. ``p``
     beats it on fewer GPUs; on as many, with bf16 KV against fp8 KV (when both are searched), or
     with more goodput (by ``EQUAL_COST_MARGIN``) in the same KV class. The lowest of those rates.
-    With no best yet, the bar is the rate on the most replicas max_nodes allows. max_goodput:
-    ``best`` is a verification; ``p`` beats it with more goodput per GPU (by the bisection
-    tolerance)."""
-    tp = gpus_per_replica(p)    # GPUs per replica (TP x PP)
-    if ctx.spec.objective == "max_goodput":
-        if best is None:
-            return None, 0, "no config verified yet"
-        q = ranked_goodput(best) / (best.replicas or 1) / gpus_per_replica(best.params)
-        return q * tp * (1 + REL_TOL), ctx.max_gpus // tp, f"{q:.3g} req/s per GPU of {config_key(best.params)}"
+    With no best yet, the bar is the rate on the most replicas max_nodes allows."""
+    tp = p.gpus_per_replica    # GPUs per replica (TP x PP)
     rate = ctx.rate_req_s
     if best is None:
         r = _gpus_within(ctx, usd_cap) // tp
@@ -519,7 +518,7 @@ def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None,
         return rate / r, r, (f"the most {tp}-GPU replicas hardware.max_nodes allows ({r})" if not math.isfinite(usd_cap)
                              else f"the most {tp}-GPU replicas within ${usd_cap:.2f}/h, found on another GPU type ({r})")
     gpus = best.gpus or 0  # a verified best: sized
-    why = f"${best.usd_per_hour:.2f}/h ({gpus} GPUs) of {config_key(best.params)}"
+    why = f"${best.usd_per_hour:.2f}/h ({gpus} GPUs) of {best.params.key}"
     options = []
     r = (gpus - 1) // tp
     if r >= 1:                                                  # fewer GPUs: cheaper
@@ -527,7 +526,7 @@ def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None,
     if gpus % tp == 0:                                          # as many GPUs: the same $/h
         r = gpus // tp
         both = prefers_bf16(ctx.spec.search.kv_dtype)
-        mine, theirs = both and p["kv_dtype"] != "bf16", both and best.params["kv_dtype"] != "bf16"
+        mine, theirs = both and p.knobs.kv_dtype != "bf16", both and best.params.knobs.kv_dtype != "bf16"
         if theirs and not mine:                                 # bf16 KV on as many GPUs wins
             options.append((rate / r, r, why + " (bf16 KV on as many GPUs)"))
         elif mine == theirs:                                    # more goodput on as many GPUs
@@ -538,6 +537,17 @@ def bar_req_s(ctx: SolveContext, p: dict, best: Verification | None,
     return min(options, key=lambda o: (o[0], o[1]))
 
 
+def _goodput_bar(ctx: SolveContext, p: Aggregated, best: Verification | None,
+                 usd_cap: float) -> tuple[float | None, int, str]:
+    """max_goodput: ``best`` is a verification; ``p`` beats it with more goodput per GPU (by the
+    bisection tolerance)."""
+    tp = p.gpus_per_replica
+    if best is None:
+        return None, 0, "no config verified yet"
+    q = ranked_goodput(best) / (best.replicas or 1) / best.params.gpus_per_replica
+    return q * tp * (1 + REL_TOL), ctx.max_gpus // tp, f"{q:.3g} req/s per GPU of {best.params.key}"
+
+
 # ---- the race --------------------------------------------------------------------------------------
 def race(ctx: SolveContext, runner=None, on_stage: Callable[[str, int], None] | None = None,
          seeds: int = SEEDS, usd_cap: float = math.inf) -> Race:
@@ -546,21 +556,14 @@ def race(ctx: SolveContext, runner=None, on_stage: Callable[[str, int], None] | 
     (min_cost): only deployments at or below this $/h count (another GPU type already has one
     there, ``optimizer.gpu_choice``); nothing found is then no answer, without a closest miss."""
     runner = runner or LocalRunner(ctx)
-    st = _State(ctx, runner, on_stage, usd_cap if ctx.spec.objective == "min_cost" else math.inf)
+    st = _race_of(ctx)(ctx, runner, on_stage, usd_cap if ctx.objective.caps_cost else math.inf)
     fit, nofit = candidates(ctx, runner)
     alive = st.zero_load(fit)
     alive.sort(key=lambda e: _prior(ctx, e))
-    if ctx.spec.objective == "max_goodput":
-        st.race_goodput(alive, seeds)
-        st.settle()             # goodput is ranked on draw 0: robust sizing never costs the best its rank
-    else:
-        st.race_cost(alive)
-        if st.best is None and not math.isfinite(st.usd_cap):
-            st.robust_now = True
-            st.closest(alive)
-    order = {config_key(ev.params): i for i, ev in enumerate(fit)}
-    outs = tuple(sorted(st.outcomes.values(), key=lambda o: order[config_key(o.config)]))
-    return Race(outs, st.sims, tuple(st.zl), tuple((config_key(e.params), e.reason) for e in nofit),
+    st.run(alive, seeds)
+    order = {ev.params.key: i for i, ev in enumerate(fit)}
+    outs = tuple(sorted(st.outcomes.values(), key=lambda o: order[o.params.key]))
+    return Race(outs, st.sims, tuple(st.zl), tuple((e.params.key, e.reason) for e in nofit),
                 len(st.keys), st.best)
 
 
@@ -578,7 +581,22 @@ def _beaten(pr: Probe, bar: float, why: str) -> str:
 
 
 class _State:
-    """The race's bookkeeping: outcomes, the best so far, simulations spent."""
+    """The race's bookkeeping: outcomes, the best so far, simulations spent. One subclass per
+    objective says what its race does differently (``_RACES``): its bar, its prior order, how it
+    runs, how many replicas a robust check may try."""
+
+    @staticmethod
+    def bar(ctx: SolveContext, p: Aggregated, best: Verification | None,
+            usd_cap: float) -> tuple[float | None, int, str]:
+        """(per-replica rate ``p`` must serve to beat ``best``, the replicas it would take, what it beats)."""
+        raise NotImplementedError
+
+    robust_winners: ClassVar[bool]   # once ``robust_now``, a winner is made robust before it becomes the best
+
+    @staticmethod
+    def prior(ctx: SolveContext, ev: Evaluation) -> tuple:
+        """The race order of a screen-feasible config (``_prior``), before its key."""
+        raise NotImplementedError
 
     def __init__(self, ctx: SolveContext, runner, on_stage, usd_cap: float = math.inf):
         self.ctx, self.runner, self.on_stage, self.usd_cap = ctx, runner, on_stage, usd_cap
@@ -600,21 +618,21 @@ class _State:
         self.keys.update(w.key for w in work)
         return self.runner.run(work)
 
-    def probe(self, items: list[tuple[dict, float, int]]) -> list[Probe]:
-        res = [Probe.from_json(r) for r in self._run([Work("probe", _freeze(p), rate, n) for p, rate, n in items])]
+    def probe(self, items: list[tuple[Aggregated, float, int]]) -> list[Probe]:
+        res = [Probe.from_json(r) for r in self._run([Work("probe", Aggregated.from_config(p), rate, n) for p, rate, n in items])]
         self.sims += len(res)
         for p, _, _ in items:
-            self.spent[config_key(p)] = self.spent.get(config_key(p), 0) + 1
+            self.spent[p.key] = self.spent.get(p.key, 0) + 1
         return res
 
-    def _record(self, params: dict, v: Verification, sims: int) -> None:
-        k = config_key(params)
+    def _record(self, params: Aggregated, v: Verification, sims: int) -> None:
+        k = params.key
         self.sims += sims
         self.spent[k] = self.spent.get(k, 0) + sims
-        self.outcomes[k] = Outcome(_freeze(params), "verified", "" if v.feasible else v.reason, self.spent[k], v)
+        self.outcomes[k] = Outcome(Aggregated.from_config(params), "verified", "" if v.feasible else v.reason, self.spent[k], v)
 
     def verify(self, evs: list[Evaluation]) -> list[Verification]:
-        res = [Verification.from_json(d) for d in self._run([Work("verify", _freeze(ev.params)) for ev in evs])]
+        res = [Verification.from_json(d) for d in self._run([Work("verify", Aggregated.from_config(ev.params)) for ev in evs])]
         for ev, v in zip(evs, res):
             self._record(ev.params, v, v.simulations)
         return res
@@ -623,7 +641,7 @@ class _State:
         """``v`` (nominal) made robust to the request draw (``optimizer.verify.robust``), its draws run
         as work items (several at a time), the draws that missed most often so far tried first; its
         simulations add to the nominal ones. ``max_replicas`` (min_cost): the most worth checking."""
-        p, n, a = _freeze(v.params), int(v.sim_requests or 0), self.a
+        p, n, a = Aggregated.from_config(v.params), int(v.sim_requests or 0), self.a
 
         def many(pairs: list[tuple[int, float]]) -> list[float]:
             out = [d["attainment"] for d in self._run([Work("draw", p, rate, n, s) for s, rate in pairs])]
@@ -643,7 +661,7 @@ class _State:
         for v in sorted((v for v in res if self._ok(v)), key=lambda v: rank(self.ctx, v)):
             if self.best is not None and not rank(self.ctx, v) < rank(self.ctx, self.best):
                 continue
-            if self.ctx.spec.objective == "max_goodput" or not self.robust_now:
+            if not (self.robust_now and self.robust_winners):
                 self.best = v
                 continue
             r = self.robust(v, _replicas_to_beat(self.ctx, v, self.best, self.usd_cap))
@@ -666,7 +684,7 @@ class _State:
         for v in pool:
             if best is not None and not rank(self.ctx, v) < rank(self.ctx, best):
                 break
-            cap = _replicas_to_beat(self.ctx, v, best, self.usd_cap) if self.ctx.spec.objective == "min_cost" else None
+            cap = self.replicas_cap(v, best)
             r = v if v.robust else self.robust(v, cap)
             if self._ok(r) and (best is None or rank(self.ctx, r) < rank(self.ctx, best)):
                 best = r
@@ -674,8 +692,8 @@ class _State:
         return best is None or rank(self.ctx, best) == before
 
     def out(self, ev: Evaluation, status: str, reason: str) -> None:
-        k = config_key(ev.params)
-        self.outcomes[k] = Outcome(_freeze(ev.params), status, reason, self.spent.get(k, 0))
+        k = ev.params.key
+        self.outcomes[k] = Outcome(Aggregated.from_config(ev.params), status, reason, self.spent.get(k, 0))
 
     # 1. zero load, per (tp, kv, k, chunk) group: the largest batch cap stands for the group
     def zero_load(self, fit: list[Evaluation]) -> list[Evaluation]:
@@ -687,11 +705,11 @@ class _State:
                 self.out(ev, "never_fits", why)
                 continue
             p = ev.params
-            groups.setdefault((p["tp"], p.get("layout"), p["kv_dtype"], p["spec_k"], p["chunk_tokens"]), []).append(ev)
+            groups.setdefault((*p.structure, p.knobs.chunk_tokens), []).append(ev)
         # a short probe first; the full one only where the short one's interval straddles the target
         n_zl = sim_requests(a, 1)
         n_short = min(n_zl, SHORT_MIN)
-        reps = [max(g, key=lambda e: e.params["batch_cap"]).params for g in groups.values()]
+        reps = [max(g, key=lambda e: e.params.knobs.batch_cap).params for g in groups.values()]
         rates = [ZERO_LOAD_SHARE * _capacity(ctx, p) for p in reps]
         self.stage("zero load", len(reps))
         zl = self.probe([(p, r, n_short) for p, r in zip(reps, rates)])
@@ -737,7 +755,7 @@ class _State:
         for c, pr, n in zip(cands, short, ns):
             ev, bar, _, why = c
             if n >= _n(ctx, ev):
-                done[config_key(ev.params)] = pr
+                done[ev.params.key] = pr
             elif pr.upper < a:
                 self.out(ev, "beaten", f"attainment {pr.attainment:.3f} (at most {pr.upper:.3f} at {CONFIDENCE:.0%} "
                                        f"confidence) at {bar:.3g} req/s per replica ({n} requests): cannot beat {why}")
@@ -745,10 +763,10 @@ class _State:
             else:
                 full.append(c)
         for (ev, _, _, _), pr in zip(full, self.probe([(ev.params, bar, _n(ctx, ev)) for ev, bar, _, _ in full])):
-            done[config_key(ev.params)] = pr
+            done[ev.params.key] = pr
         winners = []
         for c in cands:
-            got = done.get(config_key(c[0].params))
+            got = done.get(c[0].params.key)
             if got is None:
                 continue
             pr = got
@@ -757,6 +775,36 @@ class _State:
             else:
                 self.out(c[0], "beaten", _beaten(pr, c[1], c[3]))
         return winners
+
+    # what each objective's race does differently (``_CostRace``, ``_GoodputRace``)
+    def run(self, alive: list[Evaluation], seeds: int) -> None:
+        raise NotImplementedError
+
+    def replicas_cap(self, v: Verification, best: Verification | None) -> int | None:
+        """The most replicas worth checking when ``v`` is made robust against ``best`` (None: all)."""
+        raise NotImplementedError
+
+
+class _CostRace(_State):
+    """min_cost: every config against the cheapest verified deployment so far (``_race_cost``),
+    the best then made robust (``settle``); an infeasible answer names the closest miss."""
+
+    bar = staticmethod(_cost_bar)
+    robust_winners = True
+
+    @staticmethod
+    def prior(ctx: SolveContext, ev: Evaluation) -> tuple:
+        return (*ctx.objective.rank(ev.usd_per_hour, ev.per_replica_goodput_req_s * ev.replicas,
+                                    ev.params.knobs.kv_dtype, ctx.spec.search.kv_dtype), ev.value)
+
+    def replicas_cap(self, v: Verification, best: Verification | None) -> int | None:
+        return _replicas_to_beat(self.ctx, v, best, self.usd_cap)
+
+    def run(self, alive: list[Evaluation], seeds: int) -> None:
+        self.race_cost(alive)
+        if self.best is None and not math.isfinite(self.usd_cap):
+            self.robust_now = True
+            self.closest(alive)
 
     def race_cost(self, alive: list[Evaluation]) -> None:
         """min_cost: every config against the best verified deployment so far (``_race_cost``),
@@ -768,7 +816,7 @@ class _State:
         if self.settle():
             return
         self.robust_now = True
-        again = [ev for ev in alive if self.outcomes[config_key(ev.params)].status in ("beaten", "pruned")]
+        again = [ev for ev in alive if self.outcomes[ev.params.key].status in ("beaten", "pruned")]
         if again:
             self.stage("race again", len(again))
             self._race_cost(again)
@@ -814,45 +862,23 @@ class _State:
                 continue
             if not bar2 > bar:        # verified next: the best may move
                 break
-            w = Work("probe", _freeze(ev.params), bar2, _n(self.ctx, ev))
+            w = Work("probe", Aggregated.from_config(ev.params), bar2, _n(self.ctx, ev))
             if w.key not in self.runner.cache:   # run ahead already
                 work.append(w)
         if len(work) > 1:
             self.runner.run(work)
-
-    def race_goodput(self, alive: list[Evaluation], n_seeds: int) -> None:
-        """max_goodput: seeds verified, then every config against the best goodput per GPU."""
-        seeds, structs = [], set()
-        for ev in alive:
-            s = (ev.params["tp"], ev.params.get("layout"), ev.params["kv_dtype"], ev.params["spec_k"])
-            if s not in structs:
-                structs.add(s)
-                seeds.append(ev)
-            if len(seeds) >= n_seeds:
-                break
-        self.stage("seeds", len(seeds))
-        self.consider(self.verify(seeds))
-        rest = [ev for ev in alive if config_key(ev.params) not in self.outcomes]
-        for i in range(0, len(rest), BATCH):
-            chunk = rest[i:i + BATCH]
-            self.stage("race", len(chunk))
-            if self.best is None:                  # nothing to beat yet: each met the SLOs at zero load
-                self.consider(self.verify(chunk))
-                continue
-            winners = [c[0] for c in self.meets_bar(self.screen_bar(chunk))]
-            self.consider(self.verify(winners))
 
     # 4. nothing qualifies: verify the configs that look closest, so the answer names the nearest miss
     def closest(self, alive: list[Evaluation]) -> None:
         """The ``CLOSEST`` alive configs of distinct structures with the most screened goodput per
         GPU, verified (one that turns out to qualify after all is considered as any winner)."""
         picks, structs = [], set()
-        ranked = sorted(alive, key=lambda e: (-(e.per_replica_goodput_req_s or 0.0) / gpus_per_replica(e.params),
-                                              config_key(e.params)))
+        ranked = sorted(alive, key=lambda e: (-(e.per_replica_goodput_req_s or 0.0) / e.params.gpus_per_replica,
+                                              e.params.key))
         for ev in ranked:
             p = ev.params
-            s = (p["tp"], p.get("layout"), p["kv_dtype"], p["spec_k"])
-            v = self.outcomes.get(config_key(p))
+            s = p.structure
+            v = self.outcomes.get(p.key)
             if s in structs or (v is not None and v.status == "verified"):
                 continue
             structs.add(s)
@@ -862,3 +888,52 @@ class _State:
         if picks:
             self.stage("closest", len(picks))
             self.consider(self.verify(picks))
+
+
+class _GoodputRace(_State):
+    """max_goodput: the seeds verified, then every config against the best goodput per GPU; the best
+    made robust (goodput is ranked on draw 0: robust sizing never costs the best its rank)."""
+
+    bar = staticmethod(_goodput_bar)
+    robust_winners = False   # goodput is ranked on draw 0: a robust figure never changes the order
+
+    @staticmethod
+    def prior(ctx: SolveContext, ev: Evaluation) -> tuple:
+        return (ev.value,)
+
+    def replicas_cap(self, v: Verification, best: Verification | None) -> int | None:
+        return None
+
+    def run(self, alive: list[Evaluation], seeds: int) -> None:
+        self.race_goodput(alive, seeds)
+        self.settle()
+
+    def race_goodput(self, alive: list[Evaluation], n_seeds: int) -> None:
+        """max_goodput: seeds verified, then every config against the best goodput per GPU."""
+        seeds, structs = [], set()
+        for ev in alive:
+            s = ev.params.structure
+            if s not in structs:
+                structs.add(s)
+                seeds.append(ev)
+            if len(seeds) >= n_seeds:
+                break
+        self.stage("seeds", len(seeds))
+        self.consider(self.verify(seeds))
+        rest = [ev for ev in alive if ev.params.key not in self.outcomes]
+        for i in range(0, len(rest), BATCH):
+            chunk = rest[i:i + BATCH]
+            self.stage("race", len(chunk))
+            if self.best is None:                  # nothing to beat yet: each met the SLOs at zero load
+                self.consider(self.verify(chunk))
+                continue
+            winners = [c[0] for c in self.meets_bar(self.screen_bar(chunk))]
+            self.consider(self.verify(winners))
+
+
+_RACES: dict[type, type[_State]] = {MinCost: _CostRace, MaxGoodput: _GoodputRace}
+
+
+def _race_of(ctx: SolveContext) -> type[_State]:
+    """The race of the workload's objective."""
+    return _RACES[type(ctx.objective)]

@@ -26,8 +26,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field, fields
-from typing import Callable
+from typing import Callable, Mapping
 
+from .deployment import Aggregated
 from .launch import scheduling as launch_scheduling
 from .layouts import gpus_per_replica
 from .search import SolveContext
@@ -84,7 +85,7 @@ class Verification:
     ``from_json``: the record work items return (shared through the study's storage by
     ``optimizer.scaleout``) and the race's outcomes keep."""
 
-    params: dict
+    params: Aggregated                      # the config verified (one replica; ``config``: its JSON)
     per_replica_goodput_req_s: float       # robust when ``draws`` is set, else draw 0's
     simulations: int
     feasible: bool
@@ -106,13 +107,23 @@ class Verification:
     fleet_rate_req_s: float | None = None   # the rate the whole deployment is simulated at (load x replicas)
     draws: Draws | None = None              # robust only
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, Aggregated):   # a config mapping (read back, or a caller's)
+            object.__setattr__(self, "params", Aggregated.from_config(self.params))
+
     @property
     def robust(self) -> bool:
         """Sized robust to the request draw (``robust``)."""
         return self.draws is not None
 
+    @property
+    def deployment(self) -> Aggregated | None:
+        """The deployment this verification sizes to (None: it sizes to none)."""
+        return None if self.replicas is None else self.params.sized(self.replicas)
+
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["params"] = self.params.config
         if self.replicas is None:  # missed even at a trickle: no deployment, no latencies
             return {k: d[k] for k in ("params", "per_replica_goodput_req_s", "simulations", "feasible", "reason")}
         d["draws"] = self.draws.to_json() if self.draws is not None else None
@@ -124,7 +135,7 @@ class Verification:
         return cls(**{**d, "draws": Draws.from_json(dr) if dr is not None else None})
 
 
-def sim_config(ctx: SolveContext, params: dict):
+def sim_config(ctx: SolveContext, params: Mapping):
     if ctx.engine is not None:
         cfg = ctx.engine.sim_config(params["batch_cap"], params["chunk_tokens"])
         # simulate the scheduling the launch settings give (SGLang: prefill-first under NGRAM/STANDALONE)
@@ -152,7 +163,7 @@ def sim_requests(attainment: float, operating_batch: int) -> int:
                    MAX_SIM_REQUESTS))
 
 
-def slots(ctx: SolveContext, params: dict) -> int:
+def slots(ctx: SolveContext, params: Mapping) -> int:
     """Sequences the batch cap and the KV pool admit at once on a workload's mean request
     (``costmodel.goodput``'s own measure of the in-flight set); 0 if the pool is too small."""
     sm = ctx.fitting_step(params)
@@ -160,13 +171,13 @@ def slots(ctx: SolveContext, params: dict) -> int:
     return int(min(params["batch_cap"], sm.memory.kv_pool_tokens // per_seq))
 
 
-def config_requests(ctx: SolveContext, params: dict) -> int:
+def config_requests(ctx: SolveContext, params: Mapping) -> int:
     """Requests per simulated rate for one config: a function of the config alone (its
     ``slots``), so every stage of the search, and the oracle, simulate it on the same requests."""
     return sim_requests(ctx.spec.slo.attainment, max(slots(ctx, params), 1))
 
 
-def verify_config(ctx: SolveContext, params: dict) -> Verification:
+def verify_config(ctx: SolveContext, params: Mapping) -> Verification:
     """``verify`` one config the way the search and the oracle both do: ``config_requests``
     requests, the bisection started at the screened goodput."""
     from .search import evaluate
@@ -174,7 +185,7 @@ def verify_config(ctx: SolveContext, params: dict) -> Verification:
     return verify(ctx, params, max(slots(ctx, params), 1), ev.per_replica_goodput_req_s or None)
 
 
-def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: float | None = None) -> Verification:
+def verify(ctx: SolveContext, params: Mapping, operating_batch: int, guess_req_s: float | None = None) -> Verification:
     """Nominal verification (module docstring): draw 0's simulated per-replica goodput and the
     deployment it sizes to. ``guess_req_s`` (the screened goodput) starts the goodput bracket; it
     does not bias the answer beyond the bisection tolerance."""
@@ -187,7 +198,7 @@ def verify(ctx: SolveContext, params: dict, operating_batch: int, guess_req_s: f
                 rel_tol=REL_TOL, guess_req_s=guess_req_s)
     per_replica = float(g.goodput_req_s)
     if per_replica <= 0:
-        return Verification(dict(params), per_replica, g.iterations, False,
+        return Verification(Aggregated.from_config(params), per_replica, g.iterations, False,
                             g.reason or "simulated SLO attainment misses the target even at a trickle")
     return _sized(ctx, params, per_replica, g.iterations, n, nominal=per_replica)
 
@@ -198,37 +209,32 @@ def _maker(ctx: SolveContext):
     return make
 
 
-def _sized(ctx: SolveContext, params: dict, per_replica: float, simulations: int, n: int, *,
+def _sized(ctx: SolveContext, params: Mapping, per_replica: float, simulations: int, n: int, *,
            nominal: float, replicas: int | None = None) -> Verification:
     """The deployment ``per_replica`` req/s per replica sizes to: min_cost, enough replicas for the
     target rate (at least ``replicas``); max_goodput, every replica max_nodes holds. The fleet is
     simulated at ``fleet_rate_req_s`` (min_cost: the target rate; max_goodput: the goodput, or the
     target rate when lower), each replica at ``fleet_rate_req_s / replicas`` (as ``kvtune simulate
     --replicas`` splits it)."""
-    spec, h = ctx.spec, ctx.spec.hardware
-    if spec.objective == "max_goodput":
-        r = ctx.max_gpus // gpus_per_replica(params)
-    else:
-        r = replicas or math.ceil(ctx.rate_req_s / per_replica * (1 - 1e-12))
-    gpus = r * gpus_per_replica(params)
+    h, goal = ctx.spec.hardware, ctx.objective
+    gpr = gpus_per_replica(params)
+    r = goal.replicas(ctx.rate_req_s, per_replica, gpr, ctx.max_gpus, at_least=replicas)
+    gpus = r * gpr
     nodes = math.ceil(gpus / h.gpus_per_node)
-    if spec.objective == "min_cost":
-        fleet = ctx.rate_req_s
-    else:
-        fleet = per_replica * r if not math.isfinite(ctx.rate_req_s) else min(ctx.rate_req_s, per_replica * r)
+    fleet = goal.fleet_rate_req_s(ctx.rate_req_s, per_replica, r)
     feasible = nodes <= h.max_nodes
     reason = "" if feasible else (f"{_label(params)} serves {per_replica:.3g} req/s per replica (simulated): "
                                   f"{r} x {gpus_per_replica(params)} GPUs = {gpus} GPUs on {nodes} nodes, "
                                   f"max_nodes is {h.max_nodes}")
     return Verification(
-        params=dict(params), per_replica_goodput_req_s=per_replica, simulations=simulations, feasible=feasible,
+        params=Aggregated.from_config(params), per_replica_goodput_req_s=per_replica, simulations=simulations, feasible=feasible,
         reason=reason, replicas=r, gpus=gpus, nodes=nodes, usd_per_hour=gpus * h.usd_per_gpu_hour,
         goodput_req_s=per_replica * r, load_per_replica_req_s=fleet / r,
         output_tok_s_at_goodput=per_replica * r * ctx.stats.mean_output_tokens, sim_requests=n,
         nominal_per_replica_goodput_req_s=nominal, fleet_rate_req_s=fleet)
 
 
-def _label(p: dict) -> str:
+def _label(p: Mapping) -> str:
     """A config as a user reads it: TP8 fp8 cap 512 chunk 4096 (k 2) (layout)."""
     par = p.get("layout") or f"TP{p['tp']}" + (f" x PP{p['pp']}" if p.get("pp", 1) > 1 else "")
     return (f"{par} {p['kv_dtype']} cap {p['batch_cap']} chunk {p['chunk_tokens']}"
@@ -242,7 +248,7 @@ def draw_seeds(ctx: SolveContext) -> list[int]:
     return [ctx.workload_seed + 1 + i for i in range(k)]
 
 
-def simulate_at(ctx: SolveContext, params: dict, fleet_rate_req_s: float, replicas: int, n: int, seed: int):
+def simulate_at(ctx: SolveContext, params: Mapping, fleet_rate_req_s: float, replicas: int, n: int, seed: int):
     """One draw of the deployment at its load: exactly what ``kvtune simulate W --replicas R --rate
     F --requests N --seed S`` runs with the config's flags (``costmodel.simulate.simulate_fleet``)."""
     from kvtune.costmodel.simulate import simulate_fleet
@@ -351,7 +357,7 @@ class DrawSet:
         return g, load
 
 
-def draw_attainment(ctx: SolveContext, params: dict, rate_req_s: float, n: int, seed: int) -> float:
+def draw_attainment(ctx: SolveContext, params: Mapping, rate_req_s: float, n: int, seed: int) -> float:
     """SLO attainment of one replica of ``params`` on draw ``seed`` (``n`` requests at ``rate_req_s``)."""
     from kvtune.costmodel.simulate import simulate
     res = simulate(ctx.fitting_step(params), ctx.spec.requests(n, seed, rate_req_s=rate_req_s),
@@ -359,7 +365,7 @@ def draw_attainment(ctx: SolveContext, params: dict, rate_req_s: float, n: int, 
     return float(res.slo_attainment)
 
 
-def robust_config(ctx: SolveContext, params: dict, nominal_req_s: float, n: int) -> Verification:
+def robust_config(ctx: SolveContext, params: Mapping, nominal_req_s: float, n: int) -> Verification:
     """``robust`` from a nominal goodput (``verify``'s ``per_replica_goodput_req_s`` on ``n``
     requests per simulation): the race's work item, so a process needs only these numbers. Its
     ``simulations`` count the robust stage's alone."""
@@ -385,7 +391,7 @@ def robust(ctx: SolveContext, v: Verification,
     seeds = draw_seeds(ctx)
     d = DrawSet(lambda s, rate: draw_attainment(ctx, p, rate, n, s), ctx.spec.slo.attainment, attain_many)
     least: float | None = None
-    if ctx.spec.objective == "min_cost":
+    if not ctx.objective.fixed_fleet:   # replicas grow until every draw meets the target rate
         most = max(v.replicas, ctx.max_gpus // gpus_per_replica(p))
         cap = most if max_replicas is None else min(most, max_replicas)
         tried = [s for s in (order or []) if s in seeds] + [s for s in seeds if s not in (order or [])]

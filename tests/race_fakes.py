@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+from kvtune.optimizer.deployment import Aggregated
 from kvtune.optimizer import verify as vf
 from kvtune.optimizer.search import SolveContext, config_key
 from kvtune.optimizer.simsearch import LocalRunner, Probe
@@ -44,8 +45,8 @@ def make_ctx(objective: str = "min_cost", **kw) -> SolveContext:
     return SolveContext.build(load_workload_dict(spec_dict(objective, **kw), "<test>"))
 
 
-def params(tp: int = 1, cap: int = 16, kv: str = "bf16", k: int = 0, chunk: int = 1024) -> dict:
-    return {"tp": tp, "batch_cap": cap, "kv_dtype": kv, "spec_k": k, "chunk_tokens": chunk}
+def params(tp: int = 1, cap: int = 16, kv: str = "bf16", k: int = 0, chunk: int = 1024) -> Aggregated:
+    return Aggregated.from_config({"tp": tp, "batch_cap": cap, "kv_dtype": kv, "spec_k": k, "chunk_tokens": chunk})
 
 
 class FakeRunner(LocalRunner):

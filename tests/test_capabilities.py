@@ -378,7 +378,7 @@ def test_shipped_examples_read_unchanged():
 def test_disaggregated_only_never_returns_the_aggregated_pick_in_its_place():
     """search.deployment [disaggregated] with speculation (searched for aggregated replicas only):
     the answer is infeasible with the reason, whatever the aggregated search found."""
-    from kvtune.optimizer.deployment_choice import solve_deployments
+    from solve_fakes import solve_kinds
     from kvtune.optimizer.result import SolveResult, TrialCounts, VerificationCounts
 
     spec = load_workload_dict(_wl(speculative={"method": "eagle3", "acceptance": 0.7},
@@ -387,7 +387,7 @@ def test_disaggregated_only_never_returns_the_aggregated_pick_in_its_place():
                       study_name="n", target_rate_req_s=4.0, trials=TrialCounts(1, 0),
                       verification=VerificationCounts(0, 0, 0, {}), status="infeasible", verified=(), race=(),
                       reason="aggregated reason")
-    r = solve_deployments(spec, lambda s, **kw: agg)
+    r = solve_kinds(spec, lambda s, **kw: agg)
     assert r.status == "infeasible" and r.recommendation is None and r.launch is None
     assert r.reason == "search.deployment lists disaggregated only, and speculative decoding is searched for " \
                        "aggregated replicas only"

@@ -122,7 +122,7 @@ def test_a_disaggregated_deployment_answers_where_no_aggregated_one_meets_the_sl
     import dataclasses
 
     from kvtune.optimizer.cli.solve import summary_text
-    from kvtune.optimizer.deployment_choice import solve_deployments
+    from solve_fakes import solve_kinds
     from kvtune.optimizer.recommend import solve
     from kvtune.optimizer.workload import load_workload
 
@@ -130,7 +130,7 @@ def test_a_disaggregated_deployment_answers_where_no_aggregated_one_meets_the_sl
     tight = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, max_nodes=1))
     agg = solve(dataclasses.replace(tight, workload=dataclasses.replace(tight.workload, rate_req_s=5.0)), trials=12)
     assert agg.status != "ok"
-    r = solve_deployments(spec, solve_one=lambda s, **kw: agg, trials=12)
+    r = solve_kinds(spec, lambda s, **kw: agg, trials=12)
     assert r.status == "ok" and r.recommendation.deployment == "disaggregated"
     assert r.deployment.aggregated is None and r.deployment.margin_pct is None
     assert "Recommendation: disaggregated" in summary_text(r, None)

@@ -16,12 +16,15 @@ import math
 
 import pytest
 
+from solve_fakes import solve_kinds
 from kvtune.optimizer import deployment_choice as dc
+from kvtune.optimizer import gpu_choice
 from kvtune.optimizer.disagg import DisaggCandidate, PoolChoice
 from kvtune.optimizer.disagg_verify import UnitVerification
 from kvtune.optimizer.result import (AggregatedSummary, Cost, DeploymentChoice, DisaggregatedMiss,
                                      DisaggregatedRecommendation, DisaggregatedSummary, Predicted, Recommendation,
                                      SolveResult, TrialCounts, VerificationCounts)
+from kvtune.optimizer.objective import objective_for
 from kvtune.optimizer.search import SolveContext
 from kvtune.optimizer.verify import Draws
 from kvtune.optimizer.workload import load_workload_dict
@@ -54,6 +57,16 @@ def gspec():
 @pytest.fixture(scope="module")
 def ctx(spec):
     return SolveContext.build(spec)
+
+
+_CTX: dict = {}
+
+
+def _ctx(s):
+    """The solve context of a workload, built once."""
+    if id(s) not in _CTX:
+        _CTX[id(s)] = (s, SolveContext.build(s))
+    return _CTX[id(s)][1]
 
 
 def _cand(p_tp=1, p_rep=1, d_tp=2, d_rep=1, goodput=3.0, rnd="final", chunk=2048, cap=64, link="nvlink"):
@@ -109,38 +122,39 @@ def _dis(usd=8.0, goodput=12.0, ranked=None, kv="bf16", units=4, c=None):
 def test_units_min_cost_are_the_target_rate_over_a_units_goodput_rounded_up(spec, gspec):
     c = _cand(goodput=3.0)                                   # 3 GPUs: TP1 prefill + TP2 decode
     assert c.gpus == 3
-    assert dc._units(spec, c, 16, 10.0) == 4                 # ceil(10 / 3)
-    assert dc._units(spec, c, 16, 9.0) == 3                  # exactly 3 units, not 4
-    assert dc._units(spec, c, 16, 1.0) == 1
-    assert dc._units(spec, c, 16, 0.0) == 1                  # at least one unit
-    assert dc._units(spec, _cand(goodput=0.0), 16, 10.0) == 0
-    # max_goodput: as many units as hardware.max_nodes holds, at least one
-    assert dc._units(gspec, c, 16, 10.0) == 5                # 16 // 3
-    assert dc._units(gspec, c, 2, 10.0) == 1
+    cost, good = objective_for(spec.objective), objective_for(gspec.objective)   # a unit is sized as a replica is
+    assert cost.replicas(10.0, c.goodput_req_s, c.gpus, 16) == 4                 # ceil(10 / 3)
+    assert cost.replicas(9.0, c.goodput_req_s, c.gpus, 16) == 3                  # exactly 3 units, not 4
+    assert cost.replicas(1.0, c.goodput_req_s, c.gpus, 16) == 1
+    assert cost.replicas(0.0, c.goodput_req_s, c.gpus, 16) == 1                  # at least one unit
+    assert cost.replicas(10.0, 0.0, c.gpus, 16) == 0
+    # max_goodput: as many units as hardware.max_nodes holds; none where one does not fit
+    assert good.replicas(10.0, c.goodput_req_s, c.gpus, 16) == 5                 # 16 // 3
+    assert good.replicas(10.0, c.goodput_req_s, c.gpus, 2) == 0
 
 
 def test_score_min_cost_is_dollars_then_more_goodput(spec):
-    s = dc._score(spec, 16, 10.0, USD)
+    s = dc._score(_ctx(spec), 16, 10.0, USD)
     assert s(_cand(goodput=3.0)) == (4 * 3 * USD, -3.0)      # 4 units x 3 GPUs x $2
     assert s(_cand(goodput=5.0)) == (2 * 3 * USD, -5.0)
     assert s(_cand(goodput=0.0)) == (math.inf, 0.0)
     assert s(_cand(goodput=math.nan)) == (math.inf, 0.0)
     # 20 req/s at 3 per unit needs 7 units = 21 GPUs > 16: not deployable
-    assert dc._score(spec, 16, 20.0, USD)(_cand(goodput=3.0)) == (math.inf, 0.0)
-    assert dc._score(spec, 21, 20.0, USD)(_cand(goodput=3.0)) == (42.0, -3.0)
+    assert dc._score(_ctx(spec), 16, 20.0, USD)(_cand(goodput=3.0)) == (math.inf, 0.0)
+    assert dc._score(_ctx(spec), 21, 20.0, USD)(_cand(goodput=3.0)) == (42.0, -3.0)
     # a price cap from another GPU type: $24/h is allowed at a $24 cap, not at $23.99
-    assert dc._score(spec, 16, 10.0, USD, usd_cap=24.0)(_cand(goodput=3.0)) == (24.0, -3.0)
-    assert dc._score(spec, 16, 10.0, USD, usd_cap=23.99)(_cand(goodput=3.0)) == (math.inf, 0.0)
+    assert dc._score(_ctx(spec), 16, 10.0, USD, usd_cap=24.0)(_cand(goodput=3.0)) == (24.0, -3.0)
+    assert dc._score(_ctx(spec), 16, 10.0, USD, usd_cap=23.99)(_cand(goodput=3.0)) == (math.inf, 0.0)
 
 
 def test_score_max_goodput_is_goodput_per_dollar_then_fewer_gpus(gspec):
-    s = dc._score(gspec, 16, math.nan, USD)
+    s = dc._score(_ctx(gspec), 16, math.nan, USD)
     assert s(_cand(goodput=3.0)) == (-(3.0 / (3 * USD)), 3)
     assert s(_cand(d_tp=4, goodput=6.0)) == (-(6.0 / (5 * USD)), 5)
     # a unit larger than the whole allowance
-    assert dc._score(gspec, 2, math.nan, USD)(_cand(goodput=3.0)) == (math.inf, 0.0)
+    assert dc._score(_ctx(gspec), 2, math.nan, USD)(_cand(goodput=3.0)) == (math.inf, 0.0)
     # the cap applies to min_cost only
-    assert dc._score(gspec, 16, math.nan, USD, usd_cap=1.0)(_cand(goodput=3.0)) == (-0.5, 3)
+    assert dc._score(_ctx(gspec), 16, math.nan, USD, usd_cap=1.0)(_cand(goodput=3.0)) == (-0.5, 3)
 
 
 def test_margin_min_cost_is_the_dollars_saved_and_max_goodput_the_goodput_per_dollar_gained(spec, gspec):
@@ -171,14 +185,14 @@ def test_better_follows_the_objective_on_the_ranked_goodput(spec, gspec):
 
 
 def test_result_rank_sorts_a_failed_answer_last_and_ranks_on_the_ranked_goodput(spec, gspec):
-    assert dc.result_rank(spec, _result(status="infeasible")) == (1,)
-    assert dc.result_rank(spec, _result(usd=12.0, goodput=11.0)) == (0, 12.0, False, -11.0)
-    assert dc.result_rank(spec, _result(usd=12.0, goodput=11.0, ranked=9.0)) == (0, 12.0, False, -9.0)
-    assert dc.result_rank(spec, _result(usd=12.0, goodput=11.0, kv="fp8")) == (0, 12.0, True, -11.0)
-    assert dc.result_rank(gspec, _result(usd=10.0, goodput=20.0)) == (0, -2.0, 10.0)
+    assert gpu_choice.result_rank(spec, _result(status="infeasible")) == (1,)
+    assert gpu_choice.result_rank(spec, _result(usd=12.0, goodput=11.0)) == (0, 12.0, False, -11.0)
+    assert gpu_choice.result_rank(spec, _result(usd=12.0, goodput=11.0, ranked=9.0)) == (0, 12.0, False, -9.0)
+    assert gpu_choice.result_rank(spec, _result(usd=12.0, goodput=11.0, kv="fp8")) == (0, 12.0, True, -11.0)
+    assert gpu_choice.result_rank(gspec, _result(usd=10.0, goodput=20.0)) == (0, -2.0, 10.0)
     ok = _result()
     for missing in ("cost", "predicted", "recommendation"):
-        assert dc.result_rank(spec, dataclasses.replace(ok, **{missing: None})) == (1,)
+        assert gpu_choice.result_rank(spec, dataclasses.replace(ok, **{missing: None})) == (1,)
 
 
 def test_aggregated_summary_keeps_the_figures_and_the_configs_keys(spec):
@@ -222,7 +236,8 @@ def test_best_unit_keeps_the_first_of_equal_robust_units_and_a_max_goodput_searc
     a = _unit(c=_cand(goodput=3.0), units=3, usd=18.0)
     b = _unit(c=_cand(goodput=3.0, chunk=4096), units=3, usd=18.0)   # ties a's objective; a larger chunk sorts later
     assert dc._best_unit(ctx, [b, a]) == a
-    g = dataclasses.replace(ctx, spec=dataclasses.replace(ctx.spec, objective="max_goodput"))
+    g = dataclasses.replace(ctx, spec=dataclasses.replace(ctx.spec, objective="max_goodput"),
+                            objective=objective_for("max_goodput"))
     assert dc._best_unit(g, [a], usd_cap=1.0) == a
 
 
@@ -269,7 +284,8 @@ def test_disaggregated_answer_verifies_the_three_best_final_candidates_over_both
     monkeypatch.setattr(dc, "search_disaggregated", search)
     monkeypatch.setattr(dc, "verify_unit", verify)
     monkeypatch.setattr(dc, "robust_unit", lambda c, u, jobs=1: u)
-    ans, ctx = dc.disaggregated_answer(spec, jobs=1)
+    ctx = SolveContext.build(spec)
+    ans = dc.disaggregated_answer(ctx, jobs=1)
     assert [c["kv"] for c in calls] == ["bf16", "fp8"]
     kw = calls[0]
     assert kw["max_gpus"] == 16 and kw["gpus_per_node"] == 8 and tuple(kw["tps"]) == (1, 2)
@@ -289,8 +305,8 @@ def test_disaggregated_answer_verifies_the_three_best_final_candidates_over_both
 def test_disaggregated_answer_says_why_when_nothing_qualifies(spec, monkeypatch):
     monkeypatch.setattr(dc, "search_disaggregated", lambda *a, **k: _Search([_cand(goodput=0.0)]))
     monkeypatch.setattr(dc, "verify_unit", lambda *a: pytest.fail("nothing to verify"))
-    ans, ctx = dc.disaggregated_answer(spec)
-    assert ctx is not None and isinstance(ans.pick, DisaggregatedMiss) and ans.pick.status == "infeasible"
+    ans = dc.disaggregated_answer(SolveContext.build(spec))
+    assert isinstance(ans.pick, DisaggregatedMiss) and ans.pick.status == "infeasible"
     assert ans.pick.reason == ("no disaggregated deployment of single-node replicas met the SLOs within "
                                "hardware.max_nodes")
     assert len(ans.searches) == 2 and ans.verified is None
@@ -298,9 +314,9 @@ def test_disaggregated_answer_says_why_when_nothing_qualifies(spec, monkeypatch)
 
 
 def test_disaggregated_answer_skips_speculative_decoding(spec):
-    s = dataclasses.replace(spec, speculative=object())
-    ans, ctx = dc.disaggregated_answer(s)
-    assert ctx is None and ans.pick == DisaggregatedMiss(
+    c = dataclasses.replace(SolveContext.build(spec), spec=dataclasses.replace(spec, speculative=object()))
+    ans = dc.disaggregated_answer(c)
+    assert ans.pick == DisaggregatedMiss(
         status="skipped", reason="speculative decoding is searched for aggregated replicas only")
     assert ans.searches == ()
 
@@ -312,7 +328,7 @@ def test_a_price_cap_drops_the_dearer_candidates_before_verifying(spec, monkeypa
                         _unit(c=cand, kv=kv, units=math.ceil(RATE / cand.goodput_req_s),
                               usd=math.ceil(RATE / cand.goodput_req_s) * cand.gpus * USD))
     monkeypatch.setattr(dc, "robust_unit", lambda c, u, jobs=1: u)
-    ans, _ = dc.disaggregated_answer(spec, usd_cap=12.0)     # the 5.0 one is $12, the 3.0 one $24
+    ans = dc.disaggregated_answer(_ctx(spec), usd_cap=12.0)     # the 5.0 one is $12, the 3.0 one $24
     assert verified == [5.0, 5.0] and ans.pick.usd_per_hour == 12.0
 
 
@@ -325,21 +341,23 @@ def _answer(pick, verified=None):
 def _run(spec, monkeypatch, agg, ans, **kw):
     seen = {}
 
-    def answer(s, seed, cal, eng, prof, jobs, cap):
-        seen["args"] = (seed, cal, eng, prof, jobs, cap)
-        return ans, SolveContext.build(s)
+    def answer(c, jobs, cap):
+        seen["args"] = (c.seed, jobs, cap)
+        seen["ctx"] = c
+        return ans
+
     def one(s, **k):
         seen["agg_kw"] = k
         return agg
     monkeypatch.setattr(dc, "disaggregated_answer", answer)
-    return dc.solve_deployments(spec, solve_one=one, **kw), seen
+    return solve_kinds(spec, one, **kw), seen
 
 
 def test_aggregated_only_never_runs_the_disaggregated_search(monkeypatch):
     s = load_workload_dict(_doc(deployment=["aggregated"]))
     monkeypatch.setattr(dc, "disaggregated_answer", lambda *a: pytest.fail("not searched"))
     agg = _result()
-    r = dc.solve_deployments(s, solve_one=lambda sp, **kw: agg, trials=3)
+    r = solve_kinds(s, lambda sp, **kw: agg, trials=3)
     assert r.deployment == DeploymentChoice(searched=("aggregated",), kind="aggregated")
     assert r.recommendation == agg.recommendation
 
@@ -347,7 +365,7 @@ def test_aggregated_only_never_runs_the_disaggregated_search(monkeypatch):
 def test_the_cheaper_aggregated_deployment_stays_with_its_margin(spec, monkeypatch):
     agg = _result(usd=12.0)
     r, seen = _run(spec, monkeypatch, agg, _answer(_dis(usd=15.0)), seed=5, calibration="ideal", trials=3)
-    assert seen["args"] == (5, "ideal", None, None, 1, math.inf)
+    assert seen["args"] == (5, 1, math.inf) and seen["ctx"].engine.record()["calibration"] == {"name": "ideal"}
     assert seen["agg_kw"] == {"seed": 5, "calibration": "ideal", "trials": 3}
     d = r.deployment
     assert d.kind == "aggregated" and d.against == "disaggregated" and d.margin_pct == pytest.approx(25.0)
@@ -361,15 +379,15 @@ def test_the_cheaper_aggregated_deployment_stays_with_its_margin(spec, monkeypat
 
 def test_a_disaggregated_miss_leaves_the_aggregated_answer_and_says_why(spec, monkeypatch):
     miss = DisaggregatedMiss(status="infeasible", reason="none met the SLOs")
-    r, seen = _run(spec, monkeypatch, _result(), _answer(miss), jobs=1, usd_cap=30.0, engine="sglang", profile="p.csv")
-    assert seen["args"] == (None, None, "sglang", "p.csv", 1, 30.0)
+    r, seen = _run(spec, monkeypatch, _result(), _answer(miss), jobs=1, usd_cap=30.0, engine="sglang")
+    assert seen["args"] == (0, 1, 30.0) and seen["ctx"].engine.engine == "sglang"
     d = r.deployment
     assert d.kind == "aggregated" and d.margin_pct is None and d.against is None and d.disaggregated == miss
     assert dc.deployment_lines(r) == ["  disaggregated: none met the SLOs"]
     # nothing anywhere: no kind
     r, seen = _run(spec, monkeypatch, _result(status="infeasible"), _answer(miss), usd_cap=30.0, engine="sglang")
     assert r.deployment.kind is None and r.status == "infeasible" and r.deployment.aggregated is None
-    assert seen["args"] == (None, None, "sglang", None, 1, 30.0)
+    assert seen["args"] == (0, 1, 30.0) and seen["ctx"].engine.engine == "sglang"
 
 
 def test_disaggregated_only_with_no_deployment_is_infeasible_and_names_the_aggregated_best(monkeypatch):
@@ -517,16 +535,16 @@ def test_forked_and_in_process_disaggregated_searches_give_the_same_answer(spec,
     miss = DisaggregatedMiss(status="infeasible", reason="none met the SLOs")
     here = []
 
-    def answer(s, *a):
+    def answer(c, *a):
         here.append(a)
-        return _answer(miss), SolveContext.build(s)
+        return _answer(miss)
     monkeypatch.setattr(dc, "disaggregated_answer", answer)
     agg = _result(usd=12.0)
-    forked = dc.solve_deployments(spec, solve_one=lambda s, **k: agg, jobs=2)
+    forked = solve_kinds(spec, lambda s, **k: agg, jobs=2)
     assert here == [] and forked.deployment.disaggregated == miss and forked.deployment.kind == "aggregated"
-    alone = dc.solve_deployments(spec, solve_one=lambda s, **k: agg, jobs=2, storage="sqlite:///x.db")
+    alone = solve_kinds(spec, lambda s, **k: agg, jobs=2, storage="sqlite:///x.db")
     assert len(here) == 1 and alone.deployment == forked.deployment
-    dc.solve_deployments(spec, solve_one=lambda s, **k: agg, jobs=1)
+    solve_kinds(spec, lambda s, **k: agg, jobs=1)
     assert len(here) == 2
 
 
@@ -535,16 +553,16 @@ def test_several_gpu_types_go_through_the_gpu_choice_each_with_both_kinds(monkey
     miss = DisaggregatedMiss(status="infeasible", reason="none met the SLOs")
     seen = []
 
-    def answer(one, *a):
-        seen.append(one.hardware.gpu)
-        return _answer(miss), SolveContext.build(one)
+    def answer(c, *a):
+        seen.append(c.spec.hardware.gpu)
+        return _answer(miss)
     monkeypatch.setattr(dc, "disaggregated_answer", answer)
     kws = []
 
     def one(sp, **k):
         kws.append(k)
         return _result(usd=12.0 if sp.hardware.gpu == "h100-sxm" else 9.0)
-    r = dc.solve_deployments(s, solve_one=one, trials=3)
+    r = solve_kinds(s, one, trials=3)
     assert seen == ["h100-sxm", "h200"]
     assert kws == [{"trials": 3}, {"trials": 3, "usd_cap": 12.0}]     # each type's solve gets the options and its cap
     assert [g.gpu for g in r.gpu_choice] == ["h200", "h100-sxm"] and r.cost.usd_per_hour == 9.0
@@ -555,8 +573,8 @@ def _child_only(parent_pid, in_child, in_parent):
     """A fake ``disaggregated_answer``: ``in_child()`` on the forked process, ``in_parent()`` here."""
     import os
 
-    def answer(s, *a):
-        return (in_child if os.getpid() != parent_pid else in_parent)(s)
+    def answer(c, *a):
+        return (in_child if os.getpid() != parent_pid else in_parent)(c)
     return answer
 
 
@@ -565,19 +583,19 @@ def test_a_forked_search_that_fails_or_cannot_send_its_answer_is_run_here_instea
     miss = DisaggregatedMiss(status="infeasible", reason="none met the SLOs")
     here = []
 
-    def parent(s):
+    def parent(c):
         here.append(1)
-        return _answer(miss), SolveContext.build(s)
+        return _answer(miss)
 
-    def fails(s):
+    def fails(c):
         raise RuntimeError("lost")
 
-    def unsendable(s):   # a lambda cannot be pickled back
-        return dc.DisaggregatedAnswer(miss, ({"f": lambda: 0},)), None
+    def unsendable(c):   # a lambda cannot be pickled back
+        return dc.DisaggregatedAnswer(miss, ({"f": lambda: 0},))
     agg = _result(usd=12.0)
     for child in (fails, unsendable):
         monkeypatch.setattr(dc, "disaggregated_answer", _child_only(os.getpid(), child, parent))
-        r = dc.solve_deployments(spec, solve_one=lambda s, **k: agg, jobs=2)
+        r = solve_kinds(spec, lambda s, **k: agg, jobs=2)
         assert r.deployment.disaggregated == miss and r.deployment.search == ({"kv_dtype": "bf16"},)
     assert len(here) == 2
 
@@ -594,27 +612,28 @@ def test_an_aggregated_search_that_raises_stops_the_forked_one(spec, monkeypatch
     def boom(s, **k):
         raise ValueError("aggregated search failed")
     with pytest.raises(ValueError, match="aggregated search failed"):
-        dc.solve_deployments(spec, solve_one=boom, jobs=2)
+        solve_kinds(spec, boom, jobs=2)
 
 
-def test_the_default_aggregated_solver_is_recommend_solve(monkeypatch):
-    from kvtune.optimizer import recommend
+def test_the_default_aggregated_solver_is_the_screen_and_race_in_the_types_context(monkeypatch):
+    from kvtune.optimizer import solve as solve_mod
     s = load_workload_dict(_doc(deployment=["aggregated"]))
     agg = _result(usd=12.0)
-    monkeypatch.setattr(recommend, "solve", lambda sp, **kw: agg)
-    assert dc.solve_deployments(s).recommendation == agg.recommendation
+    seen = []
+    monkeypatch.setattr(solve_mod, "solve_in", lambda c, *a, **kw: seen.append(c.spec) or agg)
+    assert solve_kinds(s).recommendation == agg.recommendation and seen == [s]
 
 
 # --- the first full run's survivors -----------------------------------------------------------------------------
 
 def test_a_unit_below_one_request_per_second_still_counts(spec, gspec):
-    assert dc._units(spec, _cand(goodput=0.5), 64, 10.0) == 20
-    assert dc._score(spec, 64, 10.0, USD)(_cand(goodput=0.5)) == (20 * 3 * USD, -0.5)
+    assert objective_for(spec.objective).replicas(10.0, 0.5, 3, 64) == 20
+    assert dc._score(_ctx(spec), 64, 10.0, USD)(_cand(goodput=0.5)) == (20 * 3 * USD, -0.5)
 
 
 def test_the_price_cap_is_inclusive_to_a_relative_1e_12(spec, ctx, monkeypatch):
     cap = 24.0 / (1 + 1e-12)                 # cap x (1 + 1e-12) == 24.0 exactly
-    assert dc._score(spec, 16, 10.0, USD, usd_cap=cap)(_cand(goodput=3.0)) == (24.0, -3.0)
+    assert dc._score(_ctx(spec), 16, 10.0, USD, usd_cap=cap)(_cand(goodput=3.0)) == (24.0, -3.0)
     monkeypatch.setattr(dc, "robust_unit", lambda c, u, jobs=1: u)
     u = _unit(usd=21.0 * (1 + 1e-12))
     assert dc._best_unit(ctx, [u], usd_cap=21.0) == u
@@ -645,14 +664,6 @@ def test_best_unit_stops_at_a_unit_that_only_ties_the_best(ctx, monkeypatch):
 def test_disaggregated_answer_wires_its_inputs_through(spec, gspec, monkeypatch):
     import numpy as np
     got: dict = {}
-    real = SolveContext.build
-
-    class Shim:
-        @staticmethod
-        def build(*a):
-            got["build"] = a
-            return real(a[0])
-
     def search(step_for, sim_config, make, attainment, **kw):
         first = "make" not in got
         got.update(kw, sim_config=sim_config, make=make)
@@ -661,13 +672,13 @@ def test_disaggregated_answer_wires_its_inputs_through(spec, gspec, monkeypatch)
     def verify(c, cand, kv, eng):
         got["verify_ctx"] = c
         return _unit(c=cand, kv=kv, units=5, usd=30.0)
-    monkeypatch.setattr(dc, "SolveContext", Shim)
     monkeypatch.setattr(dc, "search_disaggregated", search)
     monkeypatch.setattr(dc, "verify_unit", verify)
     monkeypatch.setattr(dc, "robust_unit", lambda c, u, jobs=1: got.setdefault("robust_jobs", jobs) and u)
     # max_goodput: a unit of 0.5 req/s on 3 GPUs is a deployment (5 units within 16 GPUs)
-    ans, ctx = dc.disaggregated_answer(gspec, 7, "ideal", "sglang", "prof.csv", jobs=3)
-    assert got["build"] == (gspec, 7, "ideal", "sglang", "prof.csv")
+    ctx = SolveContext.build(gspec, 7, "ideal", "sglang")
+    ans = dc.disaggregated_answer(ctx, jobs=3)
+    assert got["engine"] == "sglang"
     assert got["verify_ctx"] is ctx and got["robust_jobs"] == 3 and got["jobs"] == 3
     assert got["sim_config"] == ctx.engine.sim_config
     assert got["score"](_cand(goodput=3.0)) == (-(3.0 / (3 * USD)), 3)
@@ -685,7 +696,7 @@ def test_candidates_tied_on_score_keep_the_kv_dtypes_order_and_their_own(monkeyp
     monkeypatch.setattr(dc, "verify_unit", lambda c, cand, kv, e: verified.append((kv, cand.prefill.chunk_tokens))
                         or _unit(c=cand, kv=kv, units=4, usd=24.0))
     monkeypatch.setattr(dc, "robust_unit", lambda c, u, jobs=1: u)
-    dc.disaggregated_answer(s)
+    dc.disaggregated_answer(SolveContext.build(s))
     # all three at $24/h with 3.0 req/s per unit: the KV dtypes as listed (fp8 first), each search's own order
     assert verified == [("fp8", 4096), ("fp8", 1024), ("bf16", 2048)]
 
@@ -735,7 +746,7 @@ def test_an_aggregated_search_that_raises_with_nothing_forked_raises_its_own_err
     def boom(s, **k):
         raise ValueError("aggregated search failed")
     with pytest.raises(ValueError, match="aggregated search failed"):
-        dc.solve_deployments(spec, solve_one=boom, jobs=1)
+        solve_kinds(spec, boom, jobs=1)
 
 
 def test_the_forked_search_may_start_processes_of_its_own(spec, monkeypatch):
@@ -744,16 +755,16 @@ def test_the_forked_search_may_start_processes_of_its_own(spec, monkeypatch):
     import os
     miss = DisaggregatedMiss(status="infeasible", reason="none met the SLOs")
 
-    def child(s):
+    def child(c):
         p = mp.get_context("fork").Process(target=int)
         p.start()
         p.join()
-        return dc.DisaggregatedAnswer(miss, ({"ran": "forked"},)), None
+        return dc.DisaggregatedAnswer(miss, ({"ran": "forked"},))
 
-    def parent(s):
-        return dc.DisaggregatedAnswer(miss, ({"ran": "here"},)), SolveContext.build(s)
+    def parent(c):
+        return dc.DisaggregatedAnswer(miss, ({"ran": "here"},))
     monkeypatch.setattr(dc, "disaggregated_answer", _child_only(os.getpid(), child, parent))
-    r = dc.solve_deployments(spec, solve_one=lambda s, **k: _result(), jobs=2)
+    r = solve_kinds(spec, lambda s, **k: _result(), jobs=2)
     assert r.deployment.search == ({"ran": "forked"},)
 
 
@@ -781,30 +792,36 @@ def test_a_model_without_a_hugging_face_id_launches_by_the_workloads_name(spec):
     assert "vllm serve llama-3.1-8b " in dc._launch(spec, _pools_rec(), c)["vllm"]
 
 
-def test_the_forked_searchs_context_is_built_from_the_same_options(spec, monkeypatch):
+def test_one_context_per_gpu_type_built_from_the_options_serves_both_kinds(spec, monkeypatch):
     import os
+
+    from kvtune.optimizer import solve as solve_mod
     u, x = _won()
-    built = []
+    built, used = [], []
     real = SolveContext.build
 
     class Shim:
         @staticmethod
         def build(*a):
             built.append(a)
-            return real(a[0])
-    monkeypatch.setattr(dc, "SolveContext", Shim)
+            return real(*a)
+    monkeypatch.setattr(solve_mod, "SolveContext", Shim)
     monkeypatch.setattr(dc, "disaggregated_command", lambda *a: "cmd")
-    monkeypatch.setattr(dc, "disaggregated_answer", _child_only(os.getpid(), lambda s: (_answer(x, u), None),
-                                                                lambda s: pytest.fail("not forked")))
-    r = dc.solve_deployments(spec, solve_one=lambda s, **k: _result(status="infeasible"), jobs=2, seed=4,
-                             calibration="ideal", engine="vllm", profile="p.csv")
-    assert r.deployment.kind == "disaggregated" and built == [(spec, 4, "ideal", "vllm", "p.csv")]
+    monkeypatch.setattr(dc, "disaggregated_answer", _child_only(os.getpid(), lambda c: _answer(x, u),
+                                                                lambda c: pytest.fail("not forked")))
+
+    def agg(c, *a, **k):
+        used.append(c)
+        return _result(status="infeasible")
+    monkeypatch.setattr(solve_mod, "solve_in", agg)
+    r = solve_kinds(spec, jobs=2, seed=4, calibration="ideal", engine="vllm")
+    assert r.deployment.kind == "disaggregated" and built == [(spec, 4, "ideal", "vllm", None)] and len(used) == 1
 
 
 def test_the_disaggregated_search_beside_runs_at_a_lower_priority_and_returns_its_value():
     import os
-    from kvtune.optimizer.deployment_choice import BESIDE_NICE, _Beside
+    from kvtune.optimizer.deployment_choice import BESIDE_NICE, Beside
     here = os.nice(0)
-    got = _Beside(lambda: (os.nice(0), 6 * 7)).result()
+    got = Beside(lambda: (os.nice(0), 6 * 7)).result()
     assert got == (min(here + BESIDE_NICE, 19), 42)
     assert os.nice(0) == here          # this process keeps its priority

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from kvtune.costmodel.errors import InputError
-from kvtune.optimizer.gpu_choice import solve_gpu_choice
+from solve_fakes import solve_kinds, solve_types
 from kvtune.optimizer.result import SolveResult, TrialCounts, VerificationCounts
 from kvtune.optimizer.workload import load_workload_dict
 
@@ -65,7 +65,7 @@ def test_fp8_weights_refuse_a_gpu_without_fp8_in_the_list():
 def test_the_cheapest_type_wins_and_the_others_say_why():
     spec = load_workload_dict(_doc(gpu=["h100-sxm", "h200", "a100"],
                                    usd_per_gpu_hour={"h100-sxm": 3.0, "h200": 3.8, "a100": 1.8}))
-    r = solve_gpu_choice(spec, trials=20)
+    r = solve_kinds(spec, trials=20)
     rows = r.gpu_choice
     assert [g.gpu for g in rows] and {g.gpu for g in rows} == {"h100-sxm", "h200", "a100-80gb"}
     ok = [g for g in rows if g.status == "ok"]
@@ -87,6 +87,6 @@ def test_outer_loop_passes_each_type_and_its_price():
         seen.append((one.hardware.gpu, one.hardware.usd_per_gpu_hour, one.hardware.choices, kw.get("study_name")))
         return _infeasible(f"nothing on {one.hardware.gpu}")
 
-    r = solve_gpu_choice(spec, solve_one=fake, study_name="s")
+    r = solve_types(spec, fake, study_name="s")
     assert seen == [("h100-sxm", 3.0, (), "s-h100-sxm"), ("h200", 5.0, (), "s-h200")]
     assert r.status == "infeasible" and all("no config meets" in g.why for g in r.gpu_choice)

@@ -6,13 +6,16 @@ goodput; no search runs."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import sys
 from pathlib import Path
 
 import yaml
 
+from solve_fakes import solve_types
 from kvtune.optimizer import gpu_choice as gc
+from kvtune.optimizer.solve import search_types, solve, solve_type
 from kvtune.optimizer.result import (Cost, GpuChoiceRow, Predicted, Recommendation, SolveResult, TrialCounts,
                                      VerificationCounts)
 from kvtune.optimizer.workload import load_workload_dict
@@ -52,7 +55,7 @@ def _result(gpu, n_gpus=None, goodput=5.0, status="ok", kv="bf16", reason=None, 
 
 
 def _fake(answers, seen=None):
-    """solve_one answering ``answers[gpu]`` (a result, or a function of the kwargs), recording each call."""
+    """A type solver answering ``answers[gpu]`` (a result, or a function of the options asked), recording each call."""
     def one(spec, **kw):
         g = spec.hardware.gpu
         if seen is not None:
@@ -79,7 +82,7 @@ def test_min_cost_picks_the_cheapest_type_and_caps_each_later_one_at_the_cheapes
     answers = {"h100-sxm": _result("h100-sxm", 4),                         # $12/h
                "h200": _result("h200", 2),                                 # $8/h: cheaper
                "a100-80gb": _result("a100-80gb", 8)}                       # $16/h
-    r = gc.solve_gpu_choice(spec, solve_one=_fake(answers, seen), trials=5, study_name="st")
+    r = solve_types(spec, _fake(answers, seen), trials=5, study_name="st")
     assert [(g, usd, ch) for g, usd, ch, _ in seen] == [("h100-sxm", 3.0, ()), ("h200", 4.0, ()), ("a100-80gb", 2.0, ())]
     assert [kw for *_, kw in seen] == [{"trials": 5, "study_name": "st-h100-sxm"},
                                        {"trials": 5, "study_name": "st-h200", "usd_cap": 12.0},
@@ -101,7 +104,7 @@ def test_an_infeasible_first_type_passes_no_cap_and_a_dearer_type_says_so():
     answers = {"h100-sxm": _result("h100-sxm", status="infeasible", reason="TTFT 900 ms > 600 ms"),
                "h200": _result("h200", 3),                                 # $12/h
                "a100-80gb": _result("a100-80gb", status="dearer", reason="nothing at or below the cap")}
-    r = gc.solve_gpu_choice(spec, solve_one=_fake(answers, seen))
+    r = solve_types(spec, _fake(answers, seen))
     assert [kw for *_, kw in seen] == [{}, {}, {"usd_cap": 12.0}]
     assert r.status == "ok" and r.recommendation.gpu == "h200"
     rows = {g.gpu: g for g in r.gpu_choice}
@@ -113,7 +116,7 @@ def test_an_infeasible_first_type_passes_no_cap_and_a_dearer_type_says_so():
                                              why="nothing at or below $12.00/h (a cheaper type was found first)",
                                              reason="nothing at or below the cap")
     answers["a100-80gb"] = _result("a100-80gb", status="dearer")
-    row = gc.solve_gpu_choice(spec, solve_one=_fake(answers)).gpu_choice[-1]
+    row = solve_types(spec, _fake(answers)).gpu_choice[-1]
     assert row.status == "dearer" and row.reason == "" and row.why.startswith("nothing at or below $12.00/h")
 
 
@@ -122,18 +125,13 @@ def test_an_answer_that_did_not_meet_the_slos_never_caps_the_next_type():
     seen: list = []
     # an infeasible answer that still carries a price (its closest miss, say) is no cap
     priced_miss = dataclasses.replace(_result("h100-sxm", 2), status="infeasible", reason="missed")
-    gc.solve_gpu_choice(spec, solve_one=_fake({"h100-sxm": priced_miss, "h200": _result("h200", 2)}, seen))
+    solve_types(spec, _fake({"h100-sxm": priced_miss, "h200": _result("h200", 2)}, seen))
     assert [kw for *_, kw in seen] == [{}, {}]
 
 
-def test_the_default_solver_is_the_aggregated_solve(monkeypatch):
-    from kvtune.optimizer import recommend
-    spec = load_workload_dict(_doc(gpus=("h100-sxm", "h200")))
-    seen: list = []
-    monkeypatch.setattr(recommend, "solve", _fake({"h100-sxm": _result("h100-sxm", 4), "h200": _result("h200", 2)},
-                                                   seen))
-    assert gc.solve_gpu_choice(spec).recommendation.gpu == "h200"
-    assert [g for g, *_ in seen] == ["h100-sxm", "h200"]
+def test_the_default_solver_searches_both_kinds_of_one_type():
+    assert inspect.signature(solve).parameters["solve_one"].default is solve_type
+    assert inspect.signature(search_types).parameters["solve_one"].default is solve_type
 
 
 def test_the_cap_is_the_least_price_met_so_far_and_an_equal_price_keeps_the_first_listed():
@@ -142,24 +140,24 @@ def test_the_cap_is_the_least_price_met_so_far_and_an_equal_price_keeps_the_firs
     answers = {"h100-sxm": _result("h100-sxm", 4),                         # $12/h
                "h200": _result("h200", 4),                                 # $16/h: over the cap (a fake ignores it)
                "a100-80gb": _result("a100-80gb", 6, goodput=5.0)}          # $12/h, the same goodput
-    r = gc.solve_gpu_choice(spec, solve_one=_fake(answers, seen))
+    r = solve_types(spec, _fake(answers, seen))
     assert [kw.get("usd_cap") for *_, kw in seen] == [None, 12.0, 12.0]
     assert [g.gpu for g in r.gpu_choice] == ["h100-sxm", "a100-80gb", "h200"]
     assert r.gpu_choice[1].why == "same $12.00/h as h100-sxm, less goodput"
     # more goodput at the same $/h wins
     answers["a100-80gb"] = _result("a100-80gb", 6, goodput=6.0)
-    r = gc.solve_gpu_choice(spec, solve_one=_fake(answers))
+    r = solve_types(spec, _fake(answers))
     assert r.recommendation.gpu == "a100-80gb"
     # bf16 KV before fp8 KV at the same $/h (the example searches both)
     answers["a100-80gb"] = _result("a100-80gb", 6, goodput=6.0, kv="fp8")
-    assert gc.solve_gpu_choice(spec, solve_one=_fake(answers)).recommendation.gpu == "h100-sxm"
+    assert solve_types(spec, _fake(answers)).recommendation.gpu == "h100-sxm"
 
 
 def test_nothing_anywhere_is_infeasible_with_every_reason():
     spec = load_workload_dict(_doc(gpus=("h100-sxm", "h200")))
     answers = {"h100-sxm": _result("h100-sxm", status="infeasible", reason="a"),
                "h200": _result("h200", status="infeasible")}
-    r = gc.solve_gpu_choice(spec, solve_one=_fake(answers))
+    r = solve_types(spec, _fake(answers))
     assert r.status == "infeasible" and r.reason == "a"               # the first listed type's answer
     assert [(g.gpu, g.why, g.reason) for g in r.gpu_choice] == [
         ("h100-sxm", "no config meets the SLOs: a", "a"), ("h200", "no config meets the SLOs: ", "")]
@@ -172,8 +170,8 @@ def test_max_goodput_solves_every_type_in_full_and_ranks_goodput_per_dollar():
                "h200": _result("h200", 8, goodput=40.0),                     # 1.25
                "a100-80gb": _result("a100-80gb", 8, goodput=16.0)}           # 1.0 at $16: cheaper than h100's $24
     err = sys.stderr
-    r = gc.solve_gpu_choice(spec, solve_one=_fake(answers, seen), jobs=1)
-    assert [kw for *_, kw in seen] == [{"jobs": 1}] * 3                     # no cap
+    r = solve_types(spec, _fake(answers, seen), jobs=1)
+    assert [kw for *_, kw in seen] == [{}] * 3                              # no cap (one job: the default)
     assert sys.stderr is err                                                # in this process, its output kept
     assert [g.gpu for g in r.gpu_choice] == ["h200", "a100-80gb", "h100-sxm"]
     assert r.gpu_choice[1].why == "1 req/s per $/h against h200's 1.25"
@@ -183,19 +181,19 @@ def test_max_goodput_with_jobs_solves_the_types_side_by_side_with_one_job_each()
     spec = load_workload_dict(_doc(objective="max_goodput", gpus=("h100-sxm", "h200")))
 
     def tagged(gpu, n):
-        return lambda kw: _result(gpu, n, source=f"jobs={kw['jobs']} pid={os.getpid()}")
+        return lambda kw: _result(gpu, n, source=f"jobs={kw.get('jobs', 1)} pid={os.getpid()}")
     answers = {"h100-sxm": tagged("h100-sxm", 8), "h200": tagged("h200", 8)}
-    r = gc.solve_gpu_choice(spec, solve_one=_fake(answers), jobs=2)
+    r = solve_types(spec, _fake(answers), jobs=2)
     sources = [g.source for g in r.gpu_choice]
     assert all(s.startswith("jobs=1 ") for s in sources)
     assert all(s != f"jobs=1 pid={os.getpid()}" for s in sources)            # on forked processes
     # with a shared storage: in this process, the jobs passed on as given
-    r = gc.solve_gpu_choice(spec, solve_one=_fake(answers), jobs=2, storage="sqlite:///x.db")
+    r = solve_types(spec, _fake(answers), jobs=2, storage="sqlite:///x.db")
     assert {g.source for g in r.gpu_choice} == {f"jobs=2 pid={os.getpid()}"}
     # no jobs given: one, in this process
     answers = {"h100-sxm": lambda kw: _result("h100-sxm", 8, source=f"pid={os.getpid()}"),
                "h200": lambda kw: _result("h200", 8, source=f"pid={os.getpid()}")}
-    r = gc.solve_gpu_choice(spec, solve_one=_fake(answers))
+    r = solve_types(spec, _fake(answers))
     assert {g.source for g in r.gpu_choice} == {f"pid={os.getpid()}"}
 
 
@@ -203,12 +201,12 @@ def test_quietly_drops_what_a_forked_solve_prints(monkeypatch):
     monkeypatch.setattr(sys, "stderr", sys.stderr)     # restored after the test
     got = []
 
-    def one(spec, **kw):
-        got.append((spec, kw, sys.stderr.name))
+    def one():
+        got.append(sys.stderr.name)
         print("progress", file=sys.stderr)    # written (to nowhere), not refused
         return "r"
-    assert gc._quietly(one, "spec", {"trials": 3}) == "r"
-    assert got == [("spec", {"trials": 3}, os.devnull)]
+    assert gc.quietly(one) == "r"
+    assert got == [os.devnull]
 
 
 def test_rows_of_an_answer_missing_its_figures_read_as_not_met():

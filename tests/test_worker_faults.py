@@ -104,7 +104,7 @@ def _fake_execute(ctx, w):
 
 
 def _items(n):
-    return [Work("probe", (("tp", 1), ("batch_cap", b), ("kv_dtype", "bf16"), ("spec_k", 0), ("chunk_tokens", 512)),
+    return [Work("probe", {"tp": 1, "batch_cap": b + 1, "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 512},
                  1.0 + b, 10) for b in range(n)]
 
 

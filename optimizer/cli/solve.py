@@ -9,7 +9,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -168,18 +168,16 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
               profile: str | None, json_path: str | None, report_dir: str | None, quiet: bool, jobs: int | None,
               workers: int | None) -> None:
     """Search serving configs for WORKLOAD.yaml and recommend the cheapest that meets its SLOs."""
-    from kvtune.optimizer.facts import settle
-    from kvtune.optimizer.recommend import solve as solve_aggregated
+    from kvtune.optimizer.solve import Progress, SolveOptions, solve
     from kvtune.optimizer.workload import load_workload
 
     if sampler not in SAMPLER_NAMES:
         raise InputError(f"--sampler must be one of {', '.join(SAMPLER_NAMES)}, got {sampler!r}")
-    n_trials, seed_v, top, n_jobs = trials, seed, verify_top, jobs
+    n_jobs = jobs
     n_workers = workers or 1
     if n_jobs is None:
         import os
         n_jobs = min(2, os.cpu_count() or 1) if n_workers == 1 else 1
-    extra: dict[str, Any] = {} if top is None else {"verify_top": top}
     if json_path:
         check_output_path(json_path, "--json")
     if report_dir:
@@ -187,30 +185,15 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
     check_shared_storage(storage, n_workers)
     spec = load_workload(workload, engine)   # its search space cut to what the engine can launch
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
-    disaggregated_next = "disaggregated" in spec.search.deployment and spec.speculative is None
-
-    def aggregated(one: Any, **kw: Any) -> SolveResult:
-        """The aggregated search of one GPU type, its trials and race on the progress line."""
-        progress.start(one.hardware.gpu if spec.hardware.choices else None)
-        r = solve_aggregated(one, on_stage=progress.stage, **kw)
-        if disaggregated_next:   # what deployment_choice runs next, on this GPU type
-            progress.phase("disaggregated search: prefill and decode pools, simulated"
-                           + (f" ({one.hardware.gpu})" if spec.hardware.choices else ""))
-        return r
-
     # every GPU type hardware.gpu lists x aggregated and/or disaggregated deployments (search.deployment):
-    # one space, the best under the objective wins (optimizer.deployment_choice, optimizer.gpu_choice)
-    solve_one: Callable[..., SolveResult] = aggregated
-    from kvtune.optimizer.deployment_choice import solve_deployments
+    # one space, the best under the objective wins (optimizer.solve)
     try:
         with _workers(n_workers, storage, workload, sys.argv) as shared:
-            result = solve_deployments(spec, solve_one, trials=n_trials, seed=seed_v, sampler=sampler,
-                                       storage=shared, study_name=study_name, on_trial=progress,
-                                       calibration=calibration, engine=engine, profile=profile, jobs=n_jobs,
-                                       **extra)
-        result = settle(result, spec)   # one number per fact in the terminal, the JSON and the report
-        if spec.notes:   # what reading the workload dropped or filled in for the engine (optimizer.engine_space)
-            result = dataclasses.replace(result, notes=tuple(spec.notes) + tuple(result.notes or ()))
+            options = SolveOptions(trials=trials, seed=seed, sampler=sampler, storage=shared, study_name=study_name,
+                                   calibration=calibration, engine=engine, profile=profile, jobs=n_jobs,
+                                   **({} if verify_top is None else {"verify_top": verify_top}))
+            result = solve(spec, options, Progress(on_type=progress.start, on_trial=progress,
+                                                   on_stage=progress.stage, on_phase=progress.phase))
         if report_dir:
             progress.phase("report: plots and report.md")
         result, failed = _write_outputs(result, spec, report_dir, json_path, storage,
