@@ -3,8 +3,10 @@ feed the measurements back, stop when the measured pick keeps its promise (DESIG
 measured loop"; issue 21).
 
 A round:
-1. **Solve in simulation** (``optimizer.recommend.solve``) under the session's calibration: the
-   pick and its promise, the per-replica goodput the simulator predicts.
+1. **Solve in simulation** (``optimizer.solve.solve``, the very search ``kvtune solve`` runs: every
+   kind of deployment the workload and engine allow) under the session's calibration: the pick and
+   its promise, the per-replica goodput the simulator predicts. What the live engine cannot run is
+   refused with the reason (``check_tunable``: several GPU types; a disaggregated pick).
 2. **Measure what matters**: the pick, open loop, at ``pick_multipliers`` x its promise (0.8x,
    1.0x, 1.2x the first time a config is the pick; 1.0x after) plus the check at 1.3x, and the
    ``near`` configs the simulator ranks next at 1.0x, each on its own engine start
@@ -51,10 +53,12 @@ from .adapters import Adapter, RunningEngine
 from .adapters.errors import EngineError
 from .importers import Metadata, rows_to_csv
 from .output import write_atomic
+from .result import DisaggregatedRecommendation
+from .solve import SolveOptions, solve
 from .tune_records import CONFIG_KEYS, JobRecord, RoundRecord, RunRecord, TuneResult, config_id
 from .tune_store import TuneStore
 
-__all__ = ["TuneSettings", "Tuner", "tune", "settings_digest", "max_request_tokens"]
+__all__ = ["TuneSettings", "Tuner", "tune", "settings_digest", "max_request_tokens", "check_tunable"]
 
 CHECK_MULTIPLIER = 1.3          # the promise is tight when the pick misses at this many times it
 PROBE_OUTPUT_TOKENS = 16        # the speed probe: concurrency 1, the workload's mean prompt, 16 tokens out
@@ -255,12 +259,16 @@ class Tuner:
 
     # ---- solving --------------------------------------------------------------------------------
     def _solve(self):
-        from .recommend import solve
         cal = self.calibration or "ideal"
-        res = solve(self.spec, calibration=cal, engine=self.engine or None)
+        res = solve(self.spec, SolveOptions(calibration=cal, engine=self.engine or None))
         if res.status != "ok" or res.recommendation is None or res.predicted is None:
             raise Infeasible(f"no configuration meets the SLOs in simulation (calibration {self.cal_label}): "
                              f"{res.reason}")
+        if isinstance(res.recommendation, DisaggregatedRecommendation):
+            raise InputError(f"{self.spec.path}: the simulator's pick is a disaggregated deployment "
+                             f"({res.recommendation.prefill.replicas} prefill + {res.recommendation.decode.replicas} "
+                             f"decode replicas), and kvtune tune measures one aggregated engine; to tune the best "
+                             f"aggregated deployment, set search.deployment: [aggregated]")
         return res
 
     def _context(self):
@@ -755,9 +763,22 @@ def _mean_load(a: float | None, b: float | None) -> float | None:
     return round(sum(vals) / len(vals), 2) if vals else None
 
 
+def check_tunable(spec) -> None:
+    """Refuse, before any engine starts, what a session on one live engine cannot measure: a
+    workload that lists several GPU types (``kvtune solve`` chooses among them; tune then measures
+    the chosen one). A disaggregated pick is refused when the solve makes it (``Tuner._solve``)."""
+    choices = spec.hardware.choices
+    if choices:
+        names = ", ".join(g for g, _ in choices)
+        raise InputError(f"{spec.path}: hardware.gpu lists {len(choices)} GPU types ({names}); kvtune tune measures "
+                         f"one engine on one machine, so it cannot compare them: run kvtune solve for the choice, "
+                         f"then tune the chosen type (e.g. hardware.gpu: {choices[0][0]})")
+
+
 def tune(spec, adapter: Adapter, settings: TuneSettings, store: TuneStore, workdir: Path,
          log: Callable[[str], None] = lambda s: None, threads: int | None = None) -> TuneResult:
     """Run one session (``Tuner``); engine failures propagate as ``EngineError`` (exit 3)."""
+    check_tunable(spec)
     try:
         return Tuner(spec, adapter, settings, store, workdir, log, threads).run()
     except (EngineError, KeyboardInterrupt):

@@ -144,7 +144,7 @@ def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_mode
     from kvtune.costmodel.hardware import resolve_gpu
     from kvtune.optimizer.adapters.errors import Interrupted
     from kvtune.optimizer.search import make_storage
-    from kvtune.optimizer.tune import TuneSettings, settings_digest, tune
+    from kvtune.optimizer.tune import TuneSettings, check_tunable, settings_digest, tune
     from kvtune.optimizer.tune_store import TuneStore
     from kvtune.optimizer.workload import load_workload
 
@@ -161,6 +161,7 @@ def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_mode
     port_v = parse_int(port, "--port", 1, 65535) if port is not None else None
     startup = _float(startup_timeout_s, "--startup-timeout-s") or 0.0
     spec = load_workload(workload, engine)   # its search space cut to what the engine can launch
+    check_tunable(spec)   # what one live engine cannot measure is refused before anything starts
     cal = calibration if calibration is not None else spec.calibration
     settings = dataclasses.replace(settings, calibration=cal)
     if memory_budget_gb is not None:
