@@ -127,13 +127,17 @@ class StudyRunner:
                                          direction="maximize", load_if_exists=True,
                                          sampler=optuna.samplers.RandomSampler(seed=0))
         _mark_work_queue(self.study, study_name)
+        # the storage's public API (optuna.storages.BaseStorage) for what Study does not expose:
+        # a trial created with its claim in one write, and attributes of others' trials
+        self.storage = storage
+        self.study_id = storage.get_study_id_from_name(self.study.study_name)
         self.offset = 0                   # trial number of the current batch's first item
         self.cache: dict[str, dict] = {}
         self.ran = 0                      # items this process simulated
         self.held: dict[int, optuna.Trial] = {}
         self.mine: dict[int, list[dict]] = {}   # results of the trials this process ran, by number
         self.me = identity()
-        self.beat = _Heartbeat(self.study._storage)
+        self.beat = _Heartbeat(storage)
         self.seen: dict[int, tuple[object, float]] = {}  # others' RUNNING trials: (heartbeat, since when, monotonic)
         self.failed_dead = 0              # trials of dead processes this process marked FAIL
 
@@ -151,12 +155,15 @@ class StudyRunner:
     def _trials(self):
         return self.study.get_trials(deepcopy=False)
 
+    def _trial_id(self, number: int) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+
     def _create(self) -> optuna.Trial:
         """A new work trial, claimed by this process in the storage write that creates it."""
         template = optuna.trial.create_trial(state=TrialState.RUNNING,
                                              user_attrs={"claim": self.me, "heartbeat": time.time()})
         # Study.ask's own two steps (create, wrap), with the claim in the creating write
-        trial_id = self.study._storage.create_new_trial(self.study._study_id, template_trial=template)
+        trial_id = self.storage.create_new_trial(self.study_id, template_trial=template)
         self.beat.add(trial_id)
         return optuna.Trial(self.study, trial_id)
 
@@ -191,7 +198,7 @@ class StudyRunner:
         except UpdateFinishedTrialError:
             pass   # another process judged this one dead (a stall) and failed the trial: results kept here
         finally:
-            self.beat.discard(trial._trial_id)
+            self.beat.discard(self._trial_id(trial.number))
 
     def _collect(self, chunks: list[list[Work]], lo: int, hi: int) -> dict[str, dict]:
         out: dict[str, dict] = {}
@@ -247,7 +254,7 @@ class StudyRunner:
         if not why:
             return False
         try:
-            self.study._storage.set_trial_user_attr(t._trial_id, "dead_owner", why)
+            self.storage.set_trial_user_attr(self._trial_id(t.number), "dead_owner", why)
             self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
             self.failed_dead += 1
         except (UpdateFinishedTrialError, ValueError):
@@ -260,7 +267,7 @@ class StudyRunner:
         for t in self.held.values():
             t.set_user_attr("surplus", True)
             self.study.tell(t, state=TrialState.FAIL)
-            self.beat.discard(t._trial_id)
+            self.beat.discard(self._trial_id(t.number))
         self.held.clear()
         for left in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if left.number >= self.offset and left.number not in self.mine:

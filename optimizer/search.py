@@ -40,7 +40,6 @@ from dataclasses import dataclass, field, fields
 from typing import Callable, Mapping
 
 import optuna
-from optuna.samplers._base import _CONSTRAINTS_KEY
 from optuna.trial import TrialState
 
 from kvtune.costmodel import SpecConfig, get_model
@@ -382,20 +381,22 @@ def _constraints(t) -> list[float]:
 
 
 # Constraints live where optuna and optuna-dashboard both read them: the trial's system attribute
-# ``constraints`` (optuna.samplers._base._CONSTRAINTS_KEY), a list, every entry <= 0 feasible. The
-# dashboard reads only that list (optuna_dashboard/_serializer.py: system_attrs["constraints"]), so
-# a trial marked infeasible there is one the samplers treat as infeasible too. Optuna 4's samplers
-# write it from ``constraints_func`` after each trial; optuna 5 deprecates constraints_func (its
-# ``Trial.set_constraint`` writes "constraints:<name>" keys the dashboard does not read) and reads
-# the list from the trial, so the objective writes it for every sampler (GridSampler has no
-# constraints_func) and optuna 4's samplers get constraints_func as well.
+# ``constraints``, a list, every entry <= 0 feasible (optuna/study/_constrained_optimization.py reads
+# it for the samplers and FrozenTrial.constraints; optuna-dashboard 0.21 reads only that list,
+# optuna_dashboard/_serializer.py CONSTRAINTS_KEY). Optuna 5's Trial.set_constraint writes
+# "constraints:<name>" keys the dashboard does not read, so the list is written through the trial's
+# storage (the public BaseStorage API) for every sampler (GridSampler has no constraints_func), and
+# optuna 4's samplers get constraints_func as well.
+CONSTRAINTS_ATTR = "constraints"
 _OPTUNA_5 = hasattr(optuna.trial.Trial, "set_constraint")
 _CONSTRAINT_NAMES = ("memory_shortfall_gb", "slo_share_shortfall", "nodes_over_budget")
 
 
 def _store_constraints(trial: optuna.Trial, constraint: tuple[float, ...]) -> None:
-    # no public setter for a trial's system attributes: the trial's own storage, as the samplers do
-    trial.storage.set_trial_system_attr(trial._trial_id, _CONSTRAINTS_KEY, [float(c) for c in constraint])
+    st = trial.storage
+    trial_id = st.get_trial_id_from_study_id_trial_number(st.get_study_id_from_name(trial.study.study_name),
+                                                          trial.number)
+    st.set_trial_system_attr(trial_id, CONSTRAINTS_ATTR, [float(c) for c in constraint])
 
 
 def metric_names(sampler: str, objective: str) -> list[str]:

@@ -4,10 +4,9 @@ optuna's samplers and optuna-dashboard read), so a penalty trial is never shown 
 
 import optuna
 import pytest
-from optuna.samplers._base import _CONSTRAINTS_KEY
 from optuna.trial import TrialState
 
-from kvtune.optimizer.search import SolveContext, metric_names, open_study, run_search
+from kvtune.optimizer.search import CONSTRAINTS_ATTR, SolveContext, metric_names, open_study, run_search
 from kvtune.optimizer.workload import load_workload_dict
 
 
@@ -40,8 +39,8 @@ def test_constraints_under_optunas_key_mark_every_infeasible_trial(sampler):
     kinds = set()
     for t in trials:
         ev = t.user_attrs["eval"]
-        assert _CONSTRAINTS_KEY == "constraints"
-        assert list(t.system_attrs[_CONSTRAINTS_KEY]) == ev["constraint"]
+        assert CONSTRAINTS_ATTR == "constraints"   # the key optuna's samplers and optuna-dashboard read
+        assert list(t.system_attrs[CONSTRAINTS_ATTR]) == ev["constraint"]
         assert _dashboard_feasible(t) == ev["feasible"], (t.number, ev["constraint"], ev["reason"])
         if hasattr(t, "constraints"):   # optuna >= 5 reads the same list
             assert all(c <= 0 for c in t.constraints.values()) == ev["feasible"]
