@@ -69,8 +69,8 @@ def test_the_disaggregated_answer_is_the_same_on_one_or_two_processes():
     spec = _spec(workload={"rate_req_s": 6, "classes": [{"name": "c", "share": 1.0, "input_tokens": 6000,
                                                         "output_tokens": 200}]},
                  slo={"ttft_ms": 1500, "tpot_ms": 30, "attainment": 0.9})
-    a, _ = disaggregated_answer(spec, jobs=1)
-    b, _ = disaggregated_answer(spec, jobs=2)
+    a = disaggregated_answer(SolveContext.build(spec), jobs=1)
+    b = disaggregated_answer(SolveContext.build(spec), jobs=2)
     assert a.verified is not None and a.verified.draws is not None
     strip = [{k: v for k, v in s.items() if k != "wall_s"} for s in a.searches]
     assert strip == [{k: v for k, v in s.items() if k != "wall_s"} for s in b.searches]
