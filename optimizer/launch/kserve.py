@@ -1,0 +1,71 @@
+"""KServe 0.20.0: an ``LLMInferenceService`` (serving.kserve.io/v1alpha1) for one pick, aggregated
+or disaggregated.
+
+KServe's presets (config/llmisvcconfig/config-llm-template.yaml and the prefill/decode templates
+at v0.20.0) run ``vllm serve /mnt/models --served-model-name ... --port 8000
+--tensor-parallel-size <spec.parallelism.tensor> ... "$@"``: the main container's ``args`` reach vLLM
+after the preset's own flags, and the prefill/decode presets add the NixlConnector
+``--kv-transfer-config`` themselves. So the args are kvtune's vLLM flags (vllm.py) less those the
+preset sets; replicas and tensor parallelism are the resource's own fields (``spec.replicas``,
+``spec.parallelism``, ``spec.prefill``); the model is ``hf://<checkpoint>``, pulled by KServe's
+storage initializer. The image is kvtune's pinned vLLM (versions.py), the one its flags are
+checked against (the preset's own image bundles another vLLM build).
+
+The presets' multi-node form (``spec.worker``, a LeaderWorkerSet) is data-parallel vLLM
+(config-llm-worker-data-parallel.yaml); a replica whose TP x PP spans nodes gets the reason instead.
+
+Checked against tests/contracts/platforms/kserve-0.20.0.json (the CRD's v1alpha1 schema,
+bench/refresh_platform_schemas.py).
+"""
+
+from __future__ import annotations
+
+from . import kubernetes
+from .pick import LaunchPick, Unsupported
+from .platform_argv import PlatformVersion, safe_name, without_flags
+from .versions import ENGINE_VERSIONS
+from .vllm import vllm_argv
+
+__all__ = ["KSERVE", "API_VERSION", "PRESET_SETS", "llm_inference_service"]
+
+KSERVE = PlatformVersion("kserve", "KServe", "0.20.0", "kserve/kserve", "1fb781055dd1567164358233e1125142ca6ef1fe",
+                         "tests/contracts/platforms/kserve-0.20.0.json")
+API_VERSION = "serving.kserve.io/v1alpha1"
+# flags the preset's `vllm serve` line writes itself (config-llm-template.yaml): dropped from kvtune's argv
+PRESET_SETS = ("--port", "--host", "--tensor-parallel-size", "--served-model-name")
+
+
+def _template(p: LaunchPick, role: str) -> dict:
+    args = without_flags(vllm_argv(p, role=role)[0], PRESET_SETS)[3:]   # less `vllm serve MODEL`
+    gpus = p.gpus_per_replica
+    main = {"name": "main", "image": ENGINE_VERSIONS["vllm"].image, "args": args,
+            "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {**kubernetes.HF_SECRET,
+                                                                          "optional": not p.gated}}}],
+            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}}}
+    return {"containers": [main]}
+
+
+def llm_inference_service(name: str, serve: LaunchPick | None = None, prefill: LaunchPick | None = None,
+                          decode: LaunchPick | None = None) -> dict:
+    """The LLMInferenceService: ``serve`` for an aggregated pick, ``prefill`` + ``decode`` for a
+    disaggregated one (each with ``replicas`` = its pool's replica count)."""
+    main = serve if serve is not None else decode
+    if main is None or (serve is None and prefill is None):
+        raise ValueError("llm_inference_service: give serve, or prefill and decode")
+    for p in (main, prefill):
+        if p is not None and p.multi_node:
+            raise Unsupported(f"one replica spans {p.nodes} nodes (TP {p.tp} x PP {p.pp}): KServe's multi-node "
+                              f"preset runs data-parallel vLLM only; use the LeaderWorkerSet manifest (k8s)")
+        if p is not None:
+            p.require_launchable("vllm")
+    ckpt = vllm_argv(main)[0][2]
+    spec: dict = {"model": {"uri": f"hf://{ckpt}", "name": ckpt}, "replicas": main.replicas,
+                  "parallelism": {"tensor": main.tp},
+                  # KServe's managed route, gateway and inference scheduler (the presets' defaults)
+                  "router": {"route": {}, "gateway": {}, "scheduler": {}},
+                  "template": _template(main, "serve" if serve is not None else "decode")}
+    if serve is None and prefill is not None:
+        spec["prefill"] = {"replicas": prefill.replicas, "parallelism": {"tensor": prefill.tp},
+                           "template": _template(prefill, "prefill")}
+    return {"apiVersion": API_VERSION, "kind": "LLMInferenceService", "metadata": {"name": safe_name(name)},
+            "spec": spec}
