@@ -352,16 +352,24 @@ def test_the_examples_cover_single_and_multi_node():
 
 @pytest.mark.slow
 def test_a_solved_example_writes_schema_valid_platform_output(tmp_path):
+    """The chat example solved disaggregated (search.deployment: [disaggregated]): every platform's
+    output valid, and the planner given the workload's own SLOs and the solve's per-unit goodput."""
+    w = yaml.safe_load((ROOT / "examples" / "chat-llama3.1-8b.yaml").read_text())
+    w["search"] = {**w.get("search", {}), "deployment": ["disaggregated"]}
+    path = tmp_path / "chat-disagg.yaml"
+    path.write_text(yaml.safe_dump(w))
     out = tmp_path / "r.json"
-    code, text = kvtune("solve", "examples/chat-llama3.1-8b.yaml", "--quiet", "--json", out)
+    code, text = kvtune("solve", str(path), "--quiet", "--json", out)
     assert code == 0, text
     r = json.loads(out.read_text())
-    assert r["status"] == "ok"
+    assert r["status"] == "ok" and r["deployment"]["kind"] == "disaggregated"
     for launch in [r["launch"]] + ([r["launch_aggregated"]] if r.get("launch_aggregated") else []):
         plat = launch["platforms"]
         assert platform_errors(plat) == []
         assert {"dynamo", "llmd", "kserve"} <= set(plat)
-    slo = r.get("workload", {}).get("slo") or {}
-    planner = r["launch"]["platforms"]["dynamo"].get("planner")
-    if planner is not None and slo.get("ttft_ms"):
-        assert float(planner["argv"][planner["argv"].index("--ttft") + 1]) == slo["ttft_ms"] / 1000
+    planner = r["launch"]["platforms"]["dynamo"]["planner"]
+    argv = planner["argv"]
+    assert float(argv[argv.index("--ttft") + 1]) == w["slo"]["ttft_ms"] / 1000
+    assert float(argv[argv.index("--itl") + 1]) == w["slo"]["tpot_ms"] / 1000
+    assert planner["targets"]["per_replica_goodput_req_s"] == r["predicted"]["per_replica_goodput_req_s"]
+    assert int(argv[argv.index("--max-gpu-budget") + 1]) == r["recommendation"]["gpus"]

@@ -59,16 +59,18 @@ def llmd_values(serve: LaunchPick | None = None, prefill: LaunchPick | None = No
                 decode: LaunchPick | None = None, engine: str | None = None) -> dict:
     """The chart's values: ``serve`` for an aggregated pick, ``prefill`` + ``decode`` for a
     disaggregated one. ``engine``: the workload's; the chart runs vLLM whatever it is."""
-    pools = [serve] if serve is not None else [prefill, decode]
-    if any(p is None for p in pools):
+    if serve is not None:
+        roles: list[tuple[str, LaunchPick, str]] = [("decode", serve, "serve")]
+    elif prefill is not None and decode is not None:
+        roles = [("prefill", prefill, "prefill"), ("decode", decode, "decode")]
+    else:
         raise ValueError("llmd_values: give serve, or prefill and decode")
-    picks = [p for p in pools if p is not None]
-    for p in picks:
+    for _, p, _ in roles:
         if p.multi_node:
             raise Unsupported(f"one replica spans {p.nodes} nodes (TP {p.tp} x PP {p.pp}): the chart's multinode "
                               f"form runs data-parallel vLLM only; use the LeaderWorkerSet manifest (k8s)")
         p.require_launchable("vllm")
-    first = picks[0]
+    first = roles[0][1]
     ckpt = vllm_argv(first)[0][2]
     # the model volume: the checkpoint kvtune planned plus a fifth (as kubernetes.pvc), at least 20 GiB
     size_gib = 100 if first.memory is None else max(20, math.ceil(first.memory.weight_bytes_total * 1.2 / 2**30))
@@ -76,13 +78,8 @@ def llmd_values(serve: LaunchPick | None = None, prefill: LaunchPick | None = No
     values: dict = {"modelArtifacts": {"name": ckpt, "uri": f"hf://{ckpt}", "size": f"{size_gib}Gi",
                                        "authSecretName": HF_SECRET},
                     "multinode": False,
-                    "routing": {"servicePort": 8000, "proxy": {"enabled": disagg, "connector": PROXY_CONNECTOR}}}
-    if disagg:
-        assert prefill is not None and decode is not None
-        values["prefill"] = _pool(prefill, "prefill", True)
-        values["decode"] = _pool(decode, "decode", True)
-    else:
-        assert serve is not None
-        values["decode"] = _pool(serve, "serve", False)
-        values["prefill"] = {"create": False}
+                    "routing": {"servicePort": 8000, "proxy": {"enabled": disagg, "connector": PROXY_CONNECTOR}},
+                    "prefill": {"create": False}}
+    for pool, p, role in roles:
+        values[pool] = _pool(p, role, disagg)
     return values
