@@ -40,7 +40,7 @@ from kvtune.optimizer.workload import load_workload
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = Path(__file__).parent / "contracts" / "platforms"
 H100 = get_gpu("h100-sxm")
-L8, L70, L405 = (get_model(n) for n in ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b"))
+L8, L70, L405, QMOE = (get_model(n) for n in ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen3-30b-a3b"))
 TARGETS = PlannerTargets(ttft_ms=1000.0, tpot_ms=40.0, per_replica_goodput_req_s=3.0)
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -238,6 +238,11 @@ KINDS = {
     "spec-eagle3": lambda: launch_for_pick(
         _pick(L8, 1, speculative={"method": "eagle3", "draft_model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"},
               spec_k=3), "kvtune-llama-3.1-8b", None, TARGETS),
+    "moe-dp-attention": lambda: launch_for_pick(
+        build_pick(QMOE.hf_id, {"tp": 4, "ep": 4, "dp_attention": True, "batch_cap": 64, "kv_dtype": "bf16",
+                                "spec_k": 0, "chunk_tokens": 4096}, 2, 0.9, None, arch=QMOE, gpu=H100,
+                   activation_reserve_bytes=2e9, max_request_tokens=9200, max_prompt_tokens=8000),
+        "kvtune-qwen3-30b-a3b", None, TARGETS),
     "multinode-405b-vllm": lambda: launch_for_pick(_pick(L405, 16), "kvtune-llama-3.1-405b", "vllm", TARGETS),
     "multinode-405b-sglang": lambda: launch_for_pick(_pick(L405, 8, pp=2), "kvtune-llama-3.1-405b", "sglang",
                                                      TARGETS),
@@ -291,6 +296,17 @@ def test_the_planner_targets_read_an_slo_without_inventing_one():
     from kvtune.costmodel.traffic import SLO
     t = PlannerTargets.from_slo(SLO(ttft_ms=500.0), math.inf)
     assert (t.ttft_ms, t.tpot_ms, t.per_replica_goodput_req_s) == (500.0, None, None)
+
+
+def test_dp_attention_keeps_the_platforms_tensor_parallelism_at_one():
+    """vLLM runs DP attention as TP 1 x DP tp (launch/vllm.py): a chart or preset that writes
+    --tensor-parallel-size from its own field must be given 1, the DP size riding in the args."""
+    plat = KINDS["moe-dp-attention"]()["platforms"]
+    pool = plat["llmd"]["resource"]["decode"]
+    assert pool["parallelism"]["tensor"] == 1 and "--data-parallel-size" in pool["containers"][0]["args"]
+    spec = plat["kserve"]["resource"]["spec"]
+    assert spec["parallelism"]["tensor"] == 1 and "--data-parallel-size" in spec["template"]["containers"][0]["args"]
+    assert spec["template"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
 
 
 def test_a_platform_running_another_engine_says_so():

@@ -35,6 +35,12 @@ API_VERSION = "serving.kserve.io/v1alpha1"
 PRESET_SETS = ("--port", "--host", "--tensor-parallel-size", "--served-model-name")
 
 
+def _tensor(p: LaunchPick) -> int:
+    """The preset's --tensor-parallel-size: 1 under DP attention (vLLM runs TP 1 x DP tp, vllm.py;
+    its --data-parallel-size stays in the args)."""
+    return 1 if p.dp_attention else p.tp
+
+
 def _template(p: LaunchPick, role: str) -> dict:
     args = without_flags(vllm_argv(p, role=role)[0], PRESET_SETS)[3:]   # less `vllm serve MODEL`
     gpus = p.gpus_per_replica
@@ -60,12 +66,12 @@ def llm_inference_service(name: str, serve: LaunchPick | None = None, prefill: L
             p.require_launchable("vllm")
     ckpt = vllm_argv(main)[0][2]
     spec: dict = {"model": {"uri": f"hf://{ckpt}", "name": ckpt}, "replicas": main.replicas,
-                  "parallelism": {"tensor": main.tp},
+                  "parallelism": {"tensor": _tensor(main)},
                   # KServe's managed route, gateway and inference scheduler (the presets' defaults)
                   "router": {"route": {}, "gateway": {}, "scheduler": {}},
                   "template": _template(main, "serve" if serve is not None else "decode")}
     if serve is None and prefill is not None:
-        spec["prefill"] = {"replicas": prefill.replicas, "parallelism": {"tensor": prefill.tp},
+        spec["prefill"] = {"replicas": prefill.replicas, "parallelism": {"tensor": _tensor(prefill)},
                            "template": _template(prefill, "prefill")}
     return {"apiVersion": API_VERSION, "kind": "LLMInferenceService", "metadata": {"name": safe_name(name)},
             "spec": spec}

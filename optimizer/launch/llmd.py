@@ -52,7 +52,9 @@ def _pool(p: LaunchPick, role: str, disagg: bool) -> dict:
                                         "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}] if disagg else [],
                  "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}},
                  "mountModelVolume": True}
-    return {"create": True, "replicas": p.replicas, "parallelism": {"tensor": p.tp}, "containers": [container]}
+    # under DP attention vLLM runs TP 1 x DP tp (vllm.py): its --data-parallel-size stays in the args
+    tensor = 1 if p.dp_attention else p.tp
+    return {"create": True, "replicas": p.replicas, "parallelism": {"tensor": tensor}, "containers": [container]}
 
 
 def llmd_values(serve: LaunchPick | None = None, prefill: LaunchPick | None = None,
