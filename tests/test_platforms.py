@@ -30,6 +30,7 @@ import yaml
 from engine_contracts import check_argv
 from helpers import kvtune
 from kvtune.costmodel import get_gpu, get_model
+from kvtune.optimizer.facts import launch_footer
 from kvtune.optimizer.launch import PlannerTargets, build_pick, disaggregated_launch, launch_for_pick
 from kvtune.optimizer.launch.context import request_lengths
 from kvtune.optimizer.launch.dynamo import BUNDLED_ENGINES, WORKERS
@@ -313,6 +314,12 @@ def test_a_platform_running_another_engine_says_so():
     plat = KINDS["70b-trtllm"]()["platforms"]
     for key in ("dynamo", "llmd", "kserve"):
         assert any("TensorRT-LLM" in n for n in plat["notes"][key]), key
+
+
+def test_the_summary_footer_names_the_platforms_written():
+    assert "Dynamo, llm-d, KServe under 'launch.platforms'" in launch_footer(KINDS["chat-8b"]())
+    assert "; Dynamo under 'launch.platforms'" in launch_footer(KINDS["multinode-405b-vllm"]())
+    assert "launch.platforms" not in launch_footer({"vllm": "x", "unsupported": {"k8s": "no GPUs"}})
 
 
 def test_the_report_shows_each_platform():
