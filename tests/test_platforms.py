@@ -41,7 +41,8 @@ from kvtune.optimizer.workload import load_workload
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = Path(__file__).parent / "contracts" / "platforms"
 H100 = get_gpu("h100-sxm")
-L8, L70, L405, QMOE = (get_model(n) for n in ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen3-30b-a3b"))
+L8, L70, L405, QMOE, DSV3 = (get_model(n) for n in ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
+                                                   "qwen3-30b-a3b", "deepseek-v3"))
 TARGETS = PlannerTargets(ttft_ms=1000.0, tpot_ms=40.0, per_replica_goodput_req_s=3.0)
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -110,6 +111,18 @@ def _vllm_args_errors(model: str, tp: int, args: list[str]) -> list[str]:
     return check_argv("vllm", ["vllm", "serve", model, "--tensor-parallel-size", str(tp), *args])
 
 
+def _dp_nodes_script_errors(command: list[str], args: list[str]) -> list[str]:
+    """llm-d's multinode shell line: the vLLM command it execs, on the leader (rank 0) and on a
+    worker (``--headless``), with LWS's variables standing in as placeholders."""
+    if command != ["/bin/sh", "-c"] or len(args) != 1 or " exec vllm serve " not in args[0]:
+        return [f"not a shell line that execs vllm serve: {command} {args}"]
+    words = shlex.split(args[0].split(" exec ", 1)[1].replace("$LWS_LEADER_ADDRESS", "$(LWS_LEADER_ADDRESS)")
+                        .replace('"$RANK"', "8"))
+    if words[-1] != "$HEADLESS":
+        return [f"the line does not end in $HEADLESS: {words[-3:]}"]
+    return check_argv("vllm", words[:-1]) + check_argv("vllm", words[:-1] + ["--headless"])
+
+
 def _planner_errors(argv: list[str]) -> list[str]:
     flags = contract("dynamo")["planner"]["flags"]
     errors, i = [], 3
@@ -162,8 +175,12 @@ def platform_errors(platforms: dict) -> list[str]:
         elif key == "llmd":
             for role in ("prefill", "decode"):
                 pool = doc[role]
-                if pool["create"]:
-                    c = pool["containers"][0]
+                if not pool["create"]:
+                    continue
+                c = pool["containers"][0]
+                if c["modelCommand"] == "custom":
+                    errors += [f"llmd {role}: {e}" for e in _dp_nodes_script_errors(c["command"], c["args"])]
+                else:
                     errors += [f"llmd {role}: {e}" for e in _vllm_args_errors(doc["modelArtifacts"]["name"],
                                                                               pool["parallelism"]["tensor"], c["args"])]
         else:
@@ -244,6 +261,11 @@ KINDS = {
                                 "spec_k": 0, "chunk_tokens": 4096}, 2, 0.9, None, arch=QMOE, gpu=H100,
                    activation_reserve_bytes=2e9, max_request_tokens=9200, max_prompt_tokens=8000),
         "kvtune-qwen3-30b-a3b", None, TARGETS),
+    "multinode-dsv3-dp-attention": lambda: launch_for_pick(
+        build_pick(DSV3.hf_id, {"tp": 16, "ep": 16, "dp_attention": True, "batch_cap": 64, "kv_dtype": "bf16",
+                                "spec_k": 0, "chunk_tokens": 4096}, 1, 0.9, None, arch=DSV3, gpu=H100, weights="fp8",
+                   activation_reserve_bytes=2e9, max_request_tokens=9200, max_prompt_tokens=8000),
+        "kvtune-deepseek-v3", None, TARGETS),
     "multinode-405b-vllm": lambda: launch_for_pick(_pick(L405, 16), "kvtune-llama-3.1-405b", "vllm", TARGETS),
     "multinode-405b-sglang": lambda: launch_for_pick(_pick(L405, 8, pp=2), "kvtune-llama-3.1-405b", "sglang",
                                                      TARGETS),
@@ -264,7 +286,8 @@ def test_every_kind_of_pick_is_schema_valid_on_every_platform(kind):
     if "multinode" in kind:
         svc = next(s for s in plat["dynamo"]["resource"]["spec"]["services"].values() if s["componentType"] == "worker")
         assert svc["multinode"] == {"nodeCount": 2} and svc["resources"]["limits"]["gpu"] == "8"
-        assert set(plat["unsupported"]) == {"llmd", "kserve"}
+        # llm-d's and KServe's multi-node forms are data-parallel: a TP x PP replica gets the reason
+        assert set(plat["unsupported"]) == (set() if "dp-attention" in kind else {"llmd", "kserve"})
     else:
         assert plat["unsupported"] == {} and {"llmd", "kserve"} <= set(plat)
 
@@ -308,6 +331,23 @@ def test_dp_attention_keeps_the_platforms_tensor_parallelism_at_one():
     spec = plat["kserve"]["resource"]["spec"]
     assert spec["parallelism"]["tensor"] == 1 and "--data-parallel-size" in spec["template"]["containers"][0]["args"]
     assert spec["template"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+
+
+def test_attention_dp_over_nodes_is_llmd_and_kserves_multi_node_form():
+    """DeepSeek-V3 at DP 16 over two 8-GPU nodes: KServe's data-parallel preset (parallelism and a
+    worker pod), llm-d's LeaderWorkerSet (multinode, 2 workers) with each pod's start rank."""
+    plat = KINDS["multinode-dsv3-dp-attention"]()["platforms"]
+    spec = plat["kserve"]["resource"]["spec"]
+    assert spec["parallelism"] == {"tensor": 1, "data": 16, "dataLocal": 8, "expert": True}
+    assert spec["worker"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    for c in (spec["template"]["containers"][0], spec["worker"]["containers"][0]):
+        # the preset writes these from spec.parallelism
+        assert "--data-parallel-size" not in c["args"] and "--enable-expert-parallel" not in c["args"]
+    values = plat["llmd"]["resource"]
+    assert values["multinode"] is True
+    assert values["decode"]["parallelism"] == {"tensor": 1, "data": 16, "dataLocal": 8, "workers": 2}
+    line = values["decode"]["containers"][0]["args"][0]
+    assert "RANK=$(( ${LWS_WORKER_INDEX:-0} * 8 ))" in line and "--data-parallel-start-rank \"$RANK\"" in line
 
 
 def test_a_platform_running_another_engine_says_so():

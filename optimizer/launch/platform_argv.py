@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PlatformVersion", "without_flags", "safe_name"]
+from .pick import LaunchPick
+
+__all__ = ["PlatformVersion", "without_flags", "safe_name", "data_parallel_nodes"]
 
 
 @dataclass(frozen=True)
@@ -50,3 +52,10 @@ def without_flags(argv: list[str], valued: tuple[str, ...] = (), switches: tuple
 def safe_name(name: str, limit: int = 40) -> str:
     """``name`` as a DNS-1123 label prefix: lower case, alphanumerics and '-', at most ``limit``."""
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:limit].strip("-") or "kvtune-llm"
+
+
+def data_parallel_nodes(p: LaunchPick) -> bool:
+    """Whether ``p`` is the multi-node form llm-d's chart and KServe's presets run (a LeaderWorkerSet
+    of data-parallel vLLM): attention data-parallel over whole nodes (vLLM's TP 1 x DP tp,
+    vllm.py), no pipeline stages."""
+    return p.multi_node and p.dp_attention and p.pp == 1 and p.gpus_per_replica % p.nodes == 0
