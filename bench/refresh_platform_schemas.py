@@ -21,8 +21,8 @@ What is read, per platform (the sha256 recorded is of the file's bytes at the ta
   utils/planner_argparse.py ``parser.add_argument`` calls, read with ``ast``) and the worker service
   names it scales (defaults.py ``*ComponentName.*_worker_k8s_name``); the engine versions its
   runtime images bundle (pyproject.toml's ``vllm``/``sglang``/``trtllm`` extras); the workers' own
-  flags (components/backends/{vllm,sglang}/src/dynamo/*/args.py), which they take beside the
-  engine's.
+  flags (components/backends/{vllm,sglang}/src/dynamo/*/args.py, which they take beside the
+  engine's; the TensorRT-LLM worker's whole parser, trtllm/utils/trtllm_utils.py).
 - KServe v0.20.0 (kserve/kserve): the ``LLMInferenceService`` CRD
   (config/crd/full/llmisvc/serving.kserve.io_llminferenceservices.yaml), version v1alpha1.
 - llm-d-modelservice v0.4.12 (llm-d-incubation/llm-d-modelservice): the chart's own
@@ -63,7 +63,8 @@ _PLANNER = "components/planner/src/dynamo/planner"
 _DROP = ("description", "title")
 # the workers' own flags (beside the engine's, which each parser adds from the engine itself)
 _WORKER_ARGS = {"dynamo.vllm": "components/backends/vllm/src/dynamo/vllm/args.py",
-                "dynamo.sglang": "components/backends/sglang/src/dynamo/sglang/args.py"}
+                "dynamo.sglang": "components/backends/sglang/src/dynamo/sglang/args.py",
+                "dynamo.trtllm": "components/backends/trtllm/src/dynamo/trtllm/utils/trtllm_utils.py"}
 
 
 def git_show(git_dir: Path, tag: str, path: str) -> bytes:

@@ -27,13 +27,13 @@ import jsonschema
 import pytest
 import yaml
 
-from engine_contracts import check_argv
+from engine_contracts import check_argv, check_trtllm_api
 from helpers import kvtune
 from kvtune.costmodel import get_gpu, get_model
 from kvtune.optimizer.facts import launch_footer
 from kvtune.optimizer.launch import PlannerTargets, build_pick, disaggregated_launch, launch_for_pick
 from kvtune.optimizer.launch.context import request_lengths
-from kvtune.optimizer.launch.dynamo import BUNDLED_ENGINES, WORKERS
+from kvtune.optimizer.launch.dynamo import BUNDLED_ENGINES, DYNAMO, WORKERS
 from kvtune.optimizer.launch.platforms import PLATFORMS
 from kvtune.optimizer.report import _launch_lines
 from kvtune.optimizer.workload import load_workload
@@ -103,7 +103,35 @@ def _dynamo_worker_errors(line: str) -> list[str]:
         return check_argv("vllm", ["vllm", "serve", model, *rest])
     if argv[:3] == ["python3", "-m", "dynamo.sglang"]:
         return check_argv("sglang", ["python", "-m", "sglang.launch_server", *argv[3:]])
+    if argv[:3] == ["python3", "-m", "dynamo.trtllm"]:
+        return _flag_errors(argv[3:], own["dynamo.trtllm"]["flags"]) + \
+            check_trtllm_api(json.loads(argv[argv.index("--override-engine-args") + 1]))
     return [f"not a Dynamo worker: {line[:60]}"]
+
+
+def _flag_errors(args: list[str], flags: dict) -> list[str]:
+    """``args`` against an argparse parser's recorded flags (type, literal choices, store_true)."""
+    errors, i = [], 0
+    while i < len(args):
+        name = args[i]
+        f = flags.get(name)
+        if f is None:
+            errors.append(f"{name}: no such flag")
+            i += 1
+            continue
+        if f.get("action") == "store_true":
+            i += 1
+            continue
+        v = args[i + 1]
+        conv = {"int": int, "float": float}.get(f.get("type", ""), str)
+        try:
+            conv(v)
+        except ValueError:
+            errors.append(f"{name} {v!r}: not {f['type']}")
+        if isinstance(f.get("choices"), list) and v not in f["choices"]:
+            errors.append(f"{name} {v!r}: not one of {f['choices']}")
+        i += 2
+    return errors
 
 
 def _vllm_args_errors(model: str, tp: int, args: list[str]) -> list[str]:
@@ -124,30 +152,9 @@ def _dp_nodes_script_errors(command: list[str], args: list[str]) -> list[str]:
 
 
 def _planner_errors(argv: list[str]) -> list[str]:
-    flags = contract("dynamo")["planner"]["flags"]
-    errors, i = [], 3
     if argv[:3] != ["python3", "-m", "planner_sla"]:
-        errors.append(f"not the SLA planner: {argv[:3]}")
-    while i < len(argv):
-        name = argv[i]
-        f = flags.get(name)
-        if f is None:
-            errors.append(f"{name}: no such planner flag")
-            i += 1
-            continue
-        if f.get("action") == "store_true":
-            i += 1
-            continue
-        v = argv[i + 1]
-        conv = {"int": int, "float": float}.get(f.get("type", ""), str)
-        try:
-            conv(v)
-        except ValueError:
-            errors.append(f"{name} {v!r}: not {f['type']}")
-        if "choices" in f and v not in f["choices"]:
-            errors.append(f"{name} {v!r}: not one of {f['choices']}")
-        i += 2
-    return errors
+        return [f"not the SLA planner: {argv[:3]}"]
+    return _flag_errors(argv[3:], contract("dynamo")["planner"]["flags"])
 
 
 def platform_errors(platforms: dict) -> list[str]:
@@ -271,6 +278,8 @@ KINDS = {
                                                      TARGETS),
     "disagg-70b-vllm": lambda: disaggregated_launch(_pick(L70, 2, replicas=3), _pick(L70, 4, replicas=1),
                                                     "kvtune-llama-3.1-70b", "vllm", TARGETS),
+    "disagg-70b-trtllm": lambda: disaggregated_launch(_pick(L70, 2, replicas=3), _pick(L70, 4, replicas=1),
+                                                      "kvtune-llama-3.1-70b", "trtllm", TARGETS),
     "disagg-70b-sglang": lambda: disaggregated_launch(_pick(L70, 2, replicas=3), _pick(L70, 4, replicas=1),
                                                       "kvtune-llama-3.1-70b", "sglang", PlannerTargets()),
 }
@@ -351,9 +360,23 @@ def test_attention_dp_over_nodes_is_llmd_and_kserves_multi_node_form():
 
 
 def test_a_platform_running_another_engine_says_so():
+    """llm-d and KServe run vLLM and say so for a TensorRT-LLM pick; Dynamo runs TensorRT-LLM."""
     plat = KINDS["70b-trtllm"]()["platforms"]
-    for key in ("dynamo", "llmd", "kserve"):
+    for key in ("llmd", "kserve"):
         assert any("TensorRT-LLM" in n for n in plat["notes"][key]), key
+    assert plat["dynamo"]["resource"]["spec"]["backendFramework"] == "trtllm" and plat["notes"]["dynamo"] == [
+        f"{DYNAMO.label}'s SLA planner scales prefill and decode workers: it has no input for an aggregated pick"]
+
+
+def test_a_dynamo_trtllm_worker_carries_kvtunes_llm_api_options():
+    plat = KINDS["disagg-70b-trtllm"]()["platforms"]
+    services = plat["dynamo"]["resource"]["spec"]["services"]
+    argv = shlex.split(services["TRTLLMPrefillWorker"]["extraPodSpec"]["mainContainer"]["args"][0])
+    api = json.loads(argv[argv.index("--override-engine-args") + 1])
+    assert api["tensor_parallel_size"] == 2 and api["max_batch_size"] == 64 and "kv_cache_config" in api
+    assert api["cache_transceiver_config"] == {"backend": "DEFAULT"}
+    assert argv[argv.index("--disaggregation-mode") + 1] == "prefill"
+    assert plat["dynamo"]["planner"]["argv"][plat["dynamo"]["planner"]["argv"].index("--backend") + 1] == "trtllm"
 
 
 def test_the_summary_footer_names_the_platforms_written():

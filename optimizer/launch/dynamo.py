@@ -4,8 +4,9 @@ or disaggregated, and the inputs of Dynamo's SLA planner.
 The graph is a ``Frontend`` (Dynamo's OpenAI-compatible HTTP front and router) and the engine's
 workers as ``components/backends/<engine>/deploy/{agg,disagg}.yaml`` at v0.5.1 write them:
 ``python3 -m dynamo.vllm --model M <vLLM engine flags>`` (prefill workers add
-``--is-prefill-worker``) or ``python3 -m dynamo.sglang <SGLang server flags>`` (with
-``--disaggregation-mode prefill|decode --disaggregation-transfer-backend nixl``). The engine flags
+``--is-prefill-worker``), ``python3 -m dynamo.sglang <SGLang server flags>`` (with
+``--disaggregation-mode prefill|decode --disaggregation-transfer-backend nixl``) or
+``python3 -m dynamo.trtllm --model-path M ... --override-engine-args <kvtune's LLM API options>``. The engine flags
 are kvtune's own (vllm.py, sglang.py: the batch cap, chunk budget, KV dtype and pool share kvtune
 simulated) less those the worker sets itself (``--host``, ``--port``). A replica spanning nodes is
 one service with ``multinode.nodeCount``: the operator starts its nodes (for vLLM over Ray, for
@@ -23,6 +24,7 @@ flags, bench/refresh_platform_schemas.py).
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from .pick import LaunchPick, Unsupported
 from .platform_argv import PlatformVersion, safe_name, without_flags
 from .sglang import sglang_argv
+from .trtllm import trtllm_argv
 from .vllm import vllm_argv
 
 __all__ = ["DYNAMO", "API_VERSION", "IMAGES", "WORKERS", "BUNDLED_ENGINES", "HF_SECRET", "PlannerTargets",
@@ -40,11 +43,15 @@ DYNAMO = PlatformVersion("dynamo", "NVIDIA Dynamo", "0.5.1", "ai-dynamo/dynamo",
 API_VERSION = "nvidia.com/v1alpha1"
 # the release's runtime images (components/backends/{vllm,sglang}/deploy/disagg.yaml at v0.5.1)
 IMAGES = {"vllm": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.5.1",
-          "sglang": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:0.5.1"}
-_WORKDIR = {"vllm": "/workspace/components/backends/vllm", "sglang": "/workspace/components/backends/sglang"}
+          "sglang": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:0.5.1",
+          "trtllm": "nvcr.io/nvidia/ai-dynamo/trtllm-runtime:0.5.1"}
+_WORKDIR = {e: f"/workspace/components/backends/{e}" for e in IMAGES}
+# cache_transceiver_config.backend of Dynamo's own engine_configs/{prefill,decode}.yaml at v0.5.1
+TRTLLM_TRANSCEIVER = "DEFAULT"
 # the worker services the SLA planner scales, by backend (planner/defaults.py at v0.5.1)
 WORKERS = {"vllm": {"prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker"},
-           "sglang": {"prefill": "prefill", "decode": "decode"}}
+           "sglang": {"prefill": "prefill", "decode": "decode"},
+           "trtllm": {"prefill": "TRTLLMPrefillWorker", "decode": "TRTLLMDecodeWorker"}}
 # the engine each runtime image bundles (pyproject.toml extras at v0.5.1); kvtune's flags are
 # checked against its own pinned engine versions (versions.py), not these
 BUNDLED_ENGINES = {"vllm": "0.10.1.1", "sglang": "0.5.0rc2", "trtllm": "1.1.0rc5"}
@@ -83,7 +90,7 @@ class PlannerTargets:
 def _backend(engine: str | None) -> str:
     e = engine or "vllm"
     if e not in IMAGES:
-        raise Unsupported(f"kvtune writes Dynamo workers for vLLM and SGLang; engine {e!r} is not one")
+        raise Unsupported(f"kvtune writes Dynamo workers for vLLM, SGLang and TensorRT-LLM; engine {e!r} is not one")
     return e
 
 
@@ -95,10 +102,38 @@ def worker_argv(engine: str, p: LaunchPick, role: str) -> list[str]:
         if p.multi_node:
             out += ["--distributed-executor-backend", "ray"]   # the operator starts Ray on every node
         return out + (["--is-prefill-worker"] if role == "prefill" else [])
+    if engine == "trtllm":
+        return _trtllm_worker_argv(p, role)
     argv = without_flags(sglang_argv(p, role=role)[0], ("--host", "--port"))
     out = ["python3", "-m", "dynamo.sglang", *argv[3:]]
     if role in ("prefill", "decode"):
         out += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "nixl"]
+    return out
+
+
+def _trtllm_worker_argv(p: LaunchPick, role: str) -> list[str]:
+    """``python3 -m dynamo.trtllm``: the engine's LLM API options kvtune writes (trtllm.py, the
+    ``--extra_llm_api_options`` YAML) as ``--override-engine-args`` JSON, which the worker merges
+    over its own (components/backends/trtllm/src/dynamo/trtllm/main.py), beside the worker's own
+    flags for the same sizes; a disaggregated worker adds the cache transceiver of Dynamo's
+    engine_configs/{prefill,decode}.yaml and its decode-first strategy (the planner's)."""
+    serve_argv, api, _ = trtllm_argv(p, role=role)
+    ckpt = serve_argv[1]
+    api = dict(api)
+    out = ["python3", "-m", "dynamo.trtllm", "--model-path", ckpt, "--served-model-name", ckpt,
+           "--tensor-parallel-size", str(p.tp), "--max-batch-size", str(p.batch_cap),
+           "--max-num-tokens", str(p.chunk_tokens)]
+    if p.pp > 1:
+        out += ["--pipeline-parallel-size", str(p.pp)]
+    if p.ep > 1:
+        out += ["--expert-parallel-size", str(p.ep)]
+    if "max_seq_len" in api:
+        out += ["--max-seq-len", str(api["max_seq_len"])]
+    if role in ("prefill", "decode"):
+        api["cache_transceiver_config"] = {"backend": TRTLLM_TRANSCEIVER}
+    out += ["--override-engine-args", json.dumps(api, separators=(",", ":"))]
+    if role in ("prefill", "decode"):
+        out += ["--disaggregation-mode", role, "--disaggregation-strategy", "decode_first"]
     return out
 
 

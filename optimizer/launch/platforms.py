@@ -3,7 +3,7 @@ NVIDIA Dynamo (dynamo.py), llm-d modelservice values (llmd.py) and KServe (kserv
 object (for ``jq``) and as YAML to apply; where a platform cannot run the pick, its entry is the
 reason instead (``unsupported``).
 
-A platform runs the workload's engine where it has that engine (Dynamo: vLLM, SGLang); llm-d and
+A platform runs the workload's engine where it has that engine (Dynamo: vLLM, SGLang, TensorRT-LLM); llm-d and
 KServe run vLLM, as does Dynamo for another engine, and the entry's notes say so, since kvtune
 simulated that engine's scheduling for this pick.
 """
@@ -46,7 +46,7 @@ def platform_launch(name: str, engine: str | None, serve: LaunchPick | None = No
     out: dict = {"versions": {k: v.to_json() for k, v in PLATFORMS.items()}, "unsupported": {}, "notes": {}}
     first = serve or decode or prefill
     gated = first.gated if first is not None else False
-    runs = engine if engine in ("vllm", "sglang") else "vllm"
+    runs = engine if engine in ("vllm", "sglang", "trtllm") else "vllm"
     try:
         doc = dynamo_graph(name, runs, serve, prefill, decode)
         notes = _engine_note("dynamo", engine, runs)
