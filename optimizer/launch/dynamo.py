@@ -41,7 +41,7 @@ __all__ = ["DYNAMO", "API_VERSION", "IMAGES", "WORKERS", "BUNDLED_ENGINES", "HF_
 DYNAMO = PlatformVersion("dynamo", "NVIDIA Dynamo", "0.5.1", "ai-dynamo/dynamo",
                          "3ecc1fbe9592d3e0bcba1fdc9a1daad6cb05d1fe", "tests/contracts/platforms/dynamo-0.5.1.json")
 API_VERSION = "nvidia.com/v1alpha1"
-# the release's runtime images (components/backends/{vllm,sglang}/deploy/disagg.yaml at v0.5.1)
+# the release's runtime images (components/backends/{vllm,sglang,trtllm}/deploy/disagg.yaml at v0.5.1)
 IMAGES = {"vllm": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.5.1",
           "sglang": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:0.5.1",
           "trtllm": "nvcr.io/nvidia/ai-dynamo/trtllm-runtime:0.5.1"}
@@ -69,8 +69,7 @@ class PlannerTargets:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     per_replica_goodput_req_s: float | None = None
-
-    per_replica_is: str = "one replica"
+    per_replica_is: str = "one replica"           # what "replica" is: one unit of a disaggregated pick
 
     def to_json(self) -> dict:
         return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,

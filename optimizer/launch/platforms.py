@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .dynamo import DYNAMO, PlannerTargets, dynamo_graph, planner_inputs
 from .dynamo import HF_SECRET as DYNAMO_SECRET
+from .dynamo import IMAGES as DYNAMO_ENGINES
 from .kserve import KSERVE, llm_inference_service
 from .kubernetes import HF_SECRET, dump_yaml
 from .llmd import HF_SECRET as LLMD_SECRET
@@ -46,7 +47,7 @@ def platform_launch(name: str, engine: str | None, serve: LaunchPick | None = No
     out: dict = {"versions": {k: v.to_json() for k, v in PLATFORMS.items()}, "unsupported": {}, "notes": {}}
     first = serve or decode or prefill
     gated = first.gated if first is not None else False
-    runs = engine if engine in ("vllm", "sglang", "trtllm") else "vllm"
+    runs = engine if engine in DYNAMO_ENGINES else "vllm"
     try:
         doc = dynamo_graph(name, runs, serve, prefill, decode)
         notes = _engine_note("dynamo", engine, runs)
