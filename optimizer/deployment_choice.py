@@ -195,8 +195,9 @@ def _disagg_recommendation(model: str, gpu: str, d: DisaggregatedSummary) -> Dis
                                        link=u.link, units=n)
 
 
-def _launch(spec: WorkloadSpec, rec: DisaggregatedRecommendation, ctx: SolveContext) -> dict:
-    from .launch import LaunchPick, build_pick, disaggregated_launch
+def _launch(spec: WorkloadSpec, rec: DisaggregatedRecommendation, ctx: SolveContext,
+            per_unit_goodput_req_s: float | None = None) -> dict:
+    from .launch import LaunchPick, PlannerTargets, build_pick, disaggregated_launch
     from .launch.context import request_lengths
     arch, gpu = ctx.model, ctx.gpu
     n = request_lengths(spec.workload)
@@ -209,7 +210,8 @@ def _launch(spec: WorkloadSpec, rec: DisaggregatedRecommendation, ctx: SolveCont
                           gpus_per_node=spec.hardware.gpus_per_node,
                           max_request_tokens=None if n is None else n.total_tokens,
                           max_prompt_tokens=None if n is None else n.prompt_tokens)
-    return disaggregated_launch(pick(rec.prefill), pick(rec.decode), f"kvtune-{arch.name}", spec.engine)
+    targets = PlannerTargets.from_slo(spec.slo, per_unit_goodput_req_s, "one unit (prefill + decode pools)")
+    return disaggregated_launch(pick(rec.prefill), pick(rec.decode), f"kvtune-{arch.name}", spec.engine, targets)
 
 
 def combine(spec: WorkloadSpec, agg: SolveResult, dis: DisaggregatedAnswer | None, ctx: SolveContext,
@@ -317,7 +319,7 @@ def _disaggregated_result(spec: WorkloadSpec, agg: SolveResult, ctx: SolveContex
                   priced_at=ctx.objective.priced_at),
         headroom=x.goodput_req_s / rate - 1 if rate and rate > 0 else float("nan"),
         bottleneck=Bottleneck(term="disaggregated", batch_limit=None, operating_batch=None),
-        launch_aggregated=agg.launch, launch=_launch(spec, rec, ctx),
+        launch_aggregated=agg.launch, launch=_launch(spec, rec, ctx, u.per_unit_goodput_req_s),
         deployment=dataclasses.replace(block, kind="disaggregated",
                                        margin_pct=_margin(spec, x, a) if a is not None else None,
                                        against="aggregated" if a is not None else None))

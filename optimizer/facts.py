@@ -271,8 +271,12 @@ def manifest_kinds(launch: Mapping[str, Any]) -> list[str]:
 def launch_footer(launch: Mapping[str, Any]) -> str:
     """Where the rest of the launch settings are, naming the Kubernetes objects the manifest holds."""
     kinds = manifest_kinds(launch)
+    plat = launch.get("platforms") or {}
+    names = [n for k, n in (("dynamo", "Dynamo"), ("llmd", "llm-d"), ("kserve", "KServe")) if k in plat]
+    more = f"; {', '.join(names)} under 'launch.platforms' (docs/platforms.md)" if names else ""
     if kinds:
-        return f"the other engines' settings and a Kubernetes manifest ({', '.join(kinds)}) are in --json under 'launch'"
+        return (f"the other engines' settings and a Kubernetes manifest ({', '.join(kinds)}) are in --json under "
+                f"'launch'{more}")
     why = (launch.get("unsupported") or {}).get("k8s")
     return "the other engines' settings are in --json under 'launch'; no Kubernetes manifest" \
-        + (f": {why}" if why else "")
+        + (f": {why}" if why else "") + more

@@ -19,7 +19,7 @@ import optuna
 
 from kvtune import __version__
 
-from .launch import launch_settings
+from .launch import PlannerTargets, launch_settings
 from .layouts import gpus_per_replica, layout_params
 from .result import (Bottleneck, Closest, Cost, ParetoPoint, Predicted, ProfileUse, RaceRow, Recommendation, Screened,
                      SolveResult, StepTerms, TrialCounts, VerificationCounts, VerifiedRow)
@@ -161,6 +161,7 @@ def _ok(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler
                                name=f"kvtune-{ctx.model.name}", arch=ctx.model, gpu=ctx.gpu,
                                weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
                                gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine,
+                               targets=PlannerTargets.from_slo(spec.slo, pick.per_replica_goodput_req_s),
                                **_lengths(spec)),
         notes=tuple(notes),
     )

@@ -277,6 +277,13 @@ def _launch_lines(launch: Mapping[str, Any]) -> list[str]:
             out += ["```bash", str(entry).rstrip(), "```", ""]
     if launch.get("k8s"):
         out += ["## Kubernetes", "", "```yaml", str(launch["k8s"]).rstrip(), "```", ""]
+    plat = launch.get("platforms") or {}
+    for key, label, text in (("dynamo", "NVIDIA Dynamo", "manifest"), ("llmd", "llm-d modelservice values", "values_yaml"),
+                             ("kserve", "KServe", "manifest")):
+        why = plat.get("unsupported", {}).get(key)
+        if key in plat or why:
+            out += [f"## {label}", ""] + (["```yaml", str(plat[key][text]).rstrip(), "```", ""] if key in plat
+                                          else [f"_{label} cannot run this pick: {why}_", ""])
     out += [f"_{launch_footer(launch).replace(' in --json', ' also in --json')}._", ""]
     if launch.get("checked"):
         out += [f"_{launch['checked']}_", ""]

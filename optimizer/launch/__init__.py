@@ -20,9 +20,10 @@ tests/contracts/ holds the engines' own argument definitions the tests check eve
 from __future__ import annotations
 
 from . import kubernetes
-from .disagg import disaggregated_launch
+from .disagg import disaggregated_launch as _disaggregated_launch
 from .llamacpp import llamacpp_argv
 from .pick import SPEC_METHODS, LaunchPick, MemoryFacts, Unsupported, build_pick, native_fp8
+from .platforms import PlannerTargets, platform_launch
 from .sglang import sglang_argv, sglang_mixed_chunk
 from .shell import argv_of, command, comment_block
 from .trtllm import trtllm_argv
@@ -30,7 +31,7 @@ from .versions import ENGINE_VERSIONS, ENGINES, FLAGS, ROUTER_VERSIONS, TRTLLM_D
 from .vllm import vllm_argv
 
 __all__ = ["launch_settings", "launch_for_pick", "disaggregated_launch", "ROUTER_VERSIONS", "TRTLLM_DISAGG_KEYS", "build_pick", "scheduling", "CHECKED", "ENGINE_VERSIONS",
-           "ENGINES", "FLAGS", "TRTLLM_KEYS", "LaunchPick", "MemoryFacts", "Unsupported", "SPEC_METHODS", "argv_of"]
+           "ENGINES", "FLAGS", "TRTLLM_KEYS", "LaunchPick", "MemoryFacts", "Unsupported", "SPEC_METHODS", "argv_of", "PlannerTargets"]
 
 CHECKED = ("flags read from the engines' own sources: " +
            "; ".join(f"{v.label}" for v in ENGINE_VERSIONS.values()) +
@@ -104,8 +105,10 @@ def _engine_argv(engine: str, p: LaunchPick, node_rank=None, addr=None, nnodes=N
     return llamacpp_argv(p)
 
 
-def launch_for_pick(p: LaunchPick, name: str = "kvtune-llm", engine: str | None = None) -> dict:
-    """Every engine's settings for ``p``; the Kubernetes manifest runs ``engine`` (default vLLM)."""
+def launch_for_pick(p: LaunchPick, name: str = "kvtune-llm", engine: str | None = None,
+                    targets: PlannerTargets | None = None) -> dict:
+    """Every engine's settings for ``p``; the Kubernetes manifest runs ``engine`` (default vLLM);
+    ``platforms``: Dynamo, llm-d and KServe (platforms.py; ``targets``: their SLOs)."""
     safe = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:50].strip("-") or "kvtune-llm"
     out: dict = {"versions": {e: v.to_json() for e, v in ENGINE_VERSIONS.items()}, "unsupported": {}, "notes": {},
                  "scheduling": {e: scheduling(e, p.spec_method, p.spec_k) for e in ENGINES}}
@@ -152,6 +155,15 @@ def launch_for_pick(p: LaunchPick, name: str = "kvtune-llm", engine: str | None 
     out["memory"] = None if p.memory is None else {**p.memory.to_json(), "weights": p.weights,
                                                    "gpu_mem_util": p.gpu_mem_util}
     out["checked"] = CHECKED
+    out["platforms"] = platform_launch(safe, engine, serve=p, targets=targets)
+    return out
+
+
+def disaggregated_launch(prefill: LaunchPick, decode: LaunchPick, name: str = "kvtune-llm",
+                         engine: str | None = None, targets: PlannerTargets | None = None) -> dict:
+    """disagg.disaggregated_launch, and the platforms' output (platforms.py) under ``platforms``."""
+    out = _disaggregated_launch(prefill, decode, name, engine)
+    out["platforms"] = platform_launch(name, engine, prefill=prefill, decode=decode, targets=targets)
     return out
 
 
@@ -159,7 +171,7 @@ def launch_settings(model: str, cfg: dict, replicas: int, gpu_mem_util: float, s
                     name: str = "kvtune-llm", *, arch=None, gpu=None, weights: str = "bf16",
                     activation_reserve_bytes: float = 0.0, gpus_per_node: int = 8, engine: str | None = None,
                     prefix_caching: bool = True, max_request_tokens: int | None = None,
-                    max_prompt_tokens: int | None = None) -> dict:
+                    max_prompt_tokens: int | None = None, targets: PlannerTargets | None = None) -> dict:
     """All engines' settings for ``cfg`` = {tp, batch_cap, kv_dtype, spec_k, chunk_tokens} (and
     optionally pp, ep, dp_attention, nodes_per_replica, gpus_per_node). ``arch``/``gpu`` (the
     costmodel records) give the memory plan and the model's facts; ``engine`` picks the one the
@@ -169,5 +181,5 @@ def launch_settings(model: str, cfg: dict, replicas: int, gpu_mem_util: float, s
                    activation_reserve_bytes=activation_reserve_bytes, gpus_per_node=gpus_per_node,
                    prefix_caching=prefix_caching, max_request_tokens=max_request_tokens,
                    max_prompt_tokens=max_prompt_tokens)
-    return launch_for_pick(p, name, engine)
+    return launch_for_pick(p, name, engine, targets)
 
