@@ -1,6 +1,7 @@
 """Cross-validated error of kvtune's calibrations by engine x model x TP group (issue 35).
 
-    python bench/bench_calibration_cv.py [--max-nfev 6] [--only GROUP ...] [--out bench/RESULTS-calibration-cv.md]
+    python bench/bench_calibration_cv.py [--max-nfev 4] [--only GROUP ...] [--engine E ...] [--out bench/RESULTS-calibration-cv.md]
+    python bench/bench_calibration_cv.py --combine part1.json part2.json ...   # one table from runs split by engine
 
 Data: ``profiles/tables/h100-silicon.csv`` and ``h100-published.csv``, kvtune's row-by-row
 conversions (bench/fit_shipped_calibrations.py) of the public measured H100 figures in
@@ -118,7 +119,7 @@ def table(folds: list[dict], wall_s: float, max_nfev: int) -> str:
     lines.append("| **median over groups** | | " + " | ".join(per_group) + " |")
     return "\n".join(lines) + (
         f"\n\n{len(folds)} groups; kvtune {__version__}; each fold's solver at most {max_nfev} model evaluations per "
-        f"stage; wall {wall_s:.0f} s.\n")
+        f"stage; {wall_s:.0f} s of fold fitting in all.\n")
 
 
 def main(argv=None) -> int:
@@ -127,12 +128,26 @@ def main(argv=None) -> int:
     ap.add_argument("--only", action="append", default=[], metavar="GROUP", help="e.g. sglang/qwen3-32b/tp1")
     ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS-calibration-cv.md"))
     ap.add_argument("--json", default=str(ROOT / "bench" / "calibration_cv_before.json"))
+    ap.add_argument("--engine", action="append", default=[], choices=ENGINES, help="only this engine's groups")
+    ap.add_argument("--combine", nargs="+", metavar="JSON",
+                    help="write the table and --json from these partial runs' JSON files (no fitting)")
     args = ap.parse_args(argv)
+    if args.combine:
+        parts = [json.loads(Path(p).read_text()) for p in args.combine]
+        folds = sorted((f for d in parts for f in d["folds"]), key=lambda f: f["group"])
+        wall = sum(f["wall_s"] for f in folds)
+        Path(args.json).write_text(json.dumps({**parts[0], "folds": folds}, indent=1) + "\n")
+        text = table(folds, wall, parts[0]["max_nfev"])
+        print(text)
+        Path(args.out).write_text(RESULTS_HEAD + text + RESULTS_TAIL)
+        return 0
     gpu = get_gpu("h100-sxm")
     predict = RowPredictor(gpu, stagger=STAGGERED_ENGINES)
     all_rows, _ = load_tables(list(TABLES))
     folds, t0 = [], time.perf_counter()
-    for engine in ENGINES:
+    record = {"kvtune_version": __version__, "max_nfev": args.max_nfev,
+              "tables": [str(p.relative_to(ROOT)) for p in TABLES]}
+    for engine in args.engine or ENGINES:
         rows, _ = select_rows(all_rows, gpu, engine)
         rows = [r for r in rows if r.engine]   # a row naming no engine belongs to no group
         for g in sorted({group_key(r) for r in rows}):
@@ -145,13 +160,11 @@ def main(argv=None) -> int:
             print(f"{g}: {f['test_rows']} rows held out, " + ", ".join(
                 f"{m} {v:.1f}%" for m in COLUMNS if (v := mdape(f["points"], m)) is not None) + f" ({f['wall_s']} s)",
                 flush=True)
+            Path(args.json).write_text(json.dumps({**record, "folds": folds}, indent=1) + "\n")  # after each fold
     wall = time.perf_counter() - t0
-    Path(args.json).write_text(json.dumps({"kvtune_version": __version__, "max_nfev": args.max_nfev,
-                                           "tables": [str(p.relative_to(ROOT)) for p in TABLES], "folds": folds},
-                                          indent=1) + "\n")
     text = table(folds, wall, args.max_nfev)
     print(text)
-    if not args.only:
+    if not args.only and not args.engine:
         Path(args.out).write_text(RESULTS_HEAD + text + RESULTS_TAIL)
     return 0
 

@@ -242,15 +242,17 @@ def calibrate_checked(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency, pr
         folds = held_out_folds(rows, k, label, lambda tr: fit(tr, exclude, fold_nfev).efficiency, base, predict)
         return HeldOutReport(f"leave one {label} out", tuple(folds))
 
+    notes: list[str] = []
+    warnings: list[str] = []
     try:
         res = fit(rows, (), max_nfev)
     except NothingToFit as e:
         res = _prior_result(rows, base, predict, f"{e}: the prior's parameters are written")
-        return Checked(res, prior, None, _given(res, rows, base, holdout, predict, prior_name, warnings := []), "prior",
+        return Checked(res, prior, None, _given(res, rows, base, holdout, predict, prior_name, warnings), "prior",
                        (), tuple(warnings), (str(e),))
     ho = cross(())
     tried = [{"choice": "fit", "fitted": list(res.fitted), **({"mape_pct": ho.mape(True)} if ho else {})}]
-    choice, notes, warnings = "fit", [], []
+    choice = "fit"
     worse = ho.worse() if ho else []
     if worse and if_worse == "hold":
         held = _sensitive_terms(res, rows, worse, prior, predict)

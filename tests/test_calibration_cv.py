@@ -29,6 +29,7 @@ from kvtune.costmodel.fit import (HeldOutFold, Prior, RowPredictor, cv_key, eval
                                   held_out_folds)
 from kvtune.costmodel.closed_loop import STAGGERED_ENGINES
 from kvtune.costmodel.profile_table import ProfileRow, read_table
+from kvtune.optimizer.calibrate_held_out import calibrate_checked
 from kvtune.optimizer.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,6 +89,13 @@ def test_terms_the_rows_cannot_separate_are_held_at_the_prior():
     assert any(note.startswith(f"{held[0]} held at the prior") for note in res.notes)
     # without a prior both are fitted (the behaviour before issue 35), the split between them arbitrary
     assert set(pair) <= set(fit_efficiency(rows, GPU, start, None).fitted)
+
+
+def test_rows_that_pin_nothing_better_than_the_prior_write_the_prior():
+    rows = decode_rows(TRUTH, batches=(1,), contexts=(512,))
+    out = calibrate_checked(rows, GPU, TRUTH, prior_at(TRUTH, 1e-4), None, RowPredictor(GPU))
+    assert out.choice == "prior" and out.result.efficiency.params() == TRUTH.params()
+    assert any("pin no parameter" in n for n in out.notes)
 
 
 def test_prior_round_trips_json_and_refuses_bad_widths():
