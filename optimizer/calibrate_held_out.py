@@ -211,6 +211,27 @@ def _given(res: FitResult, rows: Sequence[ProfileRow], base: Efficiency, holdout
     return given
 
 
+def _refit_holding(held: list[str], res: FitResult, ho: HeldOutReport, rows: list[ProfileRow], fit: Callable,
+                   cross: Callable, max_nfev: int, tried: list[dict], notes: list[str]
+                   ) -> tuple[FitResult, HeldOutReport, str]:
+    """Refit with ``held`` at the prior and cross-validate it; keep it if it leaves fewer metrics
+    worse than the prior (``tried`` and ``notes`` say what was tried and chosen)."""
+    worse = ho.worse()
+    what = f"fit, {', '.join(held)} held at the prior"
+    try:
+        res2, ho2 = fit(rows, held, max_nfev), cross(held)
+    except InputError as e:
+        notes.append(f"holding {', '.join(held)} at the prior leaves nothing the rows can fit ({e})")
+        return res, ho, "fit"
+    tried.append({"choice": what, "fitted": list(res2.fitted), "mape_pct": ho2.mape(True)})
+    if len(ho2.worse()) < len(worse):
+        notes.append(f"{', '.join(worse)} predicted worse than the prior held out; {', '.join(held)} (the terms "
+                     f"{'it is' if len(worse) == 1 else 'they are'} most sensitive to) held at the prior's values")
+        return res2, ho2, what
+    notes.append(f"holding {', '.join(held)} at the prior left {', '.join(ho2.worse())} worse too: the first fit is kept")
+    return res, ho, "fit"
+
+
 def calibrate_checked(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency, prior: Prior | None,
                       params: Sequence[str] | None, predict: Callable, max_nfev: int = 60, name: str = "fitted",
                       metrics: Sequence[str] | None = None, cv: str = "auto", if_worse: str = "hold",
@@ -254,41 +275,21 @@ def calibrate_checked(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency, pr
     tried = [{"choice": "fit", "fitted": list(res.fitted), **({"mape_pct": ho.mape(True)} if ho else {})}]
     choice = "fit"
     worse = ho.worse() if ho else []
-    if worse and if_worse == "hold":
+    if worse and ho and if_worse == "hold":
         held = _sensitive_terms(res, rows, worse, prior, predict)
-        keep_any = [n for n in res.fitted if n not in held]
-        if keep_any:
-            try:
-                res2 = fit(rows, held, max_nfev)
-                ho2 = cross(held)
-            except InputError as e:
-                res2, ho2 = None, None
-                notes.append(f"holding {', '.join(held)} at the prior leaves nothing the rows can fit ({e})")
-            if res2 is not None and ho2 is not None:
-                tried.append({"choice": f"fit, {', '.join(held)} held at the prior", "fitted": list(res2.fitted),
-                              "mape_pct": ho2.mape(True)})
-                if len(ho2.worse()) < len(worse) or not ho2.worse():
-                    res, ho, choice = res2, ho2, f"fit, {', '.join(held)} held at the prior"
-                    notes.append(f"{', '.join(worse)} predicted worse than the prior held out; {', '.join(held)} "
-                                 f"(the terms they are most sensitive to) held at the prior's values")
-        worse = ho.worse() if ho else []
-        if worse and choice == "fit" and not keep_any:
-            if ho:
-                warnings += [f"{w}; every fitted term moves it most, so the prior's parameters are written (--if-worse hold)"
-                             for w in worse_lines(ho.points, worse, "cross-validated", prior_name)]
-            res, choice = _prior_result(rows, base, predict, "every fitted term moves the worse metrics: the prior kept"), "prior"
-            ho = HeldOutReport(ho.label, tuple(HeldOutFold(f.held_out, f.fit_points, tuple(
-                PointFit(p.id, p.metric, p.measured, p.before, p.before, p.engine, p.model, p.tp) for p in f.points),
-                f.extrapolation, f.note) for f in ho.folds)) if ho else None
-            worse = []
-    elif worse and if_worse == "prior":
-        res, choice = _prior_result(rows, base, predict, "--if-worse prior: the fit predicts held-out rows worse than "
-                                    "the prior on " + ", ".join(worse) + "; the prior's parameters are written"), "prior"
-        warnings += worse_lines(ho.points, worse, "cross-validated", prior_name) if ho else []
-        worse = []
+        if any(n not in held for n in res.fitted):
+            res, ho, choice = _refit_holding(held, res, ho, rows, fit, cross, max_nfev, tried, notes)
+        else:
+            notes.append(f"every fitted term moves {', '.join(worse)} most: the prior's parameters are written")
+            res, choice = _prior_result(rows, base, predict, notes[-1]), "prior"
+    elif worse and ho and if_worse == "prior":
+        notes.append("--if-worse prior: the fit predicts held-out rows worse than the prior on " + ", ".join(worse)
+                     + "; the prior's parameters are written")
+        res, choice = _prior_result(rows, base, predict, notes[-1]), "prior"
+    worse = ho.worse() if ho else []
     if worse and ho:
-        warnings += [f"{w} (--if-worse {if_worse}: this fit is written anyway)" for w in
-                     worse_lines(ho.points, worse, "cross-validated", prior_name)]
+        what = "the prior's parameters are written" if choice == "prior" else f"this fit is written (--if-worse {if_worse})"
+        warnings += [f"{w}; {what}" for w in worse_lines(ho.points, worse, "cross-validated", prior_name)]
     given = _given(res, rows, base, holdout, predict, prior_name, warnings)
     if key is None:
         notes.append("no cross-validation: the rows form one group (or --cv none); the errors shown are in-sample")
