@@ -10,8 +10,9 @@
    rows beside the fit's, per metric.
 4. Where the fit predicts the held-out rows worse than the prior on a metric, ``if_worse`` decides:
    ``hold`` (default) refits with the terms that metric is most sensitive to held at the prior
-   and keeps that if it is no worse; ``prior`` writes the prior's parameters; ``keep`` keeps the
-   fit. Whatever is left worse is a warning naming the metric and the rows.
+   and keeps that if it is no worse on any metric, else writes the prior's parameters; ``prior``
+   writes the prior's parameters at once; ``keep`` keeps the fit. Whatever is worse is a warning
+   naming the metric and the rows.
 5. Rows given apart (``holdout``: e.g. the high concurrencies of a sweep) are predicted by the
    prior and the fit, never fitted, and extrapolation beyond the fitted rows is named.
 """
@@ -154,7 +155,7 @@ class Checked:
 
 def _prior_result(rows: Sequence[ProfileRow], base: Efficiency, predict: Callable, note: str) -> FitResult:
     pts = tuple(evaluate(rows, base, predict))
-    return FitResult(base, (), {k: 0.0 for k in PARAM_BOUNDS}, pts, (note,), True, "prior kept", 0, 0.0)
+    return FitResult(base, (), {k: 0.0 for k in PARAM_BOUNDS}, pts, (), True, f"prior kept: {note}", 0, 0.0)
 
 
 def worse_lines(points: Sequence[PointFit], metrics: Sequence[str], what: str, prior_name: str) -> list[str]:
@@ -215,7 +216,8 @@ def _refit_holding(held: list[str], res: FitResult, ho: HeldOutReport, rows: lis
                    cross: Callable, max_nfev: int, tried: list[dict], notes: list[str]
                    ) -> tuple[FitResult, HeldOutReport, str]:
     """Refit with ``held`` at the prior and cross-validate it; keep it if it leaves fewer metrics
-    worse than the prior (``tried`` and ``notes`` say what was tried and chosen)."""
+    worse than the prior (``tried`` and ``notes`` say what was tried and chosen; the caller writes
+    the prior if any metric is still worse)."""
     worse = ho.worse()
     what = f"fit, {', '.join(held)} held at the prior"
     try:
@@ -270,7 +272,7 @@ def calibrate_checked(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency, pr
     except NothingToFit as e:
         res = _prior_result(rows, base, predict, f"{e}: the prior's parameters are written")
         return Checked(res, prior, None, _given(res, rows, base, holdout, predict, prior_name, warnings), "prior",
-                       (), tuple(warnings), (str(e),))
+                       (), tuple(warnings), (f"{e}: the prior's parameters are written",))
     ho = cross(())
     tried = [{"choice": "fit", "fitted": list(res.fitted), **({"mape_pct": ho.mape(True)} if ho else {})}]
     choice = "fit"
@@ -280,7 +282,10 @@ def calibrate_checked(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency, pr
         if any(n not in held for n in res.fitted):
             res, ho, choice = _refit_holding(held, res, ho, rows, fit, cross, max_nfev, tried, notes)
         else:
-            notes.append(f"every fitted term moves {', '.join(worse)} most: the prior's parameters are written")
+            notes.append(f"every fitted term moves {', '.join(worse)} most")
+        if ho.worse():
+            notes.append(f"no candidate predicts the held-out rows as well as the prior on {', '.join(ho.worse())}: "
+                         f"the prior's parameters are written (--if-worse keep writes the fit)")
             res, choice = _prior_result(rows, base, predict, notes[-1]), "prior"
     elif worse and ho and if_worse == "prior":
         notes.append("--if-worse prior: the fit predicts held-out rows worse than the prior on " + ", ".join(worse)

@@ -48,8 +48,9 @@ from ._common import check_output_path, dumps, echo_table, save_or_show
                    "prior and the fit; repeatable.")
 @click.option("--if-worse", "if_worse", type=click.Choice(list(IF_WORSE)), default="hold", show_default=True,
               help="When the fit predicts held-out rows worse than the prior on a metric: hold = refit with the terms "
-                   "that metric is most sensitive to held at the prior; prior = write the prior's parameters; keep = "
-                   "write the fit. Either way the output names the metric and the rows.")
+                   "that metric is most sensitive to held at the prior, and write the prior's parameters if that is "
+                   "still worse; prior = write the prior's parameters; keep = write the fit. The output names the "
+                   "metric and the rows.")
 def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, clients, max_nfev, output, name, as_json,
                   cv, holdout, if_worse):
     """Fit bandwidth/FLOP efficiencies, step overhead and all-reduce cost to TABLES, and report the
