@@ -67,6 +67,18 @@ def test_narrow_prior_holds_the_fit_wide_prior_lets_the_rows_decide():
     assert any("regularised toward the prior" in n for n in narrow.notes)
 
 
+def test_prior_residual_stays_gaussian_under_the_robust_loss():
+    """soft_l1 would make a prior linear beyond one f_scale; the transformed residual's robust cost
+    is p^2 / 2 exactly, as least_squares computes it (0.5 f_scale^2 rho((f / f_scale)^2))."""
+    from kvtune.costmodel.fit import _prior_residual
+
+    p = np.array([-3.0, -0.4, 0.0, 0.05, 0.1, 2.0])
+    f = _prior_residual(p, "soft_l1", 0.1)
+    z = (f / 0.1) ** 2
+    assert np.allclose(0.5 * 0.1 ** 2 * 2 * (np.sqrt(1 + z) - 1), 0.5 * p ** 2)
+    assert np.array_equal(np.sign(f), np.sign(p)) and np.array_equal(_prior_residual(p, "linear", 0.1), p)
+
+
 def test_prior_lets_fewer_figures_than_parameters_be_fitted():
     rows = decode_rows(TRUTH, batches=(1,), contexts=(512,))   # one figure
     params = ["bw_efficiency", "step_overhead_s"]
