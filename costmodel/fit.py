@@ -36,7 +36,8 @@ from .requests import Requests
 from .step import StepModel
 
 __all__ = ["FIT_PARAMS", "FIT_METRICS", "METRICS", "PERCENTILE_METRICS", "PointFit", "FitResult", "RowPredictor", "measured_metrics", "fit_efficiency", "visible_params",
-           "evaluate", "cross_validate", "mape"]
+           "evaluate", "cross_validate", "mape", "Prior", "NothingToFit", "HOLD_SD_RATIO", "PRIOR_FIGURE_SD_LOG", "HeldOutFold", "cv_key",
+           "held_out_folds", "held_out_mape", "extrapolation"]
 
 # Fitted by default; activation_reserve_bytes only shows when the KV pool limits a run, and
 # request_overhead_s only in TTFT, so they are fitted only when asked for (--params).
@@ -94,6 +95,65 @@ def measured_metrics(row: ProfileRow) -> dict[str, float]:
 def mape(pred: Sequence[float], meas: Sequence[float]) -> float:
     p, m = np.asarray(pred, float), np.asarray(meas, float)
     return float(np.mean(np.abs(p / m - 1.0)) * 100.0) if len(m) else float("nan")
+
+
+# How far one measured figure may sit from the model and still be "fitted", in log units (one
+# sigma): the shipped H100 calibrations' held-out TPOT errors are 5-10% per fold
+# (profiles/calibrations/h100-sxm-*.yaml fit.cross_validation). With a Prior, the fit minimises
+# sum((log pred/meas) / PRIOR_FIGURE_SD_LOG)^2 + sum(((p - p0) / sd_p)^2): a Gaussian likelihood with
+# this spread and a Gaussian prior on each parameter (a MAP estimate).
+PRIOR_FIGURE_SD_LOG = 0.1
+# A term is held at the prior when the rows alone pin it this many times looser than the prior
+# does (they add under 1/3^2 = 11% of the prior's information on it): the MAP fit would barely move
+# it, and what it moves is the direction the rows cannot see
+HOLD_SD_RATIO = 3.0
+
+
+class NothingToFit(InputError):
+    """The rows pin no parameter better than the prior: the prior is the answer."""
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What the fit is pulled toward: a calibration's parameters and one sigma for each (SI units).
+
+    A parameter with no finite positive ``sd`` is not pulled (and not held: the rows decide).
+    ``source`` says where the values and the widths came from."""
+
+    efficiency: Efficiency
+    sd: dict = field(default_factory=dict)
+    source: str = ""
+
+    def __post_init__(self):
+        for k, v in self.sd.items():
+            if k not in PARAM_BOUNDS:
+                raise InputError(f"prior: unknown parameter '{k}' (known: {', '.join(PARAM_BOUNDS)})")
+            if not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
+                raise InputError(f"prior: sd of {k} must be a number >= 0, got {v!r}")
+
+    def width(self, name: str) -> float | None:
+        v = self.sd.get(name)
+        return float(v) if v is not None and 0 < v < math.inf else None
+
+    def to_json(self) -> dict:
+        return {"name": self.efficiency.name, "source": self.source, "params": self.efficiency.params(),
+                "sd": dict(self.sd)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Prior":
+        return cls(Efficiency(**d["params"], name=d.get("name", "prior")), dict(d.get("sd", {})), d.get("source", ""))
+
+
+def _prior_residual(p: np.ndarray, loss: str, f_scale: float) -> np.ndarray:
+    """The residual whose robust cost equals ``p**2`` (so the prior stays Gaussian under soft_l1):
+    soft_l1's rho(z) = 2 (sqrt(1 + z) - 1), z = (f / f_scale)^2; rho = (p / f_scale)^2 solves to
+    f = f_scale t sqrt(1 + t^2 / 4), t = p / f_scale (least_squares scales rho by f_scale^2)."""
+    if loss == "linear":
+        return p
+    if loss != "soft_l1":
+        raise InputError(f"calibrate: a prior needs loss linear or soft_l1, got {loss!r}")
+    t = p / f_scale
+    return f_scale * t * np.sqrt(1.0 + t * t / 4.0)
 
 
 # Engines whose default scheduler runs prefill batches alone while decodes wait (SGLang:
@@ -377,7 +437,7 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
                    params: Sequence[str] | None = None, predict: Callable | None = None,
                    max_nfev: int = 60, name: str = "fitted", loss: str = "soft_l1",
                    f_scale: float = 0.1, metrics: Sequence[str] | None = None,
-                   candidates: Sequence[str] = FIT_PARAMS) -> FitResult:
+                   candidates: Sequence[str] = FIT_PARAMS, prior: Prior | None = None) -> FitResult:
     """Fit ``params`` (default: those of ``candidates`` the rows can see) starting from ``base``.
 
     ``loss``/``f_scale`` go to ``scipy.optimize.least_squares`` (after a plain least-squares
@@ -389,8 +449,14 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     ``metrics`` limits which figures enter the objective (default all of ``METRICS``); the others
     are still predicted and reported before and after.
 
+    ``prior``: the fit is a MAP estimate, each parameter pulled toward ``prior.efficiency`` with
+    its width (``PRIOR_FIGURE_SD_LOG``); unless ``params`` names them, parameters the rows pin less
+    tightly than the prior does (their data-only one-sigma, correlations included, from the
+    Jacobian at the start, is over ``HOLD_SD_RATIO`` times the prior's) are held at the prior's value, and the notes
+    say so. With a prior, fewer figures than parameters is allowed: the prior supplies the rest.
+
     Raises ``InputError`` if a named parameter is unknown or invisible in the rows, or if there
-    are fewer than (parameters + 1) measured figures.
+    are fewer than (parameters + 1) measured figures (without a prior).
     """
     rows = list(rows)
     predict = predict or RowPredictor(gpu)
@@ -408,7 +474,8 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
             raise InputError(f"calibrate: --params: unknown parameter '{n}' (known: {', '.join(PARAM_BOUNDS)})")
     if len(set(names)) != len(names):
         raise InputError(f"calibrate: --params: a parameter is named twice in {','.join(names)}")
-    if explicit and len(targets) < len(names) + 1:
+    pulled = prior is not None and all(prior.width(n) for n in names)
+    if explicit and not pulled and len(targets) < len(names) + 1:
         raise InputError(f"calibrate: {len(targets)} measured figures cannot fit {len(names)} parameters "
                          f"(need at least {len(names) + 1}); add rows or fit fewer --params")
     base = base.with_params(model_comm=True, name=name)
@@ -427,7 +494,15 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
         if explicit:
             raise InputError(f"calibrate: parameter {n} cannot be fitted from these rows ({why}); drop it from --params")
         notes.append(f"{n} kept at {getattr(base, n):.4g} (base): {why}")
-    if len(targets) < len(visible) + 1:
+    if prior is not None and not explicit and visible:
+        for n, data_sd, prior_sd in _held_by_prior(rows, targets, base, visible, prior, predict, y0):
+            visible.remove(n)
+            notes.append(f"{n} held at the prior's {getattr(base, n):.4g}: the rows pin it to +-{data_sd:.2g} alone "
+                         f"(prior +-{prior_sd:.2g}) and cannot separate it from the terms freed before it "
+                         f"(data-only sigma over {HOLD_SD_RATIO:g} prior sigmas)")
+        if not visible:
+            raise NothingToFit("calibrate: the rows pin no parameter more tightly than the prior does: nothing to fit")
+    if len(targets) < len(visible) + 1 and not (prior is not None and all(prior.width(n) for n in visible)):
         raise InputError(f"calibrate: {len(targets)} measured figures cannot fit {len(visible)} parameters "
                          f"(need at least {len(visible) + 1}); add rows or fit fewer --params")
     if not visible:
@@ -443,8 +518,22 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
         return base.with_params(**{n: float(np.clip(v * s, PARAM_BOUNDS[n][0], PARAM_BOUNDS[n][1]))
                                    for n, v, s in zip(visible, x, scale)})
 
+    pulls = [(i, getattr(prior.efficiency, n) / _SCALE[n], w / _SCALE[n])
+             for i, n in enumerate(visible) if (w := prior.width(n))] if prior is not None else []
+    n_data = len(targets)
+
+    def resid_with(x, loss_now):
+        r = np.log(_flatten(predict(rows, eff_of(x)), targets) / meas)
+        if not pulls:
+            return r
+        p = np.array([PRIOR_FIGURE_SD_LOG * (x[i] - c) / w for i, c, w in pulls])
+        return np.concatenate([r, _prior_residual(p, loss_now, f_scale)])
+
     def resid(x):
-        return np.log(_flatten(predict(rows, eff_of(x)), targets) / meas)
+        return resid_with(x, "linear")
+
+    def resid_robust(x):
+        return resid_with(x, loss)
 
     from scipy.optimize import least_squares
 
@@ -460,11 +549,16 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
                         max_nfev=max_nfev)
     if loss != "linear":
         x1 = np.clip(sol.x, lo + 1e-6 * (hi - lo), hi - 1e-6 * (hi - lo))
-        sol = least_squares(resid, x1, bounds=(lo, hi), method="trf", x_scale="jac", diff_step=diff_step,
+        sol = least_squares(resid_robust, x1, bounds=(lo, hi), method="trf", x_scale="jac", diff_step=diff_step,
                             max_nfev=max_nfev, loss=loss, f_scale=f_scale)
     eff = eff_of(sol.x)
-    dof = len(targets) - len(visible)
-    s2 = float(np.sum(sol.fun ** 2) / dof) if dof > 0 else float("nan")  # sol.cost is the robust cost
+    data_fun = sol.fun[:n_data]
+    dof = len(targets) - len(visible) + len(pulls)
+    # sol.cost is the robust cost; with a prior its rows count as observations (dof), and the
+    # figures' spread is at least the one the prior assumes
+    s2 = float(np.sum(data_fun ** 2) / dof) if dof > 0 else float("nan")
+    if pulls:
+        s2 = max(s2, PRIOR_FIGURE_SD_LOG ** 2)
     J = sol.jac
     corr: dict[str, dict[str, float]] = {}
     try:
@@ -485,8 +579,56 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
                          rows[i].tp) for i, k, v in all_targets)
     if metrics is not None:
         notes.append(f"objective: {', '.join(metrics)} only; other figures are reported, not fitted")
+    if pulls and prior is not None:
+        notes.append(f"regularised toward the prior ({prior.source or prior.efficiency.name}): "
+                     f"{', '.join(visible[i] for i, _, _ in pulls)} pulled with the prior's widths, a figure trusted "
+                     f"to {PRIOR_FIGURE_SD_LOG:.0%}")
     return FitResult(eff, tuple(visible), unc, pts, tuple(notes), bool(sol.success), str(sol.message),
-                     int(sol.nfev), float(np.sqrt(np.mean(sol.fun ** 2))), corr)
+                     int(sol.nfev), float(np.sqrt(np.mean(data_fun ** 2))), corr)
+
+
+def _held_by_prior(rows, targets, base: Efficiency, visible: Sequence[str], prior: Prior, predict: Callable,
+                   y0: np.ndarray) -> list[tuple[str, float, float]]:
+    """(name, data-only one sigma, prior one sigma) of each parameter to hold at the prior: from the
+    Jacobian at ``base`` in prior-sigma units (a step of half a prior sigma), Fisher information
+    J^T J / PRIOR_FIGURE_SD_LOG^2, marginal sigma = sqrt(diag(inverse)) over the freed set; the
+    sigma reported for a held term is the one it would have alone."""
+    named, cols = [], []
+    for n in visible:
+        sd = prior.width(n)
+        if not sd:
+            continue
+        lo, hi = PARAM_BOUNDS[n]
+        v = getattr(base, n)
+        v1 = v + 0.5 * sd if v + 0.5 * sd <= hi else max(v - 0.5 * sd, lo)
+        if v1 == v:
+            continue
+        y1 = _flatten(predict(list(rows), base.with_params(**{n: v1})), targets)
+        named.append(n)
+        cols.append(np.log(y1 / y0) / ((v1 - v) / sd))
+    if not named:
+        return []
+    J = np.column_stack(cols)
+    info = J.T @ J / PRIOR_FIGURE_SD_LOG ** 2
+
+    def sds(idx: list[int]) -> np.ndarray:   # data-only marginal sigmas of the set, prior-sigma units
+        sub = info[np.ix_(idx, idx)] + 1e-9 * np.eye(len(idx))
+        return np.sqrt(np.clip(np.diag(np.linalg.inv(sub)), 0, None))
+
+    # Greedy: free the term that keeps the set's widest data-only sigma smallest, while it stays
+    # within HOLD_SD_RATIO prior sigmas; of two terms the rows move alike (a combination, not
+    # each), the first freed carries the combination and the other is held.
+    free: list[int] = []
+    rest = list(range(len(named)))
+    while rest:
+        worst, pick = min((float(np.max(sds(free + [i]))), i) for i in rest)
+        if worst > HOLD_SD_RATIO:
+            break
+        free.append(pick)
+        rest.remove(pick)
+    alone = {i: float(sds([i])[0]) for i in rest}
+    return [(named[i], alone[i] * float(prior.width(named[i]) or 0), float(prior.width(named[i]) or 0))
+            for i in rest]
 
 
 @dataclass(frozen=True)
@@ -519,3 +661,131 @@ def cross_validate(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency, key: 
         worst = max((abs(p.err_after) for p in pts), default=0.0) * 100
         out.append(FoldResult(f"{label}={g}", len(_targets(train)), len(pts), by, worst))
     return out
+
+
+# ---- held-out error: what a fit reports ---------------------------------------------------------
+MAX_FOLDS = 8   # more distinct groups than this are binned into this many contiguous folds (CPU time)
+CV_KINDS = ("auto", "none", "loo", "concurrency", "length", "tp")
+
+
+def _length(r: ProfileRow) -> tuple:
+    return (r.input_tokens or 0, r.output_tokens or 0)
+
+
+def cv_key(rows: Sequence[ProfileRow], kind: str = "auto") -> tuple[str, Callable[[ProfileRow], object]] | None:
+    """How to split ``rows`` into folds: ``(label, key)``, or None when they cannot be split (fewer
+    than two groups, or ``kind`` none). ``auto``: by concurrency when the request rows hold more
+    than one, else by (input, output) length, else by TP, else one row per fold (leave-one-out)."""
+    if kind not in CV_KINDS:
+        raise InputError(f"calibrate: --cv must be one of {', '.join(CV_KINDS)}, got {kind!r}")
+    if kind == "none":
+        return None
+    req = [r for r in rows if r.kind == "request"]
+    choices = {
+        "concurrency": ("concurrency", lambda r: r.concurrency or 0),
+        "length": ("length", _length),
+        "tp": ("tp", lambda r: r.tp),
+        "loo": ("row", lambda r: r.id),
+    }
+    if kind == "auto":
+        if len({r.concurrency for r in req}) > 1:
+            kind = "concurrency"
+        elif len({_length(r) for r in req}) > 1:
+            kind = "length"
+        elif len({r.tp for r in rows}) > 1:
+            kind = "tp"
+        else:
+            kind = "loo"
+    label, key = choices[kind]
+    return (label, key) if len({key(r) for r in rows}) > 1 else None
+
+
+@dataclass(frozen=True)
+class HeldOutFold:
+    """One fold: the rows of ``held_out`` predicted by a fit on the others (``after``) and by the
+    prior (``before``), with the ways the held-out rows lie outside the fitted ones."""
+
+    held_out: str
+    fit_points: int
+    points: tuple[PointFit, ...]
+    extrapolation: tuple[str, ...] = ()
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return {"held_out": self.held_out, "fit_points": self.fit_points, "test_points": len(self.points),
+                "mape_pct": {m: v for m, v in held_out_mape(self.points, True).items()},
+                "prior_mape_pct": {m: v for m, v in held_out_mape(self.points, False).items()},
+                "max_abs_err_pct": max((abs(p.err_after) for p in self.points), default=0.0) * 100,
+                "extrapolation": list(self.extrapolation), "note": self.note,
+                "points": [dataclasses.asdict(p) for p in self.points]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "HeldOutFold":
+        return cls(d["held_out"], d["fit_points"], tuple(PointFit(**p) for p in d["points"]),
+                   tuple(d.get("extrapolation", ())), d.get("note", ""))
+
+
+def held_out_mape(points: Sequence[PointFit], after: bool = True) -> dict[str, float]:
+    """MAPE per metric, %, of ``after`` (the fit) or ``before`` (the prior)."""
+    return {m: mape([p.after if after else p.before for p in points if p.metric == m],
+                    [p.measured for p in points if p.metric == m])
+            for m in METRICS if any(p.metric == m for p in points)}
+
+
+_RANGE_FIELDS = (("concurrency", "concurrency"), ("input_tokens", "input length"), ("output_tokens", "output length"),
+                 ("tp", "TP"), ("batch", "batch"), ("context_tokens", "context"), ("rate_req_s", "rate req/s"))
+
+
+def extrapolation(fitted: Sequence[ProfileRow], held: Sequence[ProfileRow]) -> list[str]:
+    """Lines naming each held-out row that lies outside the fitted rows' range (concurrency,
+    lengths, TP, batch, context, rate) or on a model the fitted rows do not hold."""
+    out = []
+    models = {r.model for r in fitted}
+    for r in held:
+        why = []
+        if r.model not in models:
+            why.append(f"model {r.model} not among the fitted rows' ({', '.join(sorted(models))})")
+        for f, label in _RANGE_FIELDS:
+            v = getattr(r, f)
+            seen = [getattr(x, f) for x in fitted if getattr(x, f) is not None and x.kind == r.kind]
+            if v is None or not seen or (isinstance(v, float) and math.isinf(v)):
+                continue
+            if v < min(seen) or v > max(seen):
+                why.append(f"{label} {v:g} outside the fitted rows' {min(seen):g}-{max(seen):g}")
+        if why:
+            out.append(f"row {r.id}: {'; '.join(why)}: extrapolated")
+    return out
+
+
+def held_out_folds(rows: Sequence[ProfileRow], key: Callable[[ProfileRow], object], label: str,
+                   fit: Callable[[list[ProfileRow]], Efficiency], prior: Efficiency,
+                   predict: Callable) -> list[HeldOutFold]:
+    """Leave-one-group-out with any fitting procedure: for each value of ``key`` (binned into at
+    most ``MAX_FOLDS`` contiguous folds), ``fit`` on the other rows, predict the group's rows with
+    the result and with ``prior``. A fold whose rows cannot be fitted (``InputError``) predicts
+    with the prior, said in its note."""
+    rows = list(rows)
+    groups = sorted({key(r) for r in rows}, key=lambda g: (str(type(g)), g) if not isinstance(g, str) else ("", g))
+    bins = [groups[round(i * len(groups) / MAX_FOLDS):round((i + 1) * len(groups) / MAX_FOLDS)]
+            for i in range(MAX_FOLDS)] if len(groups) > MAX_FOLDS else [[g] for g in groups]
+    out = []
+    for b in bins:
+        if not b:
+            continue
+        test = [r for r in rows if key(r) in b]
+        train = [r for r in rows if key(r) not in b]
+        note = ""
+        try:
+            eff = fit(train)
+        except InputError as e:
+            eff, note = prior, f"the other rows cannot be fitted ({e}); the prior predicts this fold"
+        before = {(p.id, p.metric): p.after for p in evaluate(test, prior, predict)}
+        pts = tuple(PointFit(p.id, p.metric, p.measured, before[(p.id, p.metric)], p.after, p.engine, p.model, p.tp)
+                    for p in evaluate(test, eff, predict))
+        name = f"{label}={_fmt_group(b[0])}" + (f"..{_fmt_group(b[-1])}" if len(b) > 1 else "")
+        out.append(HeldOutFold(name, len(_targets(train)), pts, tuple(extrapolation(train, test)), note))
+    return out
+
+
+def _fmt_group(g) -> str:
+    return "x".join(map(str, g)) if isinstance(g, tuple) else str(g)

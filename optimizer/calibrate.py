@@ -19,13 +19,13 @@ from typing import Callable, Sequence
 import yaml
 
 from kvtune import __version__
-from kvtune.costmodel.calibration import ENGINES, efficiency_for, load_calibration
+from kvtune.costmodel.calibration import ENGINES, efficiency_for, load_calibration, lookup_calibration
 from kvtune.costmodel.engines import REGISTRY
 from kvtune.costmodel.efficiency import ATTENTION_PARAMS, FP8_PARAMS, IDEAL, PARAM_BOUNDS, Efficiency
 from kvtune.costmodel.dtypes import KNOWN as KNOWN_DTYPES, canonical as canonical_dtype
 from kvtune.costmodel.errors import DoesNotFit, InputError
 from kvtune.costmodel.closed_loop import STAGGERED_ENGINES as _STAGGERED, canonical_engine
-from kvtune.costmodel.fit import (FIT_PARAMS, METRICS, FitResult, FoldResult, PointFit, RowPredictor, cross_validate, evaluate,
+from kvtune.costmodel.fit import (FIT_PARAMS, METRICS, FitResult, FoldResult, PointFit, Prior, RowPredictor, cross_validate, evaluate,
                            fit_efficiency, measured_metrics, visible_params)
 from kvtune.costmodel.hardware import GPU, get_gpu
 from kvtune.costmodel.memory import GPU_MEM_UTIL
@@ -33,7 +33,7 @@ from kvtune.costmodel.models import get_model
 from kvtune.costmodel.step import StepModel
 from kvtune.costmodel.profile_table import ProfileRow, read_table
 
-__all__ = ["TableInput", "load_tables", "resolve_base", "select_rows", "calibrate",
+__all__ = ["TableInput", "load_tables", "base_path", "resolve_base", "select_rows", "calibrate",
            "calibration_dict", "calibration_yaml", "fit_shipped"]
 
 
@@ -87,6 +87,13 @@ def check_row_formats(path: Path, rows: Sequence[ProfileRow]) -> None:
                                  f"(known: {', '.join(KNOWN_DTYPES)}; spellings such as f16, fp8_e4m3, Q4_K_M too)")
 
 
+def base_path(base: str, gpu: GPU, engine: str | None) -> Path | None:
+    """The calibration file ``base`` names (None for ideal): the shipped one for ``calibrated``."""
+    if base == "ideal":
+        return None
+    return lookup_calibration("calibrated", gpu.name, None if base == "calibrated" else base, engine).path
+
+
 def resolve_base(base: str, gpu: GPU, engine: str | None) -> Efficiency:
     """Where the fit starts and what unfitted parameters keep: ``base`` is ideal, calibrated (the
     shipped calibration) or a calibration file."""
@@ -127,15 +134,18 @@ DEFAULT_CANDIDATES = FIT_PARAMS + ATTENTION_PARAMS
 
 def calibrate(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency, params: Sequence[str] | None = None,
               predict: Callable | None = None, max_nfev: int = 60, name: str = "fitted",
-              metrics: Sequence[str] | None = None, candidates: Sequence[str] = DEFAULT_CANDIDATES) -> FitResult:
+              metrics: Sequence[str] | None = None, candidates: Sequence[str] = DEFAULT_CANDIDATES,
+              prior: Prior | None = None) -> FitResult:
+    """Fit ``rows`` from ``base`` (``costmodel.fit.fit_efficiency``), pulled toward ``prior`` when
+    given; decode attention's rate only where the rows separate it (see DEFAULT_CANDIDATES)."""
     predict = predict or RowPredictor(gpu)
     res = fit_efficiency(rows, gpu, base, params, predict, max_nfev=max_nfev, name=name, metrics=metrics,
-                         candidates=candidates)
+                         candidates=candidates, prior=prior)
     loose = [n for n in ATTENTION_PARAMS if params is None and n in res.fitted and not _separated(res, n)]
     if not loose:
         return res
     again = fit_efficiency(rows, gpu, base, None, predict, max_nfev=max_nfev, name=name, metrics=metrics,
-                           candidates=[c for c in candidates if c not in loose])
+                           candidates=[c for c in candidates if c not in loose], prior=prior)
     why = [f"{n} not kept: {getattr(res.efficiency, n):.3g} +- {res.uncertainty[n]:.2g} in the joint fit"
            + "".join(f", correlation {c:+.2f} with {b}" for b, c in res.correlation.get(n, {}).items()
                      if abs(c) > FP8_SEPARABLE_CORR)
@@ -163,7 +173,7 @@ def _r(x: float, sig: int = 4) -> float:
 
 
 def calibration_dict(result: FitResult, name: str, gpu: GPU, engine: str | None, inputs: Sequence[dict],
-                     base_name: str, notes: Sequence[str] = (), cross_validation: Sequence[FoldResult] = (),
+                     base_name: str, notes: Sequence[str] = (), cross_validation: Sequence[FoldResult | dict] = (),
                      wall_s: float | None = None, extra: dict | None = None) -> dict:
     eff = result.efficiency
     engines = sorted({p.engine for p in result.points if p.engine})
@@ -183,10 +193,7 @@ def calibration_dict(result: FitResult, name: str, gpu: GPU, engine: str | None,
     if wall_s is not None:
         fit["wall_s"] = round(wall_s, 1)
     if cross_validation:
-        fit["cross_validation"] = [
-            {"held_out": f.held_out, "fit_points": f.fit_points, "test_points": f.test_points,
-             "mape_pct": {k: _r(v, 3) for k, v in f.mape_by_metric.items()},
-             "max_abs_err_pct": _r(f.max_abs_err_pct, 3)} for f in cross_validation]
+        fit["cross_validation"] = [_fold_record(f) for f in cross_validation]
     if extra:
         fit.update(extra)
     return {
@@ -200,6 +207,16 @@ def calibration_dict(result: FitResult, name: str, gpu: GPU, engine: str | None,
         "fit": fit,
         "inputs": [dict(i) for i in inputs],
     }
+
+
+def _fold_record(f: FoldResult | dict) -> dict:
+    """A fold as ``fit.cross_validation`` records it: a ``FoldResult``, or a held-out fold's record
+    (``costmodel.fit.HeldOutFold``, which adds the prior's MAPE and what was extrapolated)."""
+    if isinstance(f, dict):
+        return {k: ({m: _r(x, 3) for m, x in v.items()} if isinstance(v, dict) else
+                    _r(v, 3) if isinstance(v, float) else v) for k, v in f.items()}
+    return {"held_out": f.held_out, "fit_points": f.fit_points, "test_points": f.test_points,
+            "mape_pct": {k: _r(v, 3) for k, v in f.mape_by_metric.items()}, "max_abs_err_pct": _r(f.max_abs_err_pct, 3)}
 
 
 _HEADER = ("# Fitted by 'kvtune calibrate' (costmodel.fit): params are what kvtune uses; uncertainty is one\n"

@@ -129,7 +129,7 @@ def test_cli_json(tmp_path):
     table = write_table(tmp_path / "t.csv", synthetic_rows(TRUTH, tps=(1,), requests=False))
     r = CliRunner().invoke(main, ["calibrate", str(table), "-o", str(tmp_path / "c.yaml"), "--json"])
     assert r.exit_code == 0, r.output
-    d = json.loads(r.output)
+    d = json.loads(r.stdout)
     assert len(d["points_detail"]) == 13 and "link_efficiency" not in d["fit"]["fitted"]
 
 
@@ -145,7 +145,7 @@ def test_cli_clients_staggered_changes_request_row_predictions(tmp_path):
         r = CliRunner().invoke(main, ["calibrate", str(table), "--params", "prefill_flops_efficiency", "--clients", clients,
                                       "-o", str(tmp_path / f"{clients}.yaml"), "--json"])
         assert r.exit_code == 0, r.output
-        got[clients] = {(p["id"], p["metric"]): p["before"] for p in json.loads(r.output)["points_detail"]}
+        got[clients] = {(p["id"], p["metric"]): p["before"] for p in json.loads(r.stdout)["points_detail"]}
     ttft = [k for k in got["burst"] if k[1] == "ttft_ms"]
     assert ttft and all(got["staggered"][k] < got["burst"][k] for k in ttft)
 

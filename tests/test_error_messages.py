@@ -28,6 +28,7 @@ MODEL_COMMANDS = ("estimate", "simulate", "goodput", "solve")
 REACHED_BY = {
     "costmodel/fit.py": ("calibrate",),  # validate reaches only RowPredictor, which names no flag
     "optimizer/calibrate.py": ("calibrate", "validate"),
+    "optimizer/calibrate_held_out.py": ("calibrate",),
     "optimizer/validate.py": ("validate",),
     "optimizer/search.py": ("solve",),
     "optimizer/storage.py": ("solve",),

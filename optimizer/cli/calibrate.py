@@ -10,7 +10,8 @@ import click
 from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.closed_loop import STAGGERED_ENGINES
-from kvtune.costmodel.fit import FIT_METRICS, RowPredictor
+from kvtune.costmodel.fit import CV_KINDS, FIT_METRICS, RowPredictor, held_out_mape
+from kvtune.optimizer.calibrate_held_out import IF_WORSE
 from kvtune.costmodel.profile_table import contradictions
 
 from ._common import check_output_path, dumps, echo_table, save_or_show
@@ -39,12 +40,26 @@ from ._common import check_output_path, dumps, echo_table, save_or_show
 @click.option("-o", "--output", required=True, help="Calibration YAML to write (e.g. profiles/calibrations/NAME.yaml).")
 @click.option("--name", default=None, help="Calibration name (default: the output file's stem).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, clients, max_nfev, output, name, as_json):
-    """Fit bandwidth/FLOP efficiencies, step overhead and all-reduce cost to TABLES."""
+@click.option("--cv", "cv", type=click.Choice(list(CV_KINDS)), default="auto", show_default=True,
+              help="Cross-validation the fit reports: auto = leave one concurrency out when the rows hold several, "
+                   "else one length, else one TP, else one row; none = in-sample only.")
+@click.option("--holdout", "holdout", multiple=True, metavar="TABLE",
+              help="Profile table whose rows are predicted, never fitted (e.g. a sweep's high concurrencies), by the "
+                   "prior and the fit; repeatable.")
+@click.option("--if-worse", "if_worse", type=click.Choice(list(IF_WORSE)), default="hold", show_default=True,
+              help="When the fit predicts held-out rows worse than the prior on a metric: hold = refit with the terms "
+                   "that metric is most sensitive to held at the prior, and write the prior's parameters if that is "
+                   "still worse; prior = write the prior's parameters; keep = write the fit. The output names the "
+                   "metric and the rows.")
+def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, clients, max_nfev, output, name, as_json,
+                  cv, holdout, if_worse):
+    """Fit bandwidth/FLOP efficiencies, step overhead and all-reduce cost to TABLES, and report the
+    fit's cross-validated error beside the base calibration's (the prior) on the same held-out rows."""
     from kvtune.costmodel.hardware import resolve_gpu
     from kvtune.optimizer.loadgen import drift
-    from kvtune.optimizer.calibrate import (calibrate, calibration_dict, calibration_yaml, load_tables, resolve_base,
+    from kvtune.optimizer.calibrate import (base_path, calibration_dict, calibration_yaml, load_tables, resolve_base,
                                      select_rows)
+    from kvtune.optimizer.calibrate_held_out import calibrate_checked, prior_for
 
     out = Path(output)
     if not out.parent.exists():
@@ -61,35 +76,52 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
     rows, inputs = load_tables(tables)
     rows, notes = select_rows(rows, g, engine)
     eff0 = resolve_base(base, g, engine)
+    prior = prior_for(base_path(base, g, engine), eff0)
+    held_rows, _ = load_tables(holdout) if holdout else ([], [])
+    if held_rows:
+        held_rows, _ = select_rows(held_rows, g, engine)
     warnings = contradictions(rows)
     warnings += [w for w in drift(rows) if not _said(w, warnings)]
     name = name or out.stem
     t0 = time.perf_counter()
     metrics = [m.strip() for m in fit_metrics.split(",") if m.strip()] if fit_metrics else None
-    res = calibrate(rows, g, eff0, names, RowPredictor(g, chunk_tokens=chunk_tokens, stagger=STAGGERED_ENGINES if clients == "auto" else clients == "staggered"), max_nfev=max_nfev, name=name,
-                    metrics=metrics)
+    predict = RowPredictor(g, chunk_tokens=chunk_tokens, stagger=STAGGERED_ENGINES if clients == "auto" else clients == "staggered")
+    checked = calibrate_checked(rows, g, eff0, prior, names, predict, max_nfev=max_nfev, name=name, metrics=metrics,
+                                cv=cv, if_worse=if_worse, holdout=held_rows)
+    res = checked.result
     wall = time.perf_counter() - t0
-    warnings += worse_than_start(res, metrics)
-    d = calibration_dict(res, name, g, engine, inputs, base, notes, wall_s=wall,
-                         extra={"warnings": warnings} if warnings else None)
+    warnings += worse_than_start(res, metrics) + list(checked.warnings)
+    notes = list(notes) + list(checked.notes)
+    extra = {"held_out": checked.to_json_summary(), **({"warnings": warnings} if warnings else {})}
+    d = calibration_dict(res, name, g, engine, inputs, base, notes, wall_s=wall, extra=extra,
+                         cross_validation=checked.fold_records())
     save_or_show(out, calibration_yaml(d), "-o")
     if as_json:
         d = dict(d, output=str(out),
                  points_detail=[{"id": p.id, "metric": p.metric, "measured": p.measured, "before": p.before,
                                  "after": p.after, "err_before_pct": p.err_before * 100,
-                                 "err_after_pct": p.err_after * 100} for p in res.points])
+                                 "err_after_pct": p.err_after * 100} for p in res.points],
+                 held_out_points=[_point_json(p, f.held_out) for f in checked.all_folds() for p in f.points])
         click.echo(dumps(d))
         for w in warnings:
             click.echo(f"warning: {w}", err=True)
         return
     click.echo(f"calibrate {g.name}{' engine ' + engine if engine else ''}: {len(res.points)} measured figures "
                f"from {len(rows)} rows, base {base}, {res.nfev} model evaluations, {wall:.1f} s")
+    click.echo(f"prior: {prior.source if prior else 'none (base ideal: not regularised)'}")
+    echo_held_out(checked)
+    click.echo("in-sample (the rows the fit saw; before = base, after = fit):")
     echo_table(["id", "metric", "measured", "before", "err_before_%", "after", "err_after_%"],
                [[p.id[-40:], p.metric, f"{p.measured:.4g}", f"{p.before:.4g}", f"{p.err_before * 100:+.1f}",
                  f"{p.after:.4g}", f"{p.err_after * 100:+.1f}"] for p in res.points])
-    click.echo("MAPE %      before   after")
+    click.echo("in-sample MAPE %   before   after")
     for m, v in d["fit"]["mape_before_pct"].items():
-        click.echo(f"  {m:<12}{v:>7.1f} {d['fit']['mape_after_pct'][m]:>7.1f}")
+        click.echo(f"  {m:<17}{v:>7.1f} {d['fit']['mape_after_pct'][m]:>7.1f}")
+    for t in checked.tried:
+        if "mape_pct" in t:
+            click.echo(f"candidate '{t['choice']}' (fitted {', '.join(t['fitted']) or 'nothing'}): cross-validated MAPE "
+                       + ", ".join(f"{m} {v:.1f}%" for m, v in t["mape_pct"].items()))
+    click.echo(f"written: {checked.choice}")
     click.echo("parameters (one sigma; '-' = kept at base):")
     for k, v in d["params"].items():
         s = d["uncertainty"][k]
@@ -99,6 +131,38 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
     for w in warnings:
         click.echo(f"  warning: {w}")
     click.echo(f"wrote {out}" + (f" ({len(warnings)} warnings, recorded under fit.warnings)" if warnings else ""))
+
+
+def _point_json(p, fold: str) -> dict:
+    return {"fold": fold, "id": p.id, "metric": p.metric, "measured": p.measured, "prior": p.before, "fit": p.after,
+            "err_prior_pct": p.err_before * 100, "err_fit_pct": p.err_after * 100}
+
+
+def echo_held_out(checked) -> None:
+    """The held-out tables: cross-validated MAPE per metric, the fit's beside the prior's, and the
+    rows given apart (--holdout) one by one, with what was extrapolated."""
+    ho = checked.held_out
+    if ho is not None:
+        a, b = ho.mape(True), ho.mape(False)
+        worse = set(ho.worse())
+        click.echo(f"held-out error ({ho.label}, {len(ho.folds)} folds; each fold fitted on the other rows):")
+        echo_table(["metric", "fit_MAPE_%", "prior_MAPE_%", ""],
+                   [[m, f"{a[m]:.1f}", f"{b[m]:.1f}", "WORSE than the prior" if m in worse else ""] for m in a])
+        for f in ho.folds:
+            for x in f.extrapolation:
+                click.echo(f"  extrapolated in fold {f.held_out}: {x}")
+    if checked.holdout is not None:
+        h = checked.holdout
+        click.echo(f"given held-out rows (--holdout, {len(h.points)} figures, never fitted):")
+        echo_table(["id", "metric", "measured", "prior", "err_prior_%", "fit", "err_fit_%"],
+                   [[p.id[-40:], p.metric, f"{p.measured:.4g}", f"{p.before:.4g}", f"{p.err_before * 100:+.1f}",
+                     f"{p.after:.4g}", f"{p.err_after * 100:+.1f}"] for p in h.points])
+        a, b = held_out_mape(h.points, True), held_out_mape(h.points, False)
+        click.echo("  held-out MAPE %   prior     fit")
+        for m in a:
+            click.echo(f"    {m:<16}{b[m]:>7.1f} {a[m]:>7.1f}")
+        for x in h.extrapolation:
+            click.echo(f"  {x}")
 
 
 def _said(drift_line: str, lines: list[str]) -> bool:
