@@ -45,8 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import InputError
-from .memory import weight_bytes
 from .models import DTYPE_BYTES, ModelArch, get_model
+from .weights import weight_bytes
 
 __all__ = ["DraftFootprint", "draft_footprint", "EAGLE3_DRAFT_VOCAB", "MEDUSA_HEADS", "NO_MEMORY_METHODS",
            "DRAFT_WEIGHT_DTYPE"]

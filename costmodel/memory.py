@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from .draft import DraftFootprint
 from .errors import DoesNotFit, InputError
 from .hardware import GPU
 from .models import DTYPE_BYTES, ModelArch
 from .parallel import SINGLE, Parallel
-
-if TYPE_CHECKING:   # costmodel.draft sizes its draft models with weight_bytes below
-    from .draft import DraftFootprint
+from .weights import check_dtype, weight_bytes   # re-exported: their home is costmodel.weights (below draft)
 
 __all__ = ["MemoryPlan", "weight_bytes", "weight_bytes_per_gpu", "attention_weight_bytes", "plan_memory",
            "check_dtype", "gpus_to_hold", "GPU_MEM_UTIL", "BLOCK_TOKENS"]
@@ -42,21 +40,6 @@ __all__ = ["MemoryPlan", "weight_bytes", "weight_bytes_per_gpu", "attention_weig
 # The defaults every command, the simulator and the launch settings share (one home each):
 GPU_MEM_UTIL = 0.9  # share of GPU memory the engine may use: vLLM's --gpu-memory-utilization default (vllm/engine/arg_utils.py)
 BLOCK_TOKENS = 16   # KV cache block, tokens: vLLM's --block-size default on CUDA (vllm/config CacheConfig)
-
-
-def check_dtype(value: str, what: str) -> str:
-    if value not in DTYPE_BYTES:  # canonical names (costmodel.dtypes); callers resolve spellings first
-        raise InputError(f"{what} must be one of {', '.join(DTYPE_BYTES)}, got {value!r}")
-    return value
-
-
-def weight_bytes(model: ModelArch, weight_dtype: str) -> float:
-    """Bytes of all stored weights. FP8 checkpoints quantise the GEMM weights to 1 byte and keep
-    the embedding and LM head in bf16 (as vLLM/TensorRT-LLM FP8 checkpoints do)."""
-    check_dtype(weight_dtype, "weight dtype")
-    emb = model.embedding_params * (1 if model.tied_embeddings else 2)
-    gemm = model.total_params - emb
-    return gemm * DTYPE_BYTES[weight_dtype] + emb * DTYPE_BYTES["bf16"]
 
 
 @dataclass(frozen=True)

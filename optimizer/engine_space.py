@@ -18,7 +18,7 @@ TensorRT-LLM's FP8 weights need a published ModelOpt checkpoint.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from kvtune.costmodel.checkpoints import resolve_draft, resolve_weights
 from kvtune.costmodel.engines import capabilities_for
@@ -26,8 +26,7 @@ from kvtune.costmodel.engines.capabilities import Capabilities
 from kvtune.costmodel.errors import InputError, KvtuneError
 from kvtune.costmodel.models import ModelArch
 
-if TYPE_CHECKING:
-    from .workload import WorkloadSpec
+from .workload_spec import WorkloadSpec
 
 __all__ = ["for_engine", "LOADER"]
 
