@@ -175,8 +175,10 @@ class SolveContext:
         return self.step(d.layout.tp, d.knobs.kv_dtype, d.knobs.spec_k, d.layout.name)
 
     def fitting_step(self, params: Mapping) -> StepCost:
-        """The step model of a config known to fit (the simulator's): its error raised otherwise."""
-        sm = self.step_of(Aggregated.from_config(params))
+        """The step model of a config known to fit (the simulator's): its error raised otherwise.
+        ``params`` needs only what the step depends on (``tp``, ``kv_dtype``, ``spec_k``, a layout)."""
+        sm = self.step(int(params["tp"]), params["kv_dtype"], int(params.get("spec_k", 0)),
+                       params.get("layout") or None)
         if isinstance(sm, Exception):
             raise sm
         return sm
