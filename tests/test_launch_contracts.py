@@ -94,7 +94,7 @@ def trtllm_yaml_errors(text: str, keys=None) -> list[str]:
     (tests/contracts/tensorrt-llm-1.0.0.json); with ``keys`` (the disaggregated server's YAML, which
     ``trtllm-serve disaggregated -c`` parses in llmapi/disagg_utils.py, not in the contract) its
     keys against that table. A disaggregated worker must also size its transfer buffer
-    (``max_tokens_in_buffer``), as the README promises."""
+    (``max_tokens_in_buffer``), as docs/launch.md promises."""
     api = yaml.safe_load(text)
     if keys is not None:
         return [f"{k}: not a disaggregated-server key kvtune has read" for k in nested_keys(api) if k not in keys]
