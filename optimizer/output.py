@@ -26,7 +26,7 @@ import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.files import path_kind
@@ -34,6 +34,23 @@ from kvtune.costmodel.files import path_kind
 __all__ = ["check_output_path", "check_output_folder", "write_atomic", "output_folder", "default_file_mode"]
 
 _SYMLINK_HOPS = 40  # as the kernel's limit on links followed in one lookup (MAXSYMLINKS)
+
+
+# The version of the JSON documents kvtune writes (solve's result, the objects of estimate, simulate,
+# goodput, validate, calibrate, tune.json): bumped when a key is removed or changes meaning, not when
+# one is added (the published schemas, profiles/schemas/*.schema.json, carry the same number).
+SCHEMA_VERSION = 1
+
+# the path that means stdout for every --json and -o (the Unix convention)
+STDOUT = "-"
+
+
+def json_document(obj: Any) -> Any:
+    """``obj`` as kvtune writes it: a JSON object gets ``schema_version`` first (the one place that
+    adds it; records' ``to_json`` stay free of it, and ``from_json`` ignores it)."""
+    if isinstance(obj, dict):
+        return {"schema_version": SCHEMA_VERSION, **{k: v for k, v in obj.items() if k != "schema_version"}}
+    return obj
 
 
 def _umask() -> int:

@@ -43,7 +43,19 @@ PLOTS = ("frontier.png", "pareto.png", "latency.png")
 _Rec = Recommendation | DisaggregatedRecommendation
 
 
+REPORT_EXTRA = "pip install 'kvtune[report]'"
+
+
+def require_matplotlib(flag: str = "--report") -> None:
+    """Before any work: the plots need matplotlib, which is the ``report`` extra (not a dependency of
+    ``kvtune solve``). Missing, one ``Error:`` line naming what to install; nothing is written."""
+    import importlib.util
+    if importlib.util.find_spec("matplotlib") is None:
+        raise InputError(f"{flag}: the report's plots need matplotlib, which is not installed: {REPORT_EXTRA}")
+
+
 def _plt() -> Any:
+    require_matplotlib()
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -84,6 +84,9 @@ def summary_lines(result: TuneResult, out_dir: str) -> list[str]:
 
 
 def _plots(result: TuneResult, out: Path) -> list[str]:
+    import importlib.util
+    if importlib.util.find_spec("matplotlib") is None:   # the report extra is not installed: report.md without plots
+        return []
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -14,7 +14,6 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from kvtune.optimizer import simsearch
 from kvtune.optimizer.cli import main
 from kvtune.optimizer.search import SolveContext, config_key
 from kvtune.optimizer.simsearch import LocalRunner, lattice_configs, race, ranked_goodput

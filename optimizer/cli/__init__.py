@@ -19,6 +19,8 @@ import click
 from kvtune import __version__
 from kvtune.costmodel.errors import KvtuneError, one_line
 
+from ._common import bare_json_args
+
 # the machine cannot take the output: a full or failing device, a quota, a file too large
 _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
 
@@ -72,10 +74,11 @@ def _silence_stdout() -> None:
 
 
 class KvtuneGroup(click.Group):
-    def main(self, *args, **kwargs):
+    def main(self, args=None, *rest, **kwargs):
         debug = "--debug" in sys.argv
         try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
+            args = bare_json_args(list(sys.argv[1:] if args is None else args))
+            rv = super().main(args, *rest, standalone_mode=False, **kwargs)
             sys.stdout.flush()  # a full device shows here, while the error can still be one line
             return rv
         except KvtuneError as exc:
@@ -124,7 +127,10 @@ class KvtuneGroup(click.Group):
                   f"written are kept", 2)
 
 
-@click.group(cls=KvtuneGroup)
+# every option also reads KVTUNE_<COMMAND>_<OPTION> (KVTUNE_SOLVE_TRIALS=50, KVTUNE_TUNE_MAX_RUNS=10): click's
+# auto_envvar_prefix. The KVTUNE_* variables kvtune reads itself (KVTUNE_LIVE, KVTUNE_PG, KVTUNE_LLAMA_*, ...)
+# name no command, so they cannot be read as an option.
+@click.group(cls=KvtuneGroup, context_settings={"auto_envvar_prefix": "KVTUNE"})
 @click.version_option(__version__, prog_name="kvtune")
 @click.option("--debug", is_flag=True, help="Show tracebacks for expected errors.")
 @click.pass_context

@@ -8,10 +8,114 @@ import math
 import click
 
 from kvtune.costmodel.errors import InputError
+from kvtune.optimizer.output import STDOUT, json_document
 from kvtune.optimizer.output import check_output_folder, check_output_path, output_folder, write_atomic  # noqa: F401 (the commands import them from here)
 from kvtune.optimizer.workload import MAX_SEED  # noqa: F401 (the seed bound of --seed flags)
 
+JSON_HELP = ("Write one JSON object to PATH ('-' or no PATH: stdout, and the human text goes to stderr or is left "
+             "out). A PATH ending in .yaml/.yml/.csv is read as the command's input, so the old bare --json "
+             "before it keeps working.")
 
+
+def json_option(help: str = JSON_HELP, dest: str = "as_json"):
+    """``--json [PATH]``, one meaning on every command: PATH ``-`` (or the bare flag) is stdout."""
+    return click.option("--json", dest, is_flag=False, flag_value=STDOUT, default=None, metavar="PATH", help=help)
+
+
+# Input files a bare --json may stand before (``kvtune validate --json t.csv``): click's optional
+# value would take them as the output path, and writing the result over a workload loses it.
+_INPUT_SUFFIXES = (".yaml", ".yml", ".csv")
+
+
+def bare_json_args(args: list[str]) -> list[str]:
+    """``--json X`` with X an input file (its suffix) becomes ``--json - X``: the old flag spelling."""
+    out: list[str] = []
+    for i, a in enumerate(args):
+        out.append(a)
+        if a == "--json" and i + 1 < len(args) and args[i + 1].lower().endswith(_INPUT_SUFFIXES):
+            out.append(STDOUT)
+    return out
+
+
+def check_json_dest(dest: str | None) -> None:
+    """Before the work: a --json file path can be written (stdout always can)."""
+    if dest and dest != STDOUT:
+        check_output_path(dest, "--json")
+
+
+def emit_json(dest: str | None, obj) -> bool:
+    """Write ``obj`` (with ``schema_version``) to ``dest``: stdout for ``-``, else the file, atomically.
+    True when it went to stdout: the caller then prints no human text there."""
+    if not dest:
+        return False
+    text = dumps(json_document(obj))
+    if dest == STDOUT:
+        click.echo(text)
+        return True
+    save_or_show(dest, text + "\n", "--json")
+    return False
+
+
+class Int(click.ParamType):
+    """An integer option, shown as INTEGER in ``--help``; a bad value is the one ``Error:`` line
+    ``parse_int`` writes (``--max-runs: 'ten' is not an integer``)."""
+
+    name = "integer"
+
+    def __init__(self, minimum: int, maximum: int | None = None):
+        self.minimum, self.maximum = minimum, maximum
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "INTEGER"
+
+    def convert(self, value, param, ctx) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        flag = param.opts[0] if param is not None else "value"
+        return parse_int(value, flag, self.minimum, self.maximum)
+
+
+class Float(click.ParamType):
+    """A finite number ``>= minimum``, shown as FLOAT in ``--help``; a bad value is one ``Error:`` line."""
+
+    name = "float"
+
+    def __init__(self, minimum: float = 0.0):
+        self.minimum = minimum
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "FLOAT"
+
+    def convert(self, value, param, ctx) -> float:
+        if isinstance(value, float):
+            return value
+        flag = param.opts[0] if param is not None else "value"
+        text = str(value).strip()
+        try:
+            v = float(text)
+        except ValueError:
+            raise InputError(f"{flag}: {text[:40]!r} is not a number") from None
+        if not v >= self.minimum or v == float("inf"):
+            raise InputError(f"{flag}: {text[:40]} must be a finite number >= {self.minimum:g}")
+        return v
+
+
+class FloatList(click.ParamType):
+    """Comma-separated finite numbers ``>= 0`` (``--rates 0.8,1.0,1.2``), shown as FLOAT,..."""
+
+    name = "floats"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "FLOAT,..."
+
+    def convert(self, value, param, ctx) -> str:
+        flag = param.opts[0] if param is not None else "value"
+        parts = [x.strip() for x in str(value).split(",") if x.strip()]
+        if not parts:
+            raise InputError(f"{flag}: empty list")
+        for x in parts:
+            Float(0.0).convert(x, param, ctx)
+        return str(value)   # the command splits it (optimizer/cli/tune.py's _floats)
 
 
 def save_or_show(path, text: str, flag: str) -> None:

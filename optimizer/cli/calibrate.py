@@ -14,7 +14,7 @@ from kvtune.costmodel.fit import CV_KINDS, FIT_METRICS, RowPredictor, held_out_m
 from kvtune.optimizer.calibrate_held_out import IF_WORSE
 from kvtune.costmodel.profile_table import contradictions
 
-from ._common import check_output_path, dumps, echo_table, save_or_show
+from ._common import check_json_dest, check_output_path, emit_json, json_option, echo_table, save_or_show
 
 
 @click.command("calibrate")
@@ -39,7 +39,7 @@ from ._common import check_output_path, dumps, echo_table, save_or_show
 @click.option("--max-nfev", type=int, default=60, show_default=True, help="Most model evaluations of the solver.")
 @click.option("-o", "--output", required=True, help="Calibration YAML to write (e.g. profiles/calibrations/NAME.yaml).")
 @click.option("--name", default=None, help="Calibration name (default: the output file's stem).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@json_option()
 @click.option("--cv", "cv", type=click.Choice(list(CV_KINDS)), default="auto", show_default=True,
               help="Cross-validation the fit reports: auto = leave one concurrency out when the rows hold several, "
                    "else one length, else one TP, else one row; none = in-sample only.")
@@ -65,6 +65,7 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
     if not out.parent.exists():
         raise InputError(f"-o {output}: folder {out.parent} does not exist")
     check_output_path(out, "-o")
+    check_json_dest(as_json)
     names = [p.strip() for p in params.split(",") if p.strip()] if params else None
     if params is not None and not names:
         raise InputError("--params: empty list")
@@ -97,15 +98,15 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
                          cross_validation=checked.fold_records())
     save_or_show(out, calibration_yaml(d), "-o")
     if as_json:
-        d = dict(d, output=str(out),
+        dj = dict(d, output=str(out),
                  points_detail=[{"id": p.id, "metric": p.metric, "measured": p.measured, "before": p.before,
                                  "after": p.after, "err_before_pct": p.err_before * 100,
                                  "err_after_pct": p.err_after * 100} for p in res.points],
-                 held_out_points=[_point_json(p, f.held_out) for f in checked.all_folds() for p in f.points])
-        click.echo(dumps(d))
-        for w in warnings:
-            click.echo(f"warning: {w}", err=True)
-        return
+                  held_out_points=[_point_json(p, f.held_out) for f in checked.all_folds() for p in f.points])
+        if emit_json(as_json, dj):
+            for w in warnings:
+                click.echo(f"warning: {w}", err=True)
+            return
     click.echo(f"calibrate {g.name}{' engine ' + engine if engine else ''}: {len(res.points)} measured figures "
                f"from {len(rows)} rows, base {base}, {res.nfev} model evaluations, {wall:.1f} s")
     click.echo(f"prior: {prior.source if prior else 'none (base ideal: not regularised)'}")

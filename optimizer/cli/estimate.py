@@ -13,7 +13,7 @@ from kvtune.costmodel.memory import GPU_MEM_UTIL
 from kvtune.costmodel.draft import draft_footprint
 from kvtune.costmodel.step import DRAFT_COST, SPEC_METHOD
 
-from ._common import dumps, echo_table, parse_int_list
+from ._common import echo_table, emit_json, json_option, parse_int_list
 
 
 @click.command("estimate")
@@ -39,7 +39,7 @@ from ._common import dumps, echo_table, parse_int_list
               help="Speculative method (eagle3, eagle, mtp, draft, ngram): sizes the drafter's memory.")
 @click.option("--spec-draft-model", default=None,
               help="The draft model of --spec-method draft (catalog name, Hugging Face id or config.json).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option()
 def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, calibration, engine, profile,
                  gpu_mem_util, spec_k, spec_alpha, spec_draft_cost, spec_method, spec_draft_model, as_json):
     """What a decode step costs, how many sequences fit and the tokens per second."""
@@ -64,8 +64,7 @@ def estimate_cmd(model, gpu, tp, context, batch, weight_dtype, kv_dtype, mode, c
         est = _measured_rows(est, em.step(m, tp, weight_dtype, kv_dtype, speculation, gpu_mem_util))
     rec = em.record()
     est = replace(est, source=rec["source"])
-    if as_json:
-        click.echo(dumps({**est.to_dict(), **rec}))
+    if emit_json(as_json, {**est.to_dict(), **rec}):
         return
     click.echo(f"{m.name} on {tp} x {g.name}  weights {weight_dtype}  KV {kv_dtype}  context {context} tokens  [{est.source}]")
     click.echo(f"  weights {est.weight_bytes / 1e9:.1f} GB ({est.weight_bytes_per_gpu / 1e9:.1f} GB/GPU)   "

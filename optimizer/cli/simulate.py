@@ -26,7 +26,7 @@ from kvtune.costmodel.simulate import simulate_fleet
 from kvtune.costmodel.step import DRAFT_COST, SPEC_METHOD, SpecConfig
 from kvtune.optimizer.workload import MAX_SPEC_K
 
-from ._common import dumps
+from ._common import emit_json, json_option
 
 # Flag bounds beyond which a value is a typo: a simulation of 10M requests already holds ~1 GB of
 # request arrays; the largest clusters built hold ~100k GPUs; see optimizer.workload for MAX_SPEC_K.
@@ -128,7 +128,7 @@ def _config_options(f):
         click.option("--profile", default=None,
                      help="Measured profile table: its step times inside its range, the calibration outside "
                           "(default: the workload's profile:)."),
-        click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
+        json_option(),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -279,8 +279,7 @@ def _simulate_disaggregated(workload, kv_dtype, gpu, block_tokens, no_prefix_cac
                       "gpus": units * (pre.gpus + dec.gpus), "block_tokens": block_tokens, "prefix_caching": prefix},
            "slo": {"ttft_ms": spec.slo.ttft_ms, "tpot_ms": spec.slo.tpot_ms, "attainment": spec.slo.attainment},
            **em.record()}
-    if as_json:
-        click.echo(dumps(out))
+    if emit_json(as_json, out):
         return
     click.echo(f"{sp.model.name} disaggregated on {sp.gpu.name}: {units} x [{d['prefill_replicas']} prefill x "
                f"TP{d['prefill_tp']} (batch cap {d['prefill_batch_cap']}, chunk {d['prefill_chunk_tokens']}) + "
@@ -376,8 +375,7 @@ def simulate_cmd(workload, tp, pp, ep, dp_attention, gpu, batch_cap, kv_dtype, s
                                   not no_prefix_caching, replicas, mode),
            "slo": {"ttft_ms": spec.slo.ttft_ms, "tpot_ms": spec.slo.tpot_ms, "attainment": spec.slo.attainment},
            **em.record()}
-    if as_json:
-        click.echo(dumps(out))
+    if emit_json(as_json, out):
         return
     load = f"{rate_used:g} req/s" if rate_used is not None else f"concurrency {concurrency}"
     click.echo(f"{step.model.name} TP{tp} x {replicas} on {step.gpu.name}, KV {kv_dtype}, batch cap {batch_cap}, "
@@ -426,8 +424,7 @@ def goodput_cmd(workload, tp, pp, ep, dp_attention, gpu, batch_cap, kv_dtype, sp
                                   not no_prefix_caching, replicas, mode),
            "slo": {"ttft_ms": spec.slo.ttft_ms, "tpot_ms": spec.slo.tpot_ms, "attainment": target},
            **em.record()}
-    if as_json:
-        click.echo(dumps(out))
+    if emit_json(as_json, out):
         return
     click.echo(f"{step.model.name} TP{tp} x {replicas} on {step.gpu.name}, KV {kv_dtype}, batch cap {batch_cap}, "
                f"chunk {chunk_tokens}, spec k={spec_k}  [{out['source']}]")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -13,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import Infeasible, InputError
 from kvtune.optimizer.storage import check_shared_storage
 
-from ._common import MAX_SEED, check_output_folder, check_output_path, dumps, output_folder, parse_int, write_atomic
+from ._common import MAX_SEED, STDOUT, check_json_dest, check_output_folder, dumps, json_document, json_option, \
+    output_folder, parse_int, write_atomic
 
 if TYPE_CHECKING:
     from kvtune.optimizer.result import SolveResult
@@ -126,6 +129,10 @@ class _Progress:
 
     def _draw(self) -> None:
         line = f"  {self.prefix}{self.text}  {time.monotonic() - self.t0:.0f} s"
+        # one column short of the terminal: a line that wraps cannot be redrawn by \r (read at each draw: a resize)
+        cols = shutil.get_terminal_size().columns
+        if len(line) > cols - 1:
+            line = line[:max(cols - 2, 1)] + "~"
         self.stream.write("\r" + line + " " * max(0, self.width - len(line)))
         self.stream.flush()
         self.width = len(line)
@@ -142,19 +149,20 @@ class _Progress:
 @click.argument("workload", type=click.Path(dir_okay=False))
 @click.option("--trials", type=_Int(1), default=None, help="Trials to run (default: search.trials; grid: the whole grid).")
 @click.option("--seed", type=_Int(0, MAX_SEED), default=None, help="Sampler seed (default: search.seed; the simulated requests always follow search.seed).")
-@click.option("--sampler", default="tpe", show_default=True, help="tpe | grid | nsga2: the sampler of the analytic screen's trials (the study; the simulator race that picks covers the whole lattice whatever the sampler).")
+@click.option("--sampler", type=click.Choice(SAMPLER_NAMES), default="tpe", show_default=True, help="tpe | grid | nsga2: the sampler of the analytic screen's trials (the study; the simulator race that picks covers the whole lattice whatever the sampler).")
 @click.option("--storage", default=None, help="Optuna storage: sqlite:///kvtune.db, journal:./kvtune.log or an RDB URL (default: in memory).")
 @click.option("--study-name", default=None, help="Study to create or resume in --storage (default: derived from the workload).")
 @click.option("--verify-top", type=_Int(1), default=None, help="max_goodput: configs fully verified before the simulator race (default 4).")
 @click.option("--calibration", default=None,
               help="Calibration file, shipped name or 'ideal' (default: the workload's calibration:, else the shipped one).")
-@click.option("--engine", default=None,
+@click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
               help="vllm | sglang | trtllm | llamacpp: the engine to launch and its shipped calibration (overrides "
                    "the workload's engine: and calibration: unless --calibration is given).")
 @click.option("--profile", default=None,
               help="Measured profile table: its step times for the configs it covers, the calibration elsewhere "
                    "(default: the workload's profile:).")
-@click.option("--json", "json_path", default=None, help="Write the result object to this file (atomically).")
+@json_option(dest="json_path", help="Write the result object to PATH (atomically); '-' or no PATH: to stdout, JSON "
+             "only, and the summary goes to stderr (kvtune solve W --json - | jq .recommendation).")
 @click.option("--report", "report_dir", default=None, help="Write report.md and plots to this folder.")
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
 @click.option("--jobs", type=_Int(1), default=None,
@@ -178,9 +186,10 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
     if n_jobs is None:
         import os
         n_jobs = min(2, os.cpu_count() or 1) if n_workers == 1 else 1
-    if json_path:
-        check_output_path(json_path, "--json")
+    check_json_dest(json_path)
     if report_dir:
+        from kvtune.optimizer.report import require_matplotlib
+        require_matplotlib()
         check_output_folder(report_dir, "--report")
     check_shared_storage(storage, n_workers)
     spec = load_workload(workload, engine)   # its search space cut to what the engine can launch
@@ -200,7 +209,7 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
                                         overrides=(calibration, engine, profile))
     finally:
         progress.close()
-    click.echo(summary_text(result, storage))
+    click.echo(summary_text(result, storage), err=json_path == STDOUT)   # stdout holds the JSON alone
     if failed:  # the answer is printed above whatever became of the files
         raise failed
     if result.status != "ok":
@@ -224,13 +233,15 @@ def _write_outputs(result: SolveResult, spec, report_dir: str | None, json_path:
                 result = dataclasses.replace(result, report=str(Path(report_dir) / written.relative_to(tmp)))
             except InputError as exc:
                 failed = exc
-        if json_path:
+        if json_path == STDOUT:
+            click.echo(dumps(json_document(result.to_json())))
+        elif json_path:
             try:
-                write_atomic(json_path, dumps(result.to_json()) + "\n")
+                write_atomic(json_path, dumps(json_document(result.to_json())) + "\n")
             except InputError as exc:
                 failed = failed or exc
     except BaseException:
-        click.echo(summary_text(result, storage))
+        click.echo(summary_text(result, storage), err=json_path == STDOUT)
         raise
     return result, failed
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import click
 
+from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import Infeasible, InputError
 
-from ._common import parse_int
+from ._common import Float, FloatList, Int, parse_int
 
 __all__ = ["tune_cmd", "COMMANDS"]
 
@@ -90,7 +91,7 @@ def _swap_in(tmp: Path, out: Path) -> None:
 
 @click.command("tune")
 @click.argument("workload", type=click.Path(dir_okay=False))
-@click.option("--engine", default=None, help="llamacpp | vllm | sglang: the engine kvtune starts per config from its "
+@click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None, help="llamacpp | vllm | sglang: the engine kvtune starts per config from its "
               "own launch settings (default: the workload's engine:).")
 @click.option("--engine-bin", default=None, help="The engine's executable: llama-server, vllm, or for SGLang the "
               "Python that has sglang (default: found on PATH; SGLang: this Python).")
@@ -102,27 +103,27 @@ def _swap_in(tmp: Path, out: Path) -> None:
 @click.option("--url", default=None, help="A server you launched (http://HOST:PORT/v1): only the configs it runs "
               "are measured.")
 @click.option("--served-model", default=None, help="--url: the model name the server serves, if not the workload's.")
-@click.option("--threads", default=None, help="CPU threads for llama.cpp (-t/-tb; default: the CPUs this process may "
+@click.option("--threads", type=Int(1), default=None, help="CPU threads for llama.cpp (-t/-tb; default: the CPUs this process may "
               "use). Recorded with every run.")
-@click.option("--memory-budget-gb", default=None, help="Memory the server may take (CPU hosts: not the machine's "
+@click.option("--memory-budget-gb", type=Float(), default=None, help="Memory the server may take (CPU hosts: not the machine's "
               "whole RAM): kvtune plans the KV pool from it (and llama.cpp's -c).")
 @click.option("--calibration", default=None, help="Where the model starts: a calibration file, a shipped name or "
               "'ideal' (default: the workload's calibration:, else none: a small profile grid is measured first).")
-@click.option("--max-runs", default="40", show_default=True, help="Budget: real load runs (open-loop runs, the speed "
+@click.option("--max-runs", type=Int(0), default="40", show_default=True, help="Budget: real load runs (open-loop runs, the speed "
               "probe each engine start opens with, profile-grid points).")
-@click.option("--max-engine-s", default="1200", show_default=True, help="Budget: engine wall time, seconds (start to "
+@click.option("--max-engine-s", type=Float(), default="1200", show_default=True, help="Budget: engine wall time, seconds (start to "
               "stop, every start summed).")
-@click.option("--run-s", default="60", show_default=True, help="Seconds of arrivals per open-loop run (its requests: "
+@click.option("--run-s", type=Float(), default="60", show_default=True, help="Seconds of arrivals per open-loop run (its requests: "
               "rate x this, within --min-requests/--max-requests).")
-@click.option("--min-requests", default="40", show_default=True)
-@click.option("--max-requests", default="600", show_default=True)
-@click.option("--warmup", default="4", show_default=True, help="First requests of each run left out of every statistic.")
-@click.option("--rates", default="0.8,1.0,1.2", show_default=True, help="Multiples of the promised per-replica goodput "
+@click.option("--min-requests", type=Int(1), default="40", show_default=True)
+@click.option("--max-requests", type=Int(1), default="600", show_default=True)
+@click.option("--warmup", type=Int(0), default="4", show_default=True, help="First requests of each run left out of every statistic.")
+@click.option("--rates", type=FloatList(), default="0.8,1.0,1.2", show_default=True, help="Multiples of the promised per-replica goodput "
               "the pick is measured at (the first time it is the pick).")
-@click.option("--check", default="1.3", show_default=True, help="The rate multiple that must miss: the promise is tight.")
-@click.option("--near", default="2", show_default=True, help="Configs the simulator ranks next to the pick, measured at "
+@click.option("--check", type=Float(), default="1.3", show_default=True, help="The rate multiple that must miss: the promise is tight.")
+@click.option("--near", type=Int(0), default="2", show_default=True, help="Configs the simulator ranks next to the pick, measured at "
               "1.0x their promise.")
-@click.option("--max-rounds", default="5", show_default=True)
+@click.option("--max-rounds", type=Int(1), default="5", show_default=True)
 @click.option("--grid/--no-grid", default=None, help="Measure a small closed-loop profile grid first (default: only "
               "when no calibration is given).")
 @click.option("--storage", default=None, help="Optuna storage for the runs (default journal:OUT.journal): a killed "
@@ -130,11 +131,11 @@ def _swap_in(tmp: Path, out: Path) -> None:
 @click.option("--study-name", default=None, help="Study in --storage (default: derived from the workload and engine).")
 @click.option("-o", "--out", "out", default=None, help="Folder for the results (default: tune-<workload>/), written "
               "whole at the end.")
-@click.option("--port", default=None, help="Port for the engines kvtune starts (default: a free one each start).")
-@click.option("--startup-timeout-s", default="600", show_default=True, help="Seconds an engine may take to be healthy.")
-@click.option("--request-timeout-s", default=None, help="Seconds a request may wait for its next byte (default: 4x the "
+@click.option("--port", type=Int(1, 65535), default=None, help="Port for the engines kvtune starts (default: a free one each start).")
+@click.option("--startup-timeout-s", type=Float(), default="600", show_default=True, help="Seconds an engine may take to be healthy.")
+@click.option("--request-timeout-s", type=Float(), default=None, help="Seconds a request may wait for its next byte (default: 4x the "
               "longest request's SLO budget, within 10-300 s: an overloaded run ends instead of draining).")
-@click.option("--seed", default="0", show_default=True, help="The runs' request draw (the simulator's own for that rate).")
+@click.option("--seed", type=Int(0), default="0", show_default=True, help="The runs' request draw (the simulator's own for that rate).")
 @click.option("--quiet", is_flag=True, help="Only the closing summary.")
 def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_model, threads, memory_budget_gb,
              calibration, max_runs, max_engine_s, run_s, min_requests, max_requests, warmup, rates, check, near,

@@ -7,7 +7,7 @@ import click
 from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import InputError
 
-from ._common import dumps, echo_table
+from ._common import echo_table, emit_json, json_option
 
 
 @click.command("validate")
@@ -22,7 +22,7 @@ from ._common import dumps, echo_table
 @click.option("--mode", type=click.Choice(["calibrated", "ideal"]), default="calibrated", show_default=True)
 @click.option("--worst", type=click.IntRange(0), default=10, show_default=True, help="How many of the worst rows to list.")
 @click.option("--all-rows", is_flag=True, help="Print every row's figures (default: only the summary and the worst).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option()
 def validate_cmd(tables, calibration, engine, gpu, mode, worst, all_rows, as_json):
     """Predict every row of measured TABLES with the current model: measured vs predicted, per-metric
     MAPE and bias, the worst rows."""
@@ -36,8 +36,7 @@ def validate_cmd(tables, calibration, engine, gpu, mode, worst, all_rows, as_jso
     rows, inputs = load_tables(tables)
     v = validate_rows(rows, g, calibration, engine, mode)
     d = validation_dict(v, [dict(i) for i in inputs], worst)
-    if as_json:
-        click.echo(dumps(d))
+    if emit_json(as_json, d):
         return
     for grp in d["groups"]:
         click.echo(f"{grp['gpu']} engine {grp['engine']}: {grp['rows']} rows  [{grp['calibration']}]")

@@ -25,7 +25,7 @@ from .llamacpp import llamacpp_argv
 from .pick import SPEC_METHODS, LaunchPick, MemoryFacts, Unsupported, build_pick, native_fp8
 from .platforms import PlannerTargets, platform_launch
 from .sglang import sglang_argv, sglang_mixed_chunk
-from .shell import argv_of, command, comment_block
+from .shell import add_argv, argv_of, command, comment_block
 from .trtllm import trtllm_argv
 from .versions import ENGINE_VERSIONS, ENGINES, FLAGS, ROUTER_VERSIONS, TRTLLM_DISAGG_KEYS, TRTLLM_KEYS
 from .vllm import vllm_argv
@@ -156,12 +156,13 @@ def launch_for_pick(p: LaunchPick, name: str = "kvtune-llm", engine: str | None 
                                                    "gpu_mem_util": p.gpu_mem_util}
     out["checked"] = CHECKED
     out["platforms"] = platform_launch(safe, engine, serve=p, targets=targets)
-    return out
+    return add_argv(out)
 
 
 def disaggregated_launch(prefill: LaunchPick, decode: LaunchPick, name: str = "kvtune-llm",
                          engine: str | None = None, targets: PlannerTargets | None = None) -> dict:
-    """disagg.disaggregated_launch, and the platforms' output (platforms.py) under ``platforms``."""
+    """disagg.disaggregated_launch (argv and env beside the shell text), and the platforms' output
+    (platforms.py) under ``platforms``."""
     out = _disaggregated_launch(prefill, decode, name, engine)
     out["platforms"] = platform_launch(name, engine, prefill=prefill, decode=decode, targets=targets)
     return out

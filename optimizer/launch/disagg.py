@@ -28,7 +28,7 @@ from . import kubernetes
 from .pick import LaunchPick, Unsupported
 from .sglang import PORT as SGLANG_PORT
 from .sglang import sglang_argv
-from .shell import command, comment_block
+from .shell import add_argv, command, comment_block
 from .trtllm import trtllm_argv
 from .versions import ENGINE_VERSIONS, ROUTER_IMAGES, ROUTER_VERSIONS
 from .vllm import vllm_argv
@@ -289,7 +289,7 @@ def disaggregated_launch(prefill: LaunchPick, decode: LaunchPick, name: str = "k
         for e in ("vllm", "sglang", "trtllm", "k8s"):
             out["unsupported"][e] = str(exc)
             out[e] = f"# disaggregated launch: {exc}"
-        return out
+        return add_argv(out)
     for e, fn in (("vllm", _vllm), ("sglang", _sglang)):
         try:
             text, notes = fn(prefill, decode)
@@ -311,4 +311,4 @@ def disaggregated_launch(prefill: LaunchPick, decode: LaunchPick, name: str = "k
     except Unsupported as exc:
         out["k8s"] = f"# disaggregated Kubernetes manifest: {exc}"
         out["unsupported"]["k8s"] = str(exc)
-    return out
+    return add_argv(out)
