@@ -522,18 +522,25 @@ class Tuner:
         att = run.attainment()
         pct = run.percentiles()
         load = run.load.mean_1m
-        self.log(f"    {mult:g}x = {rate:.3g} req/s: attainment {att.value:.3f} [{att.lo:.3f}, {att.hi:.3f}] "
-                 f"(measured, n={att.n}, {att.warmup_excluded} warm-up excluded, loadavg {load:.2f}); "
-                 f"predicted {pred_att:.3f} (simulated)" + (f"; {len(run.failures)} failed" if run.failures else "")
-                 + (f"; stopped after {len(run.sent)} of {n} requests: {misses[0]} misses, more than the {allowed} "
-                    f"the target allows" if not run.complete else ""))
+        stopped = None if run.complete else stop_record(len(run.sent), n, n - warm, misses[0], allowed)
+        if stopped is None:
+            seen = f"attainment {att.value:.3f} [{att.lo:.3f}, {att.hi:.3f}] (measured, n={att.n}, " \
+                   f"{att.warmup_excluded} warm-up excluded, loadavg {load:.2f})"
+        else:   # the bound the misses proved, not the observed share of the few sent as an estimate
+            seen = f"attainment at most {stopped['attainment_at_most']:.3f} (measured: {stopped['misses']} of " \
+                   f"{stopped['counted_planned']} counted requests missed before the end, the target allows " \
+                   f"{allowed}; stopped after {stopped['sent']} of {n} sent, {att.met} of {att.n} counted met, " \
+                   f"loadavg {load:.2f})"
+        self.log(f"    {mult:g}x = {rate:.3g} req/s: {seen}; predicted {pred_att:.3f} (simulated)"
+                 + (f"; {len(run.failures)} failed" if run.failures else ""))
         return RunRecord(key=rid, kind="open", multiplier=mult, rate_req_s=rate, n_requests=n, warmup=warm,
                          started_at=run.started_at, duration_s=round(time.monotonic() - t0, 2),
                          loadavg_1m=round(load, 2) if math.isfinite(load) else None, table_csv=rows_to_csv([row]),
                          requests_file=fname, requests_csv=(self.workdir / fname).read_text(),
                          attainment=att.to_json(), measured={k: pct[k] for k in ("ttft_ms", "tpot_ms")},
-                         offered_rate_req_s=run.offered_rate_req_s, goodput_at_rate_req_s=run.offered_rate_req_s * att.value,
-                         predicted_attainment=pred_att, predicted=pred, failed=len(run.failures))
+                         offered_rate_req_s=run.offered_rate_req_s,
+                         goodput_at_rate_req_s=None if stopped else run.offered_rate_req_s * att.value,
+                         predicted_attainment=pred_att, predicted=pred, failed=len(run.failures), stopped=stopped)
 
     def _predict(self, ctx, cfg: dict, plan) -> tuple[float, dict]:
         """The simulator on the run's own requests under the round's calibration."""
@@ -726,8 +733,7 @@ class Tuner:
             if job is not None:
                 launch = job.launch_line
                 r1, rc = job.run_at(1.0), job.run_at(self.s.check_multiplier)
-                a1 = r1.attainment if r1 else None
-                ac = rc.attainment if rc else None
+                a1, ac = _attainment_of(r1), _attainment_of(rc)
             if status != "converged":
                 best = self._best_measured()
                 if best is not None:
@@ -756,6 +762,23 @@ class Tuner:
                     if best is None or r.rate_req_s > (best[1].rate_req_s or 0.0):
                         best = (j, r)
         return best
+
+
+def _attainment_of(run: RunRecord | None) -> dict | None:
+    """The run's measured attainment; a run stopped early carries the bound it proved under ``stopped``."""
+    if run is None or run.attainment is None:
+        return None
+    return {**run.attainment, "stopped": run.stopped} if run.stopped else run.attainment
+
+
+def stop_record(sent: int, planned: int, counted_planned: int, misses: int, allowed: int) -> dict:
+    """What a run stopped early proved: ``misses`` of the ``counted_planned`` requests past warm-up
+    had missed before the end, so had every remaining request met, the run's attainment would be at
+    most (counted_planned - misses) / counted_planned, below the target once ``misses`` > ``allowed``.
+    The share met among the few sent is an observation of an overloaded start, not an estimate of
+    the run (issue 33: it printed 0.000 [0, 0.755] as if it were)."""
+    return {"sent": sent, "planned": planned, "counted_planned": counted_planned, "misses": misses,
+            "allowed": allowed, "attainment_at_most": round((counted_planned - misses) / counted_planned, 4)}
 
 
 def _mean_load(a: float | None, b: float | None) -> float | None:

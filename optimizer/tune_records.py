@@ -60,6 +60,7 @@ class RunRecord(_Json):
     predicted_attainment: float | None = None    # the simulator on the same requests (simulated)
     predicted: dict | None = None                # ttft_ms/tpot_ms percentiles (simulated)
     failed: int = 0
+    stopped: dict | None = None          # open, stopped early: tune.stop_record (the bound its misses proved)
 
 
 @dataclass(frozen=True)

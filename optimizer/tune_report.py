@@ -36,16 +36,25 @@ def round_table(result: TuneResult) -> list[str]:
             "TPOT p50/p90 ms simulated | TPOT p50/p90 ms measured | goodput at rate req/s (measured) | loadavg 1m |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for j, r in _open_runs(result):
-        a = r.attainment or {}
         lines.append(
             f"| {j.round} | {config_id(j.config)} | {j.role} | {_f(r.rate_req_s, '.3g')} ({_f(r.multiplier, 'g')}x) | "
-            f"{_f(r.predicted_attainment)} | {_f(a.get('value'))} [{_f(a.get('lo'))}, {_f(a.get('hi'))}] n={a.get('n', '-')} | "
+            f"{_f(r.predicted_attainment)} | {_measured_attainment(r)} | "
             f"{_f(_pct(r.predicted, 'ttft_ms', 'p50'), '.0f')}/{_f(_pct(r.predicted, 'ttft_ms', 'p90'), '.0f')} | "
             f"{_f(_pct(r.measured, 'ttft_ms', 'p50'), '.0f')}/{_f(_pct(r.measured, 'ttft_ms', 'p90'), '.0f')} | "
             f"{_f(_pct(r.predicted, 'tpot_ms', 'p50'), '.1f')}/{_f(_pct(r.predicted, 'tpot_ms', 'p90'), '.1f')} | "
             f"{_f(_pct(r.measured, 'tpot_ms', 'p50'), '.1f')}/{_f(_pct(r.measured, 'tpot_ms', 'p90'), '.1f')} | "
             f"{_f(r.goodput_at_rate_req_s, '.3g')} | {_f(r.loadavg_1m, '.2f')} |")
     return lines
+
+
+def _measured_attainment(r) -> str:
+    """The interval of a whole run; for a run stopped early, the bound its misses proved."""
+    a = r.attainment or {}
+    if r.stopped:
+        st = r.stopped
+        return (f"at most {_f(st['attainment_at_most'])}: {st['misses']} of {st['counted_planned']} missed, "
+                f"stopped after {st['sent']} of {st['planned']} sent")
+    return f"{_f(a.get('value'))} [{_f(a.get('lo'))}, {_f(a.get('hi'))}] n={a.get('n', '-')}"
 
 
 # The summary's words for TuneResult.status (the JSON keeps the status key itself).
@@ -60,7 +69,12 @@ def summary_lines(result: TuneResult, out_dir: str) -> list[str]:
     if r.pick is not None:
         a1, ac = r.attainment_at_promise or {}, r.attainment_at_check or {}
         lines.append(f"Pick ({r.evidence}): {config_id(r.pick)}, {_f(r.promise_req_s, '.3g')} req/s per replica")
-        if a1:
+        if a1 and a1.get("stopped"):
+            st = a1["stopped"]
+            lines.append(f"  at {_f(r.promise_req_s, '.3g')} req/s: SLO attainment at most "
+                         f"{_f(st['attainment_at_most'])} ({st['misses']} of {st['counted_planned']} counted requests "
+                         f"missed before the end) >= target {r.target_attainment:g}: no (measured)")
+        elif a1:
             lines.append(f"  at {_f(r.promise_req_s, '.3g')} req/s: SLO attainment {_f(a1.get('value'))} "
                          f"[{_f(a1.get('lo'))}, {_f(a1.get('hi'))}] ({a1.get('confidence', 0.95):.0%} {a1.get('method', '')}, "
                          f"n={a1.get('n')}, {a1.get('warmup_excluded', 0)} warm-up excluded) >= target "
@@ -68,8 +82,12 @@ def summary_lines(result: TuneResult, out_dir: str) -> list[str]:
         if ac:
             kept = bool(a1) and a1.get("value", 0) >= r.target_attainment
             misses = ac.get("value", 1) < r.target_attainment
-            lines.append(f"  at {r.check_multiplier:g}x: SLO attainment {_f(ac.get('value'))} [{_f(ac.get('lo'))}, "
-                         f"{_f(ac.get('hi'))}]: {'misses' if misses else 'still meets'} (measured)"
+            st = ac.get("stopped")
+            seen = (f"at most {_f(st['attainment_at_most'])} ({st['misses']} of {st['counted_planned']} counted "
+                    f"requests missed before the end; stopped after {st['sent']} of {st['planned']} sent)" if st
+                    else f"{_f(ac.get('value'))} [{_f(ac.get('lo'))}, {_f(ac.get('hi'))}]")
+            lines.append(f"  at {r.check_multiplier:g}x: SLO attainment {seen}: "
+                         f"{'misses' if misses else 'still meets'} (measured)"
                          + ((": the promise is tight" if misses else ": the promise is not tight") if kept else ""))
         if r.launch_line:
             lines.append("  launch line measured, exactly:")
@@ -98,7 +116,11 @@ def _plots(result: TuneResult, out: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for rnd in sorted({j.round for j, _ in runs}):
         pts = [(float(r.predicted_attainment), r.attainment) for j, r in runs
-               if j.round == rnd and r.attainment and r.predicted_attainment is not None]
+               if j.round == rnd and r.attainment and r.predicted_attainment is not None and not r.stopped]
+        cut = [(float(r.predicted_attainment), float(r.stopped["attainment_at_most"])) for j, r in runs
+               if j.round == rnd and r.stopped and r.predicted_attainment is not None]
+        if cut:   # stopped early: the bound its misses proved, drawn as an upper limit
+            ax.plot([p for p, _ in cut], [b for _, b in cut], "v", label=f"round {rnd}, stopped (at most)")
         ax.errorbar([p for p, _ in pts], [a["value"] for _, a in pts],
                     yerr=[[a["value"] - a["lo"] for _, a in pts], [a["hi"] - a["value"] for _, a in pts]],
                     fmt="o", capsize=3, label=f"round {rnd}")
@@ -135,7 +157,8 @@ def _plots(result: TuneResult, out: Path) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for cfg in sorted({config_id(j.config) for j, _ in runs}):
-        rates = sorted((float(r.rate_req_s), float(r.attainment["value"]), float(r.predicted_attainment))
+        rates = sorted((float(r.rate_req_s), float(r.stopped["attainment_at_most"] if r.stopped
+                                                   else r.attainment["value"]), float(r.predicted_attainment))
                        for j, r in runs if config_id(j.config) == cfg and r.attainment and r.rate_req_s
                        and r.predicted_attainment is not None)
         line, = ax.plot([p[0] for p in rates], [p[1] for p in rates], "o-", label=f"{cfg} measured")

@@ -62,3 +62,22 @@ def test_drift_is_reported_and_the_fit_starts_after_it(fake, tmp_path, monkeypat
     # the runs since the drift refit the calibration: the machine got 2.5x slower, so round 2
     # promises the pick well below round 1 (measured: 42.7 -> 11.3 req/s)
     assert res.rounds[1].promise_req_s < 0.6 * res.rounds[0].promise_req_s
+
+
+def test_an_overloaded_run_stops_early_and_reports_the_bound_its_misses_proved(fake, tmp_path, monkeypatch):
+    speed = tmp_path / "speed"
+    speed.write_text("2.0")   # twice as slow as the ideal calibration promises: the 1.0x run overloads
+    monkeypatch.setenv("KVTUNE_FAKE_SPEED_FILE", str(speed))
+    lines: list[str] = []
+    t, _ = session(fake, tmp_path, "a", log=lines.append, max_rounds=1, min_requests=40, run_s=12.0)
+    res = t.run()
+    stopped = [r for j in res.jobs for r in j.runs if r.kind == "open" and r.stopped]
+    assert stopped, lines
+    for r in stopped:
+        st = r.stopped
+        assert st["sent"] < st["planned"] and st["misses"] > st["allowed"]
+        assert st["attainment_at_most"] == round((st["counted_planned"] - st["misses"]) / st["counted_planned"], 4)
+        assert st["attainment_at_most"] < res.target_attainment
+        assert r.goodput_at_rate_req_s is None   # no goodput estimated from a stopped run
+    said = [ln for ln in lines if "stopped after" in ln]
+    assert said and all("attainment at most" in ln for ln in said), lines
