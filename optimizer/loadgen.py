@@ -47,8 +47,8 @@ from kvtune.costmodel.requests import Requests
 from kvtune.costmodel.traffic import SLO
 
 from .importers import Metadata, latency_summary
-from .profile_run import (LoadRecord, LoadSampler, ServerInfo, completion_payload, count_tokens, load_now,
-                          make_prompt, probe_server, server_root, stream_completion)
+from .profile_run import (Endpoint, LoadRecord, LoadSampler, ServerInfo, completion_payload, count_tokens, load_now,
+                          make_prompt, probe_server, stream_completion)
 
 __all__ = ["OpenLoopPlan", "OpenLoopRun", "RequestRecord", "LoadRecord", "Attainment", "run_open_loop",
            "attainment_interval", "drift", "CI_METHODS", "DEFAULT_CI_METHOD", "DRIFT_REL", "load_now"]
@@ -453,7 +453,7 @@ class _PromptBuilder:
     """Prompts of exact token counts: shared prefix text per prefix group, then a fresh suffix.
     With a tokenizer the whole prompt is counted and the suffix corrected until it matches."""
 
-    def __init__(self, root: str | None, seed: int, timeout_s: float):
+    def __init__(self, root: "str | Endpoint | None", seed: int, timeout_s: float):
         self.root, self.timeout_s = root, timeout_s
         self.rng = np.random.default_rng(seed)
         self.prefixes: dict[int, str] = {}
@@ -492,7 +492,7 @@ class _PromptBuilder:
 # ---------------------------------------------------------------------------------------------
 # Sending
 
-def run_open_loop(url: str, model: str, plan: OpenLoopPlan, *, timeout_s: float = 600.0, tokenize: bool = True,
+def run_open_loop(url: "str | Endpoint", model: str, plan: OpenLoopPlan, *, timeout_s: float = 600.0, tokenize: bool = True,
                   stop: threading.Event | None = None,
                   on_progress: Callable[[RequestRecord, int, int], None] | None = None,
                   load_sample_s: float = 1.0, prompt_seed: int | None = None) -> OpenLoopRun:
@@ -514,8 +514,10 @@ def run_open_loop(url: str, model: str, plan: OpenLoopPlan, *, timeout_s: float 
         prompt_seed = secrets.randbits(63)
     if not timeout_s > 0:
         raise InputError(f"open loop: timeout_s must be > 0, got {timeout_s!r}")
-    info = probe_server(url, min(timeout_s, 10.0))
-    root = server_root(url) if tokenize and info.can_tokenize else None
+    ep = Endpoint.of(url)   # one per run: its kept-alive connections carry the run's requests
+    url = ep.url
+    info = probe_server(ep, min(timeout_s, 10.0))
+    root = ep.root() if tokenize and info.can_tokenize else None
     req = plan.requests
     warm = plan.is_warmup
     builder = _PromptBuilder(root, prompt_seed, timeout_s)
@@ -537,8 +539,8 @@ def run_open_loop(url: str, model: str, plan: OpenLoopPlan, *, timeout_s: float 
 
     def send(i: int, t0: float) -> None:
         shared = int(req.prefix_tokens[i]) > 0 and int(req.prefix_group[i]) >= 0
-        payload = completion_payload(model, prompts[i], int(req.output_tokens[i]), cache_prompt=shared)
-        r = stream_completion(url, payload, timeout_s)
+        payload = completion_payload(model, prompts[i], int(req.output_tokens[i]), cache_prompt=shared, api=ep.api)
+        r = stream_completion(ep, payload, timeout_s)
         rec = planned(i)
         tpot = r.tpot_s
         rec = RequestRecord(**{**asdict(rec), "sent_s": r.sent_s - t0, "ok": r.ok,
@@ -567,6 +569,7 @@ def run_open_loop(url: str, model: str, plan: OpenLoopPlan, *, timeout_s: float 
             threads.append(th)
         for th in threads:
             th.join()
+    ep.close()
     out = tuple(records[i] or planned(i) for i in range(len(plan)))
     sent = [r for r in out if r.sent_s is not None]
     ends = [r.sent_s + (r.e2e_ms or 0.0) / 1e3 for r in sent if r.sent_s is not None]

@@ -44,7 +44,7 @@ from kvtune.costmodel.profile_table import ProfileRow
 
 from .importers import Metadata, latency_summary
 
-__all__ = ["RunSpec", "RequestResult", "PointResult", "ServerInfo", "probe_server", "make_prompt", "fit_prompt",
+__all__ = ["Endpoint", "API_PATHS", "API_KEY_ENV", "RunSpec", "RequestResult", "PointResult", "ServerInfo", "probe_server", "make_prompt", "fit_prompt",
            "count_tokens", "server_root", "run_profile", "LoadRecord", "LoadSampler", "load_now", "stream_completion", "completion_payload", "summarize_point"]
 
 # Short, common English words: most BPE vocabularies hold " word" as one token, so N words are
@@ -74,6 +74,8 @@ class RunSpec:
     warmup_requests: int = 1
     chunk_tokens: int | None = None   # the engine's per-step token budget, when the server does not report it
     threads: int | None = None        # the engine's CPU threads (llama.cpp -t), recorded in every row
+    api_key: str | None = field(default=None, repr=False)   # Authorization: Bearer (never written anywhere)
+    api: str = "completions"          # completions | chat (/v1/chat/completions)
 
     def __post_init__(self):
         u = urllib.parse.urlsplit(self.url)
@@ -97,6 +99,11 @@ class RunSpec:
             raise InputError(f"--chunk-tokens {self.chunk_tokens!r}: expected a whole number >= 1")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise InputError(f"--threads {self.threads!r}: expected a whole number >= 1")
+        if self.api not in API_PATHS:
+            raise InputError(f"--api {self.api!r}: expected one of {', '.join(API_PATHS)}")
+
+    def endpoint(self) -> "Endpoint":
+        return Endpoint(self.url, self.api_key, self.api)
 
 
 @dataclass(frozen=True)
@@ -220,19 +227,83 @@ def _conn(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
     return cls(host, port, timeout=timeout_s), path
 
 
-def server_root(url: str) -> str:
+# The OpenAI-compatible APIs the load speaks, and their paths under the base URL.
+API_PATHS = {"completions": "/completions", "chat": "/chat/completions"}
+API_KEY_ENV = "OPENAI_API_KEY"   # the variable OpenAI's own clients read the key from
+
+
+@dataclass(frozen=True, eq=False)
+class Endpoint:
+    """An OpenAI-compatible server as the load sees it: its base URL (ending in ``/v1``), the bearer
+    key it wants (``Authorization: Bearer``; None: none: llama.cpp's ``--api-key``, vLLM's and SGLang's
+    ``--api-key``, any gateway), and which API the requests use (``completions`` or ``chat``). It
+    keeps finished connections open for the next request (HTTP/1.1 keep-alive): at tens of requests
+    per second a TCP connect per request is time the engine never spent. The key is never written
+    anywhere (``repr`` hides it)."""
+
+    url: str
+    api_key: str | None = field(default=None, repr=False)
+    api: str = "completions"
+    _idle: list = field(default_factory=list, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.api not in API_PATHS:
+            raise InputError(f"--api {self.api!r}: expected one of {', '.join(API_PATHS)}")
+
+    @classmethod
+    def of(cls, url: "str | Endpoint") -> "Endpoint":
+        return url if isinstance(url, Endpoint) else cls(url)
+
+    def root(self) -> "Endpoint":
+        """The server root with the same key: llama.cpp's /props and /tokenize, vLLM's /version."""
+        return Endpoint(server_root(self.url), self.api_key, self.api)
+
+    def headers(self, json_body: bool) -> dict[str, str]:
+        h = {"Content-Type": "application/json"} if json_body else {}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+    def connection(self, timeout_s: float) -> tuple[http.client.HTTPConnection, str, bool]:
+        """(connection, base path, reused): an idle kept-alive one where there is, else a new one."""
+        with self._lock:
+            c = self._idle.pop() if self._idle else None
+        if c is not None:
+            c.timeout = timeout_s
+            if c.sock is not None:
+                c.sock.settimeout(timeout_s)
+            return c, _split(self.url)[3], True
+        c, base = _conn(self.url, timeout_s)
+        return c, base, False
+
+    def release(self, c: http.client.HTTPConnection, reusable: bool) -> None:
+        if reusable:
+            with self._lock:
+                self._idle.append(c)
+        else:
+            c.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle[:] = list(self._idle), []
+        for c in idle:
+            c.close()
+
+
+def server_root(url: "str | Endpoint") -> str:
     """The server root: llama.cpp's /props and /tokenize and vLLM's /version live outside /v1."""
-    scheme, host, port, path = _split(url)
+    scheme, host, port, path = _split(url.url if isinstance(url, Endpoint) else url)
     if path.endswith("/v1"):
         path = path[:-3]
     return f"{scheme}://{host}:{port}{path}"
 
 
-def _request_json(url: str, method: str, path: str, body: dict | None, timeout_s: float):
-    c, base = _conn(url, timeout_s)
+def _request_json(url: "str | Endpoint", method: str, path: str, body: dict | None, timeout_s: float):
+    ep = Endpoint.of(url)
+    c, base = _conn(ep.url, timeout_s)
     try:
-        c.request(method, base + path, json.dumps(body) if body is not None else None,
-                  {"Content-Type": "application/json"} if body is not None else {})
+        c.request(method, base + path, json.dumps(body) if body is not None else None, ep.headers(body is not None))
         r = c.getresponse()
         data = r.read()
         return r.status, dict(r.getheaders()), data
@@ -240,21 +311,27 @@ def _request_json(url: str, method: str, path: str, body: dict | None, timeout_s
         c.close()
 
 
-def probe_server(url: str, timeout_s: float = 10.0) -> ServerInfo:
+def probe_server(url: "str | Endpoint", timeout_s: float = 10.0) -> ServerInfo:
     """Check the server answers ``GET {url}/models``; find its engine and version where it says.
 
     llama.cpp: ``Server: llama.cpp`` header, ``GET /props`` -> ``build_info``; vLLM: ``GET
     /version`` -> ``version``; SGLang: ``GET /get_server_info`` -> ``version``. Unreachable ->
     ``InputError``.
     """
+    ep = Endpoint.of(url)
+    url = ep.url
     try:
-        status, headers, _ = _request_json(url, "GET", "/models", None, timeout_s)
+        status, headers, _ = _request_json(ep, "GET", "/models", None, timeout_s)
     except (OSError, http.client.HTTPException) as exc:
         raise InputError(f"cannot reach server at {url}: {_reason(exc)}") from None
+    if status in (401, 403):
+        raise InputError(f"server at {url} answered GET /models with HTTP {status}: "
+                         + ("the API key was refused" if ep.api_key else
+                            f"it wants an API key (--api-key, or ${API_KEY_ENV})"))
     if status >= 400:
         raise InputError(f"server at {url} answered GET /models with HTTP {status}")
     engine, version = "", ""
-    root = server_root(url)
+    root = ep.root()
     server_hdr = {k.lower(): v for k, v in headers.items()}.get("server", "")
     probes = [("/props", "build_info", "llama.cpp"), ("/version", "version", "vllm"),
               ("/get_server_info", "version", "sglang")]
@@ -283,7 +360,7 @@ def probe_server(url: str, timeout_s: float = 10.0) -> ServerInfo:
     return ServerInfo(engine, version, can_tok, pool, cap, chunk)
 
 
-def _llamacpp_settings(root: str, props: dict, timeout_s: float) -> tuple[int | None, int | None, int | None]:
+def _llamacpp_settings(root: "str | Endpoint", props: dict, timeout_s: float) -> tuple[int | None, int | None, int | None]:
     """(slots, pool tokens, batch tokens) of a llama.cpp server: ``/props`` ``total_slots`` and
     ``default_generation_settings.n_ctx`` (per slot), else ``/slots`` (one entry per slot, each with
     its ``n_ctx``); ``n_batch`` only if some field reports it. None where the server does not say."""
@@ -316,7 +393,7 @@ def _whole(v) -> int | None:
     return int(f) if f >= 1 and f == int(f) else None
 
 
-def _vllm_pool_tokens(root: str, timeout_s: float) -> int | None:
+def _vllm_pool_tokens(root: "str | Endpoint", timeout_s: float) -> int | None:
     """vLLM's KV pool from ``/metrics``: the ``vllm:cache_config_info`` labels, ``kv_cache_size_tokens``
     where present, else ``num_gpu_blocks`` x ``block_size``; None if the server does not say."""
     try:
@@ -344,7 +421,7 @@ def _reason(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
-def count_tokens(root: str, text: str, timeout_s: float) -> int | None:
+def count_tokens(root: "str | Endpoint", text: str, timeout_s: float) -> int | None:
     """Token count from llama.cpp's ``/tokenize`` ({"content"}) or vLLM's ({"prompt"}), else None."""
     for body in ({"content": text, "add_special": False}, {"prompt": text, "add_special_tokens": False}):
         try:
@@ -368,7 +445,7 @@ def make_prompt(rng: np.random.Generator, n_words: int) -> str:
     return " ".join(_WORDS[i] for i in idx)
 
 
-def fit_prompt(rng: np.random.Generator, isl: int, root: str | None, timeout_s: float) -> str:
+def fit_prompt(rng: np.random.Generator, isl: int, root: "str | Endpoint | None", timeout_s: float) -> str:
     words = make_prompt(rng, isl).split(" ")
     if root is None:
         return " ".join(words)
@@ -387,26 +464,41 @@ def fit_prompt(rng: np.random.Generator, isl: int, root: str | None, timeout_s: 
 # ---------------------------------------------------------------------------------------------
 # One streamed request
 
-def stream_completion(url: str, payload: dict, timeout_s: float) -> RequestResult:
-    """POST ``{url}/completions`` with ``stream: true``; time the text chunks of the SSE stream."""
-    c, base = _conn(url, timeout_s)
+def stream_completion(url: "str | Endpoint", payload: dict, timeout_s: float) -> RequestResult:
+    """POST ``{url}/completions`` (or ``/chat/completions``, the endpoint's ``api``) with ``stream:
+    true``; time the text chunks of the SSE stream. A kept-alive connection the server closed while
+    idle is retried once on a new one (nothing was sent: the request is not repeated)."""
+    ep = Endpoint.of(url)
+    c, base, reused = ep.connection(timeout_s)
     t0 = time.perf_counter()
     first: float | None = None  # perf_counter times of the first and the last text chunk
     last = t0
     chunks = 0
     usage_out = usage_in = cached = None
+    reusable = False
     try:
-        c.request("POST", base + "/completions", json.dumps(payload), {"Content-Type": "application/json"})
-        r = c.getresponse()
+        try:
+            c.request("POST", base + API_PATHS[ep.api], json.dumps(payload), ep.headers(True))
+            r = c.getresponse()
+        except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest):
+            if not reused:
+                raise
+            c.close()
+            c, base = _conn(ep.url, timeout_s)
+            t0 = last = time.perf_counter()
+            c.request("POST", base + API_PATHS[ep.api], json.dumps(payload), ep.headers(True))
+            r = c.getresponse()
         if r.status != 200:
             body = r.read(300).decode("utf-8", "replace").strip().replace("\n", " ")
             return RequestResult(ok=False, error=f"HTTP {r.status}: {body}")
+        done = False
         for raw in r:
             line = raw.strip()
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
+                done = True
                 break
             now = time.perf_counter()
             try:
@@ -416,7 +508,7 @@ def stream_completion(url: str, payload: dict, timeout_s: float) -> RequestResul
             if "error" in d:
                 return RequestResult(ok=False, error=f"server error: {str(d['error'])[:200]}")
             ch = d.get("choices") or []
-            if ch and (ch[0].get("text") or ch[0].get("delta", {}).get("content")):
+            if ch and (ch[0].get("text") or (ch[0].get("delta") or {}).get("content")):
                 chunks += 1
                 first = now if first is None else first
                 last = now
@@ -429,10 +521,13 @@ def stream_completion(url: str, payload: dict, timeout_s: float) -> RequestResul
             usage_in = u.get("prompt_tokens", t_in if t_in is not None else usage_in)
             details = u.get("prompt_tokens_details") or {}
             cached = t.get("cache_n", details.get("cached_tokens", cached) if isinstance(details, dict) else cached)
+        if done:   # read the stream's end, then the connection can carry the next request
+            r.read()
+            reusable = not r.will_close
     except (OSError, http.client.HTTPException) as exc:
         return RequestResult(ok=False, error=_reason(exc), sent_s=t0)
     finally:
-        c.close()
+        ep.release(c, reusable)
     if first is None:
         return RequestResult(ok=False, error="stream ended without any text", sent_s=t0)
     return RequestResult(ok=True, ttft_s=first - t0, last_token_s=last - t0, chunks=chunks,
@@ -441,9 +536,12 @@ def stream_completion(url: str, payload: dict, timeout_s: float) -> RequestResul
                          cached_tokens=cached if isinstance(cached, int) else None)
 
 
-def completion_payload(model: str, prompt: str, osl: int, cache_prompt: bool = False) -> dict:
-    """A streaming ``/v1/completions`` body that generates exactly ``osl`` tokens."""
-    return {"model": model, "prompt": prompt, "max_tokens": osl, "stream": True,
+def completion_payload(model: str, prompt: str, osl: int, cache_prompt: bool = False, api: str = "completions") -> dict:
+    """A streaming ``/v1/completions`` body that generates exactly ``osl`` tokens; with ``api`` chat,
+    a ``/v1/chat/completions`` body with the prompt as the one user message (the server's chat
+    template adds its own tokens: the prompt length recorded is the one the server reports)."""
+    text = {"messages": [{"role": "user", "content": prompt}]} if api == "chat" else {"prompt": prompt}
+    return {"model": model, **text, "max_tokens": osl, "stream": True,
             "ignore_eos": True,                         # vLLM, SGLang, llama.cpp: run to max_tokens
             "min_tokens": osl,                          # vLLM: do not stop early on a stop token
             "cache_prompt": cache_prompt,               # llama.cpp: reuse a cached prefix only when asked
@@ -454,7 +552,8 @@ def completion_payload(model: str, prompt: str, osl: int, cache_prompt: bool = F
 # ---------------------------------------------------------------------------------------------
 # A point: C threads, closed loop
 
-def _run_point(run: RunSpec, c: int, isl: int, osl: int, prompts: list[str]) -> PointResult:
+def _run_point(run: RunSpec, c: int, isl: int, osl: int, prompts: list[str], ep: "Endpoint | None" = None) -> PointResult:
+    ep = ep or run.endpoint()
     work: queue.Queue[str] = queue.Queue()
     for p in prompts:
         work.put(p)
@@ -467,7 +566,7 @@ def _run_point(run: RunSpec, c: int, isl: int, osl: int, prompts: list[str]) -> 
                 p = work.get_nowait()
             except queue.Empty:
                 return
-            r = stream_completion(run.url, completion_payload(run.model, p, osl), run.timeout_s)
+            r = stream_completion(ep, completion_payload(run.model, p, osl, api=ep.api), run.timeout_s)
             with lock:
                 results.append(r)
 
@@ -510,13 +609,14 @@ def run_profile(run: RunSpec, meta: Metadata, on_point: Callable[[PointResult, P
     ``meta`` fills gpu, engine, version, dtypes, tp, source; the engine and version the server
     reports fill what ``meta`` leaves empty. ``on_point`` is called after each point (progress).
     """
-    info = probe_server(run.url, min(run.timeout_s, 10.0))
-    root = server_root(run.url) if info.can_tokenize else None
+    ep = run.endpoint()
+    info = probe_server(ep, min(run.timeout_s, 10.0))
+    root = ep.root() if info.can_tokenize else None
     rng = np.random.default_rng(run.seed)
     m = meta.fill(Metadata(model=run.model, engine=info.engine or None, engine_version=info.engine_version or None,
                            date=datetime.now(timezone.utc).replace(microsecond=0).isoformat()))
     if run.warmup_requests:
-        warm = [stream_completion(run.url, completion_payload(run.model, make_prompt(rng, 16), 4), run.timeout_s)
+        warm = [stream_completion(ep, completion_payload(run.model, make_prompt(rng, 16), 4, api=ep.api), run.timeout_s)
                 for _ in range(run.warmup_requests)]
         bad = [w for w in warm if not w.ok]
         if len(bad) == len(warm):
@@ -526,7 +626,7 @@ def run_profile(run: RunSpec, meta: Metadata, on_point: Callable[[PointResult, P
         for osl in run.output_tokens:
             for c in run.concurrencies:
                 prompts = [fit_prompt(rng, isl, root, run.timeout_s) for _ in range(run.requests_per_point)]
-                pt = _run_point(run, c, isl, osl, prompts)
+                pt = _run_point(run, c, isl, osl, prompts, ep)
                 load = pt.load.mean_1m if pt.load is not None else math.nan
                 row = ProfileRow(id=f"{id_prefix}:c{c}-i{isl}-o{osl}", kind="request", **m.row_fields(),
                                  kv_pool_tokens=info.kv_pool_tokens, batch_cap=info.batch_cap,
@@ -535,4 +635,5 @@ def run_profile(run: RunSpec, meta: Metadata, on_point: Callable[[PointResult, P
                 rows.append(row)
                 if on_point:
                     on_point(pt, row)
+    ep.close()
     return rows, info

@@ -433,7 +433,7 @@ class Tuner:
         t0, load0 = time.monotonic(), _loadavg()
         rows, _ = run_profile(RunSpec(eng.url, eng.served_model, (1,), (isl,), (PROBE_OUTPUT_TOKENS,),
                                       requests_per_point=self.s.probe_requests, seed=self.s.seed,
-                                      timeout_s=self.timeout_s, warmup_requests=1),
+                                      timeout_s=self.timeout_s, warmup_requests=1, api_key=eng.api_key, api=eng.api),
                               self._meta(eng, cfg, key), id_prefix=f"{key}:probe")
         load = _mean_load(load0, _loadavg())
         row = dataclasses.replace(rows[0], id=f"{key}:probe", batch_cap=None, kv_pool_tokens=None, chunk_tokens=None,
@@ -512,7 +512,8 @@ class Tuner:
                     stop.set()
         if not eng.wait_idle(self.timeout_s):   # the last run's abandoned requests, cancelled by now
             self.notes.append(f"{rid}: the engine was still busy {self.timeout_s:g} s after the previous run")
-        run = run_open_loop(eng.url, eng.served_model, plan, timeout_s=self.timeout_s, stop=stop, on_progress=progress)
+        run = run_open_loop(eng.endpoint(), eng.served_model, plan, timeout_s=self.timeout_s, stop=stop,
+                            on_progress=progress)
         eng.check_alive()
         fname = "requests/" + rid.replace(":", "_") + ".csv"
         run.write_requests(self.workdir / fname)
@@ -586,7 +587,8 @@ class Tuner:
                         rows, _ = run_profile(RunSpec(eng.url, eng.served_model, (c,), (i,), (osl,),
                                                       requests_per_point=max(self.s.grid_requests, c * 2),
                                                       seed=self.s.seed, timeout_s=self.timeout_s,
-                                                      warmup_requests=1), self._meta(eng, cfg, key), id_prefix="grid")
+                                                      warmup_requests=1, api_key=eng.api_key, api=eng.api),
+                                              self._meta(eng, cfg, key), id_prefix="grid")
                         load = _mean_load(l0, _loadavg())
                         row = self._row_fix(rows[0], eng, cfg, batch_cap=cap, loadavg_1m=load)
                         self.log(f"    concurrency {c}, prompt {i}: TTFT {row.ttft_mean_ms:.0f} ms, TPOT "

@@ -96,6 +96,7 @@ def _parser(style: str) -> argparse.ArgumentParser:
         for f in ("--enable-mixed-chunk", "--disable-radix-cache"):
             ap.add_argument(f, action="store_true")
         ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--api-key", default=None)   # all three engines: Authorization: Bearer on every route but /health
     return ap
 
 
@@ -234,8 +235,19 @@ class Handler(BaseHTTPRequestHandler):
     def version_string(self) -> str:
         return "llama.cpp" if S.style == "llamacpp" else "uvicorn"
 
+    def _authorized(self, path: str) -> bool:
+        """llama.cpp's --api-key (tools/server/server-http.cpp): every route but /health and /v1/health
+        wants ``Authorization: Bearer KEY``; 401 otherwise."""
+        key = getattr(S.args, "api_key", None)
+        if not key or path in ("/health", "/v1/health") or self.headers.get("Authorization") == f"Bearer {key}":
+            return True
+        self._send(401, {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}})
+        return False
+
     def do_GET(self) -> None:  # noqa: N802
         path = self.path.split("?")[0]
+        if not self._authorized(path):
+            return
         healthy = time.monotonic() >= S.ready_at and _fault("never_healthy") is None
         if path == "/health":
             if healthy:
@@ -274,16 +286,21 @@ class Handler(BaseHTTPRequestHandler):
             self._send(400, {"error": {"message": "bad json"}})
             return
         path = self.path.split("?")[0]
+        if not self._authorized(path):
+            return
         if path == "/tokenize":
             text = body.get("content", body.get("prompt", ""))
             toks = list(range(len(str(text).split())))
             self._send(200, {"tokens": toks, "count": len(toks)})
         elif path == "/v1/completions":
             self._completion(body)
+        elif path == "/v1/chat/completions":   # the prompt is the messages' text (no chat template)
+            msgs = body.get("messages") or []
+            self._completion({**body, "prompt": " ".join(str(m.get("content", "")) for m in msgs)}, chat=True)
         else:
             self._send(404, {"error": {"code": 404, "message": f"no route {path}"}})
 
-    def _completion(self, body: dict) -> None:
+    def _completion(self, body: dict, chat: bool = False) -> None:
         with S.lock:
             S.completions += 1
             k = S.completions
@@ -324,8 +341,10 @@ class Handler(BaseHTTPRequestHandler):
                     if t is None:
                         done = True
                         break
-                    self._chunk({"object": "text_completion", "model": S.served,
-                                 "choices": [{"text": t, "index": 0, "finish_reason": None}]})
+                    self._chunk({"object": "chat.completion.chunk", "model": S.served,
+                                 "choices": [{"delta": {"content": t}, "index": 0, "finish_reason": None}]} if chat
+                                else {"object": "text_completion", "model": S.served,
+                                      "choices": [{"text": t, "index": 0, "finish_reason": None}]})
                 if done:
                     break
             self._chunk({"object": "text_completion", "model": S.served,

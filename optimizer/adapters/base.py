@@ -7,15 +7,16 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from kvtune.optimizer.launch.pick import LaunchPick
+from kvtune.optimizer.profile_run import Endpoint
 
 from .engines import EngineKind, EnginePlan, EngineReport, check
 from .errors import EngineCrashed, EngineMismatch, EngineStartError, InputError
-from .http import Unreachable
+from .http import ServerRoot, Unreachable
 from .process import EngineProcess, free_port, port_in_use
 
 __all__ = ["RunningEngine", "Adapter", "start_engine", "STARTUP_TIMEOUT_S", "PORT_TRIES"]
@@ -39,11 +40,22 @@ class RunningEngine:
     plan: EnginePlan | None = None     # None: launched by the user (a URL)
     process: EngineProcess | None = None
     kind: EngineKind | None = None     # how to ask it whether it is busy
+    api_key: str | None = field(default=None, repr=False)   # Authorization: Bearer (a server you launched)
+    api: str = "completions"           # the OpenAI API the load speaks: completions | chat
+
+    @property
+    def root(self) -> ServerRoot:
+        """The server root (no ``/v1``), carrying the key."""
+        return ServerRoot(self.url[:-3] if self.url.endswith("/v1") else self.url, self.api_key)
+
+    def endpoint(self) -> Endpoint:
+        """Where the load goes: the URL, the key, the API."""
+        return Endpoint(self.url, self.api_key, self.api)
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is left in the engine (clients that gave up leave theirs to be
         cancelled); True when idle or when the engine cannot tell, False after ``timeout_s``."""
-        root = self.url[:-3] if self.url.endswith("/v1") else self.url
+        root = self.root
         t0 = time.monotonic()
         while self.kind is not None:
             try:
@@ -77,6 +89,7 @@ class Adapter:
 
     engine = ""          # kvtune's engine name for its rows (llamacpp, vllm, sglang; "" unknown)
     starts_engines = True
+    api = "completions"  # the OpenAI API the load speaks to what it runs: completions | chat
 
     def why_not(self, pick: LaunchPick) -> str | None:
         return None

@@ -9,11 +9,27 @@ import socket
 import urllib.parse
 from typing import Any
 
-__all__ = ["get", "get_json", "root_of", "reason", "Unreachable"]
+__all__ = ["get", "get_json", "root_of", "reason", "Unreachable", "ServerRoot"]
 
 
 class Unreachable(OSError):
     """Nothing answered (refused, timed out, reset)."""
+
+
+class ServerRoot(str):
+    """A server root URL that carries the headers every request to it sends (``Authorization:
+    Bearer`` for a server started with ``--api-key`` or a gateway). A ``str``, so the engine
+    kinds' calls pass it through to :func:`get` unchanged; ``repr`` shows the URL, never the key."""
+
+    headers: dict[str, str]
+
+    def __new__(cls, url: str, api_key: str | None = None) -> "ServerRoot":
+        self = super().__new__(cls, url)
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        return self
+
+    def __repr__(self) -> str:
+        return repr(str(self))
 
 
 def root_of(url: str) -> str:
@@ -39,7 +55,7 @@ def get(root: str, path: str, timeout_s: float = 5.0) -> tuple[int, dict[str, st
     cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
     c = cls(u.hostname or "", u.port or (443 if u.scheme == "https" else 80), timeout=timeout_s)
     try:
-        c.request("GET", u.path.rstrip("/") + path)
+        c.request("GET", u.path.rstrip("/") + path, headers=getattr(root, "headers", {}))
         r = c.getresponse()
         return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
     except (OSError, http.client.HTTPException) as exc:

@@ -69,7 +69,7 @@ class LocalAdapter(Adapter):
                           self.timeout_s) as (plan, proc, root):
             rep = checked_report(self.kind, plan, proc, root)
             yield RunningEngine(url=root + "/v1", served_model=rep.served_model or plan.served_model, report=rep,
-                                launch_line=plan.launch_line, plan=plan, process=proc, kind=self.kind)
+                                launch_line=plan.launch_line, plan=plan, process=proc, kind=self.kind, api=self.api)
 
 
 # the fields a command template may name, filled per config
@@ -129,4 +129,4 @@ class TemplateAdapter(Adapter):
             kind = self.kind or detect_kind(root)
             rep = checked_report(kind, plan, proc, root)
             yield RunningEngine(url=root + "/v1", served_model=rep.served_model or plan.served_model, report=rep,
-                                launch_line=plan.launch_line, plan=plan, process=proc, kind=kind)
+                                launch_line=plan.launch_line, plan=plan, process=proc, kind=kind, api=self.api)

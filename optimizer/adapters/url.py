@@ -17,7 +17,7 @@ from kvtune.optimizer.launch.pick import LaunchPick
 from .base import Adapter, RunningEngine
 from .engines import EngineKind, EngineReport, detect_kind, model_matches, served_models
 from .errors import EngineCrashed, InputError
-from .http import Unreachable, get, root_of
+from .http import ServerRoot, Unreachable, get, root_of
 
 __all__ = ["UrlAdapter"]
 
@@ -26,7 +26,7 @@ class UrlAdapter(Adapter):
     starts_engines = False
 
     def __init__(self, url: str, model_names: tuple[str, ...], served_model: str | None = None,
-                 timeout_s: float = 10.0):
+                 timeout_s: float = 10.0, api_key: str | None = None, api: str = "completions"):
         u = urllib.parse.urlsplit(url)
         try:
             u.port  # noqa: B018  (urllib checks the port's range only when asked)
@@ -34,12 +34,16 @@ class UrlAdapter(Adapter):
             raise InputError(f"--url {url!r}: {exc}") from None
         if u.scheme not in ("http", "https") or not u.hostname:
             raise InputError(f"--url {url!r}: expected http://HOST:PORT/v1")
-        self.root = root_of(url)
+        self.api_key, self.api = api_key, api
+        self.root = ServerRoot(root_of(url), api_key)
         self.url = self.root + "/v1"
         try:
             st, _, _ = get(self.root, "/v1/models", timeout_s)
         except Unreachable as exc:
             raise InputError(f"--url {url}: cannot reach the server: {exc}") from None
+        if st in (401, 403):
+            raise InputError(f"--url {url}: GET /v1/models answered HTTP {st}: " +
+                             ("the API key was refused" if api_key else "it wants an API key (--api-key, or $OPENAI_API_KEY)"))
         if st != 200:
             raise InputError(f"--url {url}: GET /v1/models answered HTTP {st} (not an OpenAI-compatible server?)")
         models = served_models(self.root, timeout_s)
@@ -77,13 +81,13 @@ class UrlAdapter(Adapter):
     @contextlib.contextmanager
     def running(self, pick: LaunchPick) -> Iterator[RunningEngine]:
         yield _UrlEngine(url=self.url, served_model=self.served, report=self.report, launch_line="", plan=None,
-                         process=None, kind=self.kind)
+                         process=None, kind=self.kind, api_key=self.api_key, api=self.api)
 
 
 class _UrlEngine(RunningEngine):
     def check_alive(self) -> None:
         try:
-            st, _, _ = get(root_of(self.url), "/v1/models", 5.0)
+            st, _, _ = get(self.root, "/v1/models", 5.0)
         except Unreachable as exc:
             raise EngineCrashed(f"the server at {self.url} stopped answering during a run: {exc}") from None
         if st != 200:

@@ -173,3 +173,17 @@ def echo_table(headers: list[str], rows: list[list], out=None) -> None:
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     click.echo("\n".join(lines), file=out)
+
+
+def endpoint_options(f):
+    """How the load reaches the server: the bearer key and the OpenAI API it speaks (``profile run``,
+    ``profile open-loop``, ``tune --url``). The key is sent, never written to a table, log or record."""
+    for opt in reversed([
+        click.option("--api-key", default=None, envvar="OPENAI_API_KEY", show_envvar=True,
+                     help="Sent as 'Authorization: Bearer KEY' (a server started with --api-key, or a gateway)."),
+        click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True,
+                     help="The API the requests use: /v1/completions, or /v1/chat/completions (the prompt as one "
+                          "user message; the server's chat template adds tokens, recorded as the server reports)."),
+    ]):
+        f = opt(f)
+    return f

@@ -13,7 +13,7 @@ from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.profile_table import ProfileRow, read_table
 from kvtune.optimizer.importers import FORMATS, Metadata, import_files, rows_to_csv
 
-from ._common import check_output_path, echo_table, parse_int_list, save_or_show, write_atomic
+from ._common import check_output_path, echo_table, endpoint_options, parse_int_list, save_or_show, write_atomic
 
 
 def _meta_options(f):
@@ -126,23 +126,25 @@ def import_cmd(files: tuple[Path, ...], output: Path, fmt: str | None, model: st
 @click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per-request timeout.")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Short requests sent before measuring.")
 @_engine_options
+@endpoint_options
 def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: Path, requests_per_point: int,
             seed: int, timeout_s: float, warmup: int, append: bool, gpu: str | None, tp: int | None,
             engine: str | None, engine_version: str | None, weight_dtype: str | None, kv_dtype: str | None,
-            chunk_tokens: int | None, threads: int | None) -> None:
+            chunk_tokens: int | None, threads: int | None, api_key: str | None, api: str) -> None:
     """Measure TTFT, TPOT and throughput on a live server over a grid of loads and lengths."""
     from kvtune.optimizer.profile_run import PointResult, RunSpec, run_profile  # keeps `kvtune --help` light
 
     run = RunSpec(url=url, model=model, concurrencies=tuple(parse_int_list(concurrency, "concurrency")),
                    input_tokens=tuple(parse_int_list(isl, "isl")), output_tokens=tuple(parse_int_list(osl, "osl")),
                    requests_per_point=requests_per_point, seed=seed, timeout_s=timeout_s, warmup_requests=warmup,
-                   chunk_tokens=chunk_tokens, threads=threads)
+                   chunk_tokens=chunk_tokens, threads=threads, api_key=api_key or None, api=api)
     old: list[ProfileRow] = []
     check_output_path(output, "-o")  # before the benchmark: it takes minutes
     if append and output.exists():
         old = read_table(output)
     cmd = ["kvtune", "profile", "run", "--url", url, "--model", model, "--concurrency", concurrency, "--isl", isl,
-           "--osl", osl, "--requests-per-point", str(requests_per_point), "--seed", str(seed)]
+           "--osl", osl, "--requests-per-point", str(requests_per_point), "--seed", str(seed)] \
+        + (["--api", api] if api != "completions" else [])
     meta = _run_metadata(cmd, gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
                          kv_dtype=kv_dtype, chunk_tokens=chunk_tokens, threads=threads)
 
@@ -178,13 +180,15 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Profile table to write; each run's per-request log goes beside it.")
 @_engine_options
+@endpoint_options
 def open_loop_cmd(workload: Path, url: str, model: str, rates: str, n_requests: int, warmup: int, seed: int,
                   timeout_s: float, output: Path, append: bool, gpu: str | None, tp: int | None, engine: str | None,
                   engine_version: str | None, weight_dtype: str | None, kv_dtype: str | None,
-                  chunk_tokens: int | None, threads: int | None) -> None:
+                  chunk_tokens: int | None, threads: int | None, api_key: str | None, api: str) -> None:
     """Send WORKLOAD's own requests open-loop (Poisson arrivals, or its trace) at each --rate; one row
     per run with its per-request log, so validate and calibrate replay exactly these requests."""
     from kvtune.optimizer.loadgen import OpenLoopPlan, run_open_loop
+    from kvtune.optimizer.profile_run import Endpoint
     from kvtune.optimizer.workload import load_workload
 
     spec = load_workload(workload)
@@ -204,12 +208,13 @@ def open_loop_cmd(workload: Path, url: str, model: str, rates: str, n_requests: 
     check_output_path(output, "-o")  # before the runs: they take minutes
     old: list[ProfileRow] = read_table(output) if append and output.exists() else []
     cmd = ["kvtune", "profile", "open-loop", str(workload), "--url", url, "--model", model, "--rate", rates,
-           "--requests", str(n_requests), "--warmup", str(warmup), "--seed", str(seed)]
+           "--requests", str(n_requests), "--warmup", str(warmup), "--seed", str(seed)] \
+        + (["--api", api] if api != "completions" else [])
     meta = _run_metadata(cmd, gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
                          kv_dtype=kv_dtype, chunk_tokens=chunk_tokens, threads=threads)
     rows = list(old)
     for plan in plans:
-        run = run_open_loop(url, model, plan, timeout_s=timeout_s)
+        run = run_open_loop(Endpoint(url, api_key or None, api), model, plan, timeout_s=timeout_s)
         tag = f"r{plan.rate_req_s:g}-s{seed}-{len(rows)}"
         side = f"{output.stem}.{tag}.requests.csv"
         run.write_requests(output.parent / side)

@@ -17,7 +17,7 @@ import click
 from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import Infeasible, InputError
 
-from ._common import Float, FloatList, Int, parse_int
+from ._common import Float, FloatList, Int, endpoint_options, parse_int
 
 __all__ = ["tune_cmd", "COMMANDS"]
 
@@ -58,7 +58,15 @@ def _sigterm_as_interrupt():
 
 
 def _adapter(spec, engine, engine_bin, model_file, command, url, served_model, threads, port, startup_timeout_s,
-             log_dir):
+             log_dir, api_key=None, api="completions"):
+    adapter = _adapter_for(spec, engine, engine_bin, model_file, command, url, served_model, threads, port,
+                           startup_timeout_s, log_dir, api_key, api)
+    adapter.api = api
+    return adapter
+
+
+def _adapter_for(spec, engine, engine_bin, model_file, command, url, served_model, threads, port, startup_timeout_s,
+                 log_dir, api_key, api):
     from kvtune.costmodel.models import get_model
     from kvtune.optimizer.adapters import LocalAdapter, TemplateAdapter, UrlAdapter
     given = [x for x in (command, url) if x]
@@ -66,7 +74,7 @@ def _adapter(spec, engine, engine_bin, model_file, command, url, served_model, t
         raise InputError("kvtune tune: give one of --command or --url (or neither: kvtune starts --engine itself)")
     if url:
         arch = get_model(spec.model)
-        return UrlAdapter(url, (arch.name, arch.hf_id or "", spec.model), served_model)
+        return UrlAdapter(url, (arch.name, arch.hf_id or "", spec.model), served_model, api_key=api_key or None, api=api)
     if command:
         return TemplateAdapter(command, engine=engine or "", threads=threads, port=port, log_dir=log_dir,
                                startup_timeout_s=startup_timeout_s, model=model_file)
@@ -137,9 +145,11 @@ def _swap_in(tmp: Path, out: Path) -> None:
               "longest request's SLO budget, within 10-300 s: an overloaded run ends instead of draining).")
 @click.option("--seed", type=Int(0), default="0", show_default=True, help="The runs' request draw (the simulator's own for that rate).")
 @click.option("--quiet", is_flag=True, help="Only the closing summary.")
+@endpoint_options
 def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_model, threads, memory_budget_gb,
              calibration, max_runs, max_engine_s, run_s, min_requests, max_requests, warmup, rates, check, near,
-             max_rounds, grid, storage, study_name, out, port, startup_timeout_s, request_timeout_s, seed, quiet):
+             max_rounds, grid, storage, study_name, out, port, startup_timeout_s, request_timeout_s, seed, quiet,
+             api_key, api):
     """Tune WORKLOAD.yaml on the live engine: solve in simulation, measure the pick and its neighbours
     open-loop, refit, re-solve, until the measured pick keeps its promise (or the budget ends)."""
     from kvtune.costmodel.hardware import resolve_gpu
@@ -182,9 +192,11 @@ def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_mode
     storage_url = storage or f"journal:{out_dir.with_name(out_dir.name + '.journal')}"
     log_dir = Path(tempfile.gettempdir()) / "kvtune-tune-logs"
     adapter = _adapter(spec, engine, engine_bin, model_file, command, url, served_model, n_threads, port_v, startup,
-                       log_dir)
+                       log_dir, api_key, api)
     eng_name = adapter.engine or spec.engine or ""
     extra = {"threads": n_threads, "gpu_mem_util": spec.gpu_mem_util, "adapter": type(adapter).__name__}
+    if api != "completions":   # the chat template's tokens change what is measured: another session's runs
+        extra["api"] = api
     digest = settings_digest(spec, settings, eng_name, extra)
     name = study_name or re.sub(r"[^A-Za-z0-9_.-]", "-", f"tune-{Path(workload).stem}-{eng_name or 'engine'}-{digest[:8]}")
     store = TuneStore(make_storage(storage_url), name, digest)
