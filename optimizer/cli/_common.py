@@ -181,9 +181,21 @@ def endpoint_options(f):
     for opt in reversed([
         click.option("--api-key", default=None, envvar="OPENAI_API_KEY", show_envvar=True,
                      help="Sent as 'Authorization: Bearer KEY' (a server started with --api-key, or a gateway)."),
-        click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True,
+        click.option("--api", type=Choice(["completions", "chat"]), default="completions", show_default=True,
                      help="The API the requests use: /v1/completions, or /v1/chat/completions (the prompt as one "
                           "user message; the server's chat template adds tokens, recorded as the server reports)."),
     ]):
         f = opt(f)
     return f
+
+
+class Choice(click.Choice):
+    """``click.Choice`` (the choices in ``--help`` and in shell completion) whose refusal is kvtune's one
+    line, ``--flag must be one of a, b, got 'x'``, as every other input error (an ``InputError``: exit 2)."""
+
+    def convert(self, value, param, ctx):
+        if value is None or value in self.choices:
+            return value
+        flags = [o for o in (param.opts if param is not None else []) if o.startswith("--")] or \
+            (list(param.opts) if param is not None else ["value"])
+        raise InputError(f"{flags[0]} must be one of {', '.join(map(str, self.choices))}, got {value!r}")

@@ -14,14 +14,14 @@ from kvtune.costmodel.fit import CV_KINDS, FIT_METRICS, RowPredictor, held_out_m
 from kvtune.optimizer.calibrate_held_out import IF_WORSE
 from kvtune.costmodel.profile_table import contradictions
 
-from ._common import check_json_dest, check_output_path, emit_json, json_option, echo_table, save_or_show
+from ._common import Choice, check_json_dest, check_output_path, echo_table, emit_json, json_option, save_or_show
 
 
 @click.command("calibrate")
 @click.argument("tables", nargs=-1, required=True)
 @click.option("--gpu", default="h100-sxm", show_default=True,
               help="Catalog GPU name, or a hardware YAML file (see profiles/hardware-cpu-example.yaml).")
-@click.option("--engine", type=click.Choice(list(ENGINE_NAMES)), default=None,
+@click.option("--engine", type=Choice(list(ENGINE_NAMES)), default=None,
               help="Use only this engine's rows (rows that name no engine count).")
 @click.option("--base", default="ideal", show_default=True,
               help="Start (and value of unfitted parameters): ideal, calibrated (the shipped one) or a calibration file.")
@@ -32,7 +32,7 @@ from ._common import check_json_dest, check_output_path, emit_json, json_option,
                    "ttft_p50_ms,ttft_p90_ms,tpot_p50_ms,tpot_p90_ms; default: the first four).")
 @click.option("--chunk-tokens", type=int, default=8192, show_default=True,
               help="Engine prefill token budget used when simulating request rows.")
-@click.option("--clients", type=click.Choice(["auto", "burst", "staggered"]), default="auto", show_default=True,
+@click.option("--clients", type=Choice(["auto", "burst", "staggered"]), default="auto", show_default=True,
               help="How closed-loop rows' clients are simulated: auto = each row's engine's rule (staggered for "
                    "vLLM and TensorRT-LLM, whose mixed steps let a burst drift apart; burst for SGLang and llama.cpp, "
                    "whose runs stay in lock-step; see costmodel/closed_loop.py), or one rule for every row.")
@@ -40,13 +40,13 @@ from ._common import check_json_dest, check_output_path, emit_json, json_option,
 @click.option("-o", "--output", required=True, help="Calibration YAML to write (e.g. profiles/calibrations/NAME.yaml).")
 @click.option("--name", default=None, help="Calibration name (default: the output file's stem).")
 @json_option()
-@click.option("--cv", "cv", type=click.Choice(list(CV_KINDS)), default="auto", show_default=True,
+@click.option("--cv", "cv", type=Choice(list(CV_KINDS)), default="auto", show_default=True,
               help="Cross-validation the fit reports: auto = leave one concurrency out when the rows hold several, "
                    "else one length, else one TP, else one row; none = in-sample only.")
 @click.option("--holdout", "holdout", multiple=True, metavar="TABLE",
               help="Profile table whose rows are predicted, never fitted (e.g. a sweep's high concurrencies), by the "
                    "prior and the fit; repeatable.")
-@click.option("--if-worse", "if_worse", type=click.Choice(list(IF_WORSE)), default="hold", show_default=True,
+@click.option("--if-worse", "if_worse", type=Choice(list(IF_WORSE)), default="hold", show_default=True,
               help="When the fit predicts held-out rows worse than the prior on a metric: hold = refit with the terms "
                    "that metric is most sensitive to held at the prior, and write the prior's parameters if that is "
                    "still worse; prior = write the prior's parameters; keep = write the fit. The output names the "

@@ -13,7 +13,7 @@ from kvtune.costmodel.memory import GPU_MEM_UTIL
 from kvtune.costmodel.draft import draft_footprint
 from kvtune.costmodel.step import DRAFT_COST, SPEC_METHOD
 
-from ._common import echo_table, emit_json, json_option, parse_int_list
+from ._common import Choice, echo_table, emit_json, json_option, parse_int_list
 
 
 @click.command("estimate")
@@ -22,11 +22,11 @@ from ._common import echo_table, emit_json, json_option, parse_int_list
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (GPUs per replica).")
 @click.option("--context", type=int, default=4096, show_default=True, help="Tokens of context per sequence.")
 @click.option("--batch", "batch", default="1,8,32,64,128,256", show_default=True, help="Comma-separated batch sizes.")
-@click.option("--weight-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True)
-@click.option("--kv-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True)
-@click.option("--mode", type=click.Choice(["ideal", "calibrated"]), default="calibrated", show_default=True)
+@click.option("--weight-dtype", type=Choice(["bf16", "fp8"]), default="bf16", show_default=True)
+@click.option("--kv-dtype", type=Choice(["bf16", "fp8"]), default="bf16", show_default=True)
+@click.option("--mode", type=Choice(["ideal", "calibrated"]), default="calibrated", show_default=True)
 @click.option("--calibration", default=None, help="Calibration file, shipped name or 'ideal' (calibrated mode).")
-@click.option("--engine", type=click.Choice(list(ENGINE_NAMES)), default=None,
+@click.option("--engine", type=Choice(list(ENGINE_NAMES)), default=None,
               help="Pick the shipped calibration fitted for this engine.")
 @click.option("--profile", default=None,
               help="Measured profile table: its decode step times inside its range, the calibration outside.")

@@ -13,7 +13,7 @@ from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.profile_table import ProfileRow, read_table
 from kvtune.optimizer.importers import FORMATS, Metadata, import_files, rows_to_csv
 
-from ._common import check_output_path, echo_table, endpoint_options, parse_int_list, save_or_show, write_atomic
+from ._common import Choice, check_output_path, echo_table, endpoint_options, parse_int_list, save_or_show, write_atomic
 
 
 def _meta_options(f):
@@ -93,7 +93,7 @@ def profile_group():
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Profile table to write (CSV).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+@click.option("--format", "fmt", type=Choice(FORMATS), default=None,
               help="Input format (default: detected from content).")
 @_meta_options
 def import_cmd(files: tuple[Path, ...], output: Path, fmt: str | None, model: str | None, gpu: str | None,

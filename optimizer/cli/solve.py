@@ -18,8 +18,8 @@ from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import Infeasible, InputError
 from kvtune.optimizer.storage import check_shared_storage
 
-from ._common import MAX_SEED, STDOUT, check_json_dest, check_output_folder, dumps, json_document, json_option, \
-    output_folder, parse_int, write_atomic
+from ._common import MAX_SEED, STDOUT, Choice, check_json_dest, check_output_folder, dumps, json_document, \
+    json_option, output_folder, parse_int, write_atomic
 
 if TYPE_CHECKING:
     from kvtune.optimizer.result import SolveResult
@@ -149,13 +149,13 @@ class _Progress:
 @click.argument("workload", type=click.Path(dir_okay=False))
 @click.option("--trials", type=_Int(1), default=None, help="Trials to run (default: search.trials; grid: the whole grid).")
 @click.option("--seed", type=_Int(0, MAX_SEED), default=None, help="Sampler seed (default: search.seed; the simulated requests always follow search.seed).")
-@click.option("--sampler", type=click.Choice(SAMPLER_NAMES), default="tpe", show_default=True, help="tpe | grid | nsga2: the sampler of the analytic screen's trials (the study; the simulator race that picks covers the whole lattice whatever the sampler).")
+@click.option("--sampler", type=Choice(SAMPLER_NAMES), default="tpe", show_default=True, help="tpe | grid | nsga2: the sampler of the analytic screen's trials (the study; the simulator race that picks covers the whole lattice whatever the sampler).")
 @click.option("--storage", default=None, help="Optuna storage: sqlite:///kvtune.db, journal:./kvtune.log or an RDB URL (default: in memory).")
 @click.option("--study-name", default=None, help="Study to create or resume in --storage (default: derived from the workload).")
 @click.option("--verify-top", type=_Int(1), default=None, help="max_goodput: configs fully verified before the simulator race (default 4).")
 @click.option("--calibration", default=None,
               help="Calibration file, shipped name or 'ideal' (default: the workload's calibration:, else the shipped one).")
-@click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
+@click.option("--engine", type=Choice(ENGINE_NAMES), default=None,
               help="vllm | sglang | trtllm | llamacpp: the engine to launch and its shipped calibration (overrides "
                    "the workload's engine: and calibration: unless --calibration is given).")
 @click.option("--profile", default=None,

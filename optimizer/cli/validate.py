@@ -7,7 +7,7 @@ import click
 from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import InputError
 
-from ._common import echo_table, emit_json, json_option
+from ._common import Choice, echo_table, emit_json, json_option
 
 
 @click.command("validate")
@@ -15,11 +15,11 @@ from ._common import echo_table, emit_json, json_option
 @click.option("--calibration", default=None,
               help="Calibration file or shipped name (default: the shipped one for each row's GPU and engine; "
                    "ideal where kvtune ships none).")
-@click.option("--engine", type=click.Choice(list(ENGINE_NAMES)), default=None,
+@click.option("--engine", type=Choice(list(ENGINE_NAMES)), default=None,
               help="Only this engine's rows (rows that name no engine count), with its calibration.")
 @click.option("--gpu", default=None,
               help="Catalog GPU name or hardware YAML file for every row (default: each row's gpu column).")
-@click.option("--mode", type=click.Choice(["calibrated", "ideal"]), default="calibrated", show_default=True)
+@click.option("--mode", type=Choice(["calibrated", "ideal"]), default="calibrated", show_default=True)
 @click.option("--worst", type=click.IntRange(0), default=10, show_default=True, help="How many of the worst rows to list.")
 @click.option("--all-rows", is_flag=True, help="Print every row's figures (default: only the summary and the worst).")
 @json_option()
