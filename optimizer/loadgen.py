@@ -284,6 +284,7 @@ class OpenLoopRun:
     server: ServerInfo = ServerInfo()
     complete: bool = True           # False: stopped before every request was sent
     prompt_seed: int | None = None  # drew the prompts' words (fresh per run unless given)
+    clock_zero_unix: float | None = None   # the Unix time of the run's clock zero (sent_s and scheduled_s count from it)
 
     # ---- which requests ------------------------------------------------------------------------
     @property
@@ -559,7 +560,7 @@ def run_open_loop(url: "str | Endpoint", model: str, plan: OpenLoopPlan, *, time
     threads: list[threading.Thread] = []
     started_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     with LoadSampler(load_sample_s) as sampler:
-        t0 = time.perf_counter()
+        t0, t0_unix = time.perf_counter(), time.time()
         for i in order:
             wait = t0 + float(arrival[i]) - time.perf_counter()
             if (wait > 0 and stop.wait(wait)) or stop.is_set():
@@ -577,7 +578,7 @@ def run_open_loop(url: "str | Endpoint", model: str, plan: OpenLoopPlan, *, time
     return OpenLoopRun(url=url, model=model, rate_req_s=plan.rate_req_s, seed=plan.seed, slo=plan.slo,
                        plan_source=plan.source, started_at=started_at, duration_s=duration, requests=out,
                        load=sampler.record(), server=info, complete=len(sent) == len(plan),
-                       prompt_seed=prompt_seed)
+                       prompt_seed=prompt_seed, clock_zero_unix=t0_unix)
 
 
 # ---------------------------------------------------------------------------------------------

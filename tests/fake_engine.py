@@ -24,6 +24,9 @@ Environment knobs (so that shims and command templates pass them through):
                      ctx_us_per_tok, speed).
   KVTUNE_FAKE_SPEED_FILE  a file holding a number read at every step: the speed multiplier (a
                      test changes it to make the machine "drift").
+  KVTUNE_FAKE_TIMING_LOG  a file each streamed request appends one JSON line to: when it was
+                     received and when its first and last text chunks were written (Unix time),
+                     for bench/bench_driver.py to check the client's timestamps against.
   KVTUNE_FAKE_FAULT  crash_after:N (exit mid-run when the N-th completion arrives), never_healthy,
                      wrong_model, exit_at_start, ignore_sigterm, spawn_child (a worker process in
                      its group, as vLLM starts), load_s:S (unhealthy for S seconds first).
@@ -220,6 +223,11 @@ def _fault(name: str) -> str | None:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as the real servers stream: llama.cpp builds cpp-httplib with CPPHTTPLIB_TCP_NODELAY=1
+    # (vendor/cpp-httplib/CMakeLists.txt), uvicorn's asyncio sockets set it. Without it each small SSE
+    # chunk waited for the client's delayed ACK: the driver saw tokens ~40 ms after they were written
+    # (bench/bench_driver.py, measured 2026-12-06: first token p50 40.2 ms late at 50 req/s).
+    disable_nagle_algorithm = True
 
     def log_message(self, *a):   # quiet
         pass
@@ -279,6 +287,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": {"code": 404, "message": f"no route {path}"}})
 
     def do_POST(self) -> None:  # noqa: N802
+        self.received_unix = time.time()   # the request line and headers are read: the request is in
         n = int(self.headers.get("Content-Length") or 0)
         try:
             body = json.loads(self.rfile.read(n) or b"{}")
@@ -330,6 +339,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        sent_unix: list[float] = []   # when each text chunk was written (KVTUNE_FAKE_TIMING_LOG)
         try:
             while True:
                 if not self._wait(r):
@@ -345,6 +355,7 @@ class Handler(BaseHTTPRequestHandler):
                                  "choices": [{"delta": {"content": t}, "index": 0, "finish_reason": None}]} if chat
                                 else {"object": "text_completion", "model": S.served,
                                       "choices": [{"text": t, "index": 0, "finish_reason": None}]})
+                    sent_unix.append(time.time())
                 if done:
                     break
             self._chunk({"object": "text_completion", "model": S.served,
@@ -352,8 +363,14 @@ class Handler(BaseHTTPRequestHandler):
                          "usage": {"prompt_tokens": p, "completion_tokens": out, "total_tokens": p + out}})
             self._raw(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
-            pass
+            return
+        timing_log = os.environ.get("KVTUNE_FAKE_TIMING_LOG")
+        if timing_log and sent_unix:   # the server's side of every request, to check a client's clock
+            with S.lock, open(timing_log, "a") as f:
+                f.write(json.dumps({"received_unix": self.received_unix, "first_unix": sent_unix[0],
+                                    "last_unix": sent_unix[-1], "prompt_words": p, "chunks": len(sent_unix)}) + "\n")
 
     def _wait(self, r: _Req) -> bool:
         """Wait for the request's next token; False (and the request dropped) if its client left."""
