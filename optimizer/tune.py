@@ -296,13 +296,38 @@ class Tuner:
                      f"({why}); measuring {config_id(runnable[0][0])} as the pick")
             self.notes.append(f"round {n}: the simulator's pick {config_id(pick)} was not measured ({why})")
             out = [("pick", *runnable[0])]
+        rates = (out[0][2], self.s.check_multiplier * out[0][2])
+        tell_apart = self.s.near > 0 and all(math.isfinite(r) and r > 0 for r in rates)
+        kept = [(out[0][1], self._behaviour(ctx, out[0][1], rates))] if tell_apart else []
         for cfg, g in ranked:
             if len(out) > self.s.near:
                 break
             if cfg == out[0][1] or self._seen(cfg, n):
                 continue
             if self.adapter.why_not(self._pick(ctx, cfg)) is None:
+                seen = self._behaviour(ctx, cfg, rates) if tell_apart else []
+                twin = next((c for c, b in kept if _same_behaviour(b, seen)), None) if tell_apart else None
+                if twin is not None:   # a run of it would measure the twin again (issue 33.4)
+                    self.log(f"round {n}: not measuring {config_id(cfg)} near the pick: the simulator schedules "
+                             f"the workload's requests exactly as {config_id(twin)} at {rates[0]:.3g} and "
+                             f"{rates[1]:.3g} req/s (simulated)")
+                    continue
+                kept.append((cfg, seen))
                 out.append(("near", cfg, g))
+        return out
+
+    def _behaviour(self, ctx, cfg: dict, rates: tuple[float, ...]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per request, TTFT and end-to-end time the simulator gives ``cfg`` on the workload's own
+        draw of a run at each rate: two configs with equal arrays schedule every request alike
+        (a chunk budget above every step's tokens, a cap above what the pool admits), and a run
+        of one measures the other."""
+        from kvtune.costmodel.simulate import simulate
+        from .verify import sim_config
+        out = []
+        for rate in rates:
+            reqs = self.spec.requests(self._n_requests(rate), self.s.seed, rate_req_s=rate)
+            res = simulate(ctx.fitting_step(cfg), reqs, sim_config(ctx, cfg), arrival="trace", seed=self.s.seed)
+            out.append((res.ttft_s, res.e2e_s))
         return out
 
     def _own_config(self, ctx, like: dict) -> tuple[dict, float]:
@@ -764,6 +789,11 @@ class Tuner:
                     if best is None or r.rate_req_s > (best[1].rate_req_s or 0.0):
                         best = (j, r)
         return best
+
+
+def _same_behaviour(a: list[tuple[np.ndarray, np.ndarray]], b: list[tuple[np.ndarray, np.ndarray]]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y, equal_nan=True) for pa, pb in zip(a, b)
+                                    for x, y in zip(pa, pb))
 
 
 def _attainment_of(run: RunRecord | None) -> dict | None:
