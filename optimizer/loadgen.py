@@ -63,6 +63,17 @@ CONFIDENCE = 0.95
 # on simulated runs near the knee (bench/bench_attainment_ci.py; 10-30 is the textbook range,
 # Schmeiser 1982, but queueing episodes in a 300-request run outlast batches of 30)
 BATCHES = 5
+# TTFT trend within a run (OpenLoopRun.ttft_trend): a queue that grows for as long as the run lasts
+# shows as TTFT rising from batch to batch. Statistically: the least-squares slope of TREND_BATCHES
+# batch means above zero at one-sided level TREND_ALPHA (Student's t, batches - 2 degrees of
+# freedom; 5 batches, 3 degrees of freedom, missed a run at attainment 0.61 in simulation); in size:
+# the fitted rise over the run at least TREND_RISE_FRAC of the TTFT target, the budget a growing
+# queue eats (a rise the size of a 30 ms TTFT is noise against a 400 ms target). Chosen on simulated
+# runs of 200 requests (tests/test_open_loop_replay.py's workload, 4-30 req/s x 3 seeds): rising in
+# none of the 9 at attainment >= 0.92, in 7 of the 9 at 0.79 and below.
+TREND_BATCHES = 10
+TREND_ALPHA = 0.01
+TREND_RISE_FRAC = 0.25
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,6 +338,39 @@ class OpenLoopRun:
         lo, hi, n_eff = attainment_interval(m, confidence, method)
         value = float(m.mean()) if len(m) else math.nan
         return Attainment(value, lo, hi, len(m), int(m.sum()), confidence, self.warmup_excluded, method, n_eff)
+
+    def ttft_trend(self, batches: int = TREND_BATCHES) -> dict | None:
+        """Whether the queue grew through the run: TTFT of the measured requests in send order,
+        cut into ``batches`` contiguous batches; the least-squares slope of the batch means against
+        their mean send times, its standard error and one-sided p-value (Student's t on batches - 2
+        degrees of freedom), the fitted rise over the run, and ``rising``: significant at
+        ``TREND_ALPHA`` and a rise of at least ``TREND_RISE_FRAC`` of the requests' median TTFT
+        target. A run whose TTFT rises this way has not reached a steady state: the rate it met is
+        not one it holds. None with fewer than 2 requests per batch."""
+        from scipy.special import stdtr  # Student's t CDF
+        rs = sorted((r for r in self.measured if r.ttft_ms is not None and r.sent_s is not None),
+                    key=lambda r: r.sent_s or 0.0)
+        if batches < 3 or len(rs) < 2 * batches:
+            return None
+        t = np.array([r.sent_s for r in rs], dtype=float)
+        y = np.array([r.ttft_ms for r in rs], dtype=float)
+        parts = np.array_split(np.arange(len(rs)), batches)
+        bt = np.array([t[i].mean() for i in parts])
+        by = np.array([y[i].mean() for i in parts])
+        dt = bt - bt.mean()
+        sxx = float((dt * dt).sum())
+        if sxx <= 0:
+            return None
+        slope = float((dt * (by - by.mean())).sum() / sxx)
+        resid = by - by.mean() - slope * dt
+        se = math.sqrt(float((resid * resid).sum()) / (batches - 2) / sxx)
+        p = 0.0 if se == 0 and slope > 0 else (1.0 if se == 0 else float(1 - stdtr(batches - 2, slope / se)))
+        rise = slope * float(t[-1] - t[0])
+        target = float(np.median([r.ttft_slo_ms for r in rs]))
+        return {"slope_ms_per_s": round(slope, 3), "slope_se": round(se, 3), "p_value": round(p, 5),
+                "rise_ms": round(rise, 1), "median_ttft_ms": round(float(np.median(y)), 1),
+                "ttft_target_ms": round(target, 1), "batches": batches,
+                "rising": bool(p < TREND_ALPHA and rise >= TREND_RISE_FRAC * target)}
 
     def percentiles(self) -> dict[str, dict[str, float | None]]:
         """``{"ttft_ms": {mean, p50, p90, p99}, "tpot_ms": {...}, "e2e_ms": {...}}`` over the measured requests."""

@@ -69,6 +69,7 @@ WARMUP_FRAC = 0.1               # of a run's requests, left out (costmodel.simul
 PROMISE_MARGIN_SE = 1.0
 MAX_RUN_FACTOR = 3.0            # a run at a low rate may last this many times --run-s, fewer requests then
 MIN_RUN_REQUESTS = 10           # counted requests below which a run says too little to be made
+PROMISES = ("steady", "run")    # what a promise means: the steady state, or a run of --run-s from an empty queue
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,10 @@ class TuneSettings:
     probe_requests: int = 4
     grid_requests: int = 6
     max_nfev: int = 40
+    # steady: the promise is the steady-state goodput (solve's), measured on runs as long as the
+    # simulator says a queue at the check rate takes to show; run: the goodput a run of --run-s
+    # seconds meets (the queue starts empty; the figure kvtune tune promised before 0.2)
+    promise: str = "steady"
 
     def __post_init__(self) -> None:
         if self.max_runs < 1:
@@ -114,6 +119,8 @@ class TuneSettings:
             raise InputError(f"--request-timeout-s {self.request_timeout_s:g}: must be > 0")
         if self.near < 0 or self.max_rounds < 1:
             raise InputError("--near must be >= 0 and --max-rounds >= 1")
+        if self.promise not in PROMISES:
+            raise InputError(f"--promise must be one of {', '.join(PROMISES)}, got {self.promise!r}")
 
     def decides(self) -> dict[str, Any]:
         """The settings that decide what is measured (the study's digest; budgets may change on resume)."""
@@ -203,6 +210,7 @@ class Tuner:
         self.fit_report: dict[str, Any] = {}
         self.timeout_s = settings.request_timeout_s or request_timeout_s(spec)
         self._partial: list[JobRecord] = []   # jobs the budget cut short (reported, not stored)
+        self._secs: dict[str, float] = {}     # the round's run length per config (steady-state promises)
 
     # ---- budget ---------------------------------------------------------------------------------
     @property
@@ -244,7 +252,9 @@ class Tuner:
                     continue
                 self.rounds.append(rnd)
                 if rnd.meets and rnd.tight:
-                    status, reason = "converged", (f"round {n}: the pick met the SLOs at its promised rate and missed "
+                    what = "its steady-state promise, with no rise of TTFT through the run," \
+                        if self.s.promise == "steady" else "its promised rate"
+                    status, reason = "converged", (f"round {n}: the pick met the SLOs at {what} and missed "
                                                    f"at {self.s.check_multiplier:g}x (measured)")
                     self._refit(n)
                     break
@@ -364,11 +374,22 @@ class Tuner:
         ctx = self._context()
         res = self._solve()
         steady = self._candidates(n, res, ctx)
-        cands = [(role, cfg, self._promise(ctx, cfg, g)) for role, cfg, g in steady]
+        if self.s.promise == "steady":
+            cands = steady
+            secs = {config_id(cfg): self._run_seconds(ctx, cfg, g) for _, cfg, g in cands}
+        else:
+            cands = [(role, cfg, self._promise(ctx, cfg, g)) for role, cfg, g in steady]
+            secs = {}
         role, pick, promise = cands[0]
-        self.log(f"round {n}: pick {config_id(pick)}, promise {promise:.3g} req/s per replica for runs of "
-                 f"{self.s.run_s:g} s (steady state {steady[0][2]:.3g} req/s; simulated, calibration {self.cal_label})"
-                 + "".join(f"; near {config_id(c)} {g:.3g} req/s" for _, c, g in cands[1:]))
+        if self.s.promise == "steady":
+            self.log(f"round {n}: pick {config_id(pick)}, promise {promise:.3g} req/s per replica, the steady state "
+                     f"(simulated, calibration {self.cal_label}), measured on runs of {secs[config_id(pick)]:.0f} s"
+                     + "".join(f"; near {config_id(c)} {g:.3g} req/s" for _, c, g in cands[1:]))
+        else:
+            self.log(f"round {n}: pick {config_id(pick)}, promise {promise:.3g} req/s per replica for runs of "
+                     f"{self.s.run_s:g} s (steady state {steady[0][2]:.3g} req/s; simulated, calibration {self.cal_label})"
+                     + "".join(f"; near {config_id(c)} {g:.3g} req/s" for _, c, g in cands[1:]))
+        self._secs = secs
         todo = []
         for role, cfg, g in cands:
             if role == "pick":
@@ -392,7 +413,8 @@ class Tuner:
         at1 = pj.run_at(1.0) if pj else None
         atc = pj.run_at(self.s.check_multiplier) if pj else None
         target = self.spec.slo.attainment
-        meets = None if at1 is None or at1.attainment is None else at1.attainment["value"] >= target
+        meets = None if at1 is None or at1.attainment is None else \
+            at1.attainment["value"] >= target and not (at1.ttft_trend or {}).get("rising", False)
         tight = None if atc is None or atc.attainment is None else atc.attainment["value"] < target
         return RoundRecord(round=n, calibration=self.cal_label, pick=pick, promise_req_s=promise, jobs=tuple(keys),
                            meets=meets, tight=tight, steady_state_req_s=steady[0][2])
@@ -469,14 +491,45 @@ class Tuner:
                          warmup=1, started_at=row.date, duration_s=round(time.monotonic() - t0, 2),
                          loadavg_1m=load, table_csv=rows_to_csv([row]))
 
-    def _n_requests(self, rate: float) -> int:
+    def _n_requests(self, rate: float, secs: float | None = None) -> int:
         """Requests in a run at ``rate``: ``run_s`` of arrivals within [min, max], but no more than
-        ``MAX_RUN_FACTOR`` x ``run_s`` of arrivals (a low rate), plus its warm-up."""
-        return self._counted(rate) + self._warmup(self._counted(rate))
+        ``MAX_RUN_FACTOR`` x ``run_s`` of arrivals (a low rate), plus its warm-up; with ``secs``
+        (a steady-state promise's runs), ``secs`` of arrivals within [min, max]."""
+        return self._counted(rate, secs) + self._warmup(self._counted(rate, secs))
 
-    def _counted(self, rate: float) -> int:
+    def _counted(self, rate: float, secs: float | None = None) -> int:
+        if secs is not None:
+            return int(min(self.s.max_requests, max(self.s.min_requests, math.ceil(rate * secs))))
         n = int(min(self.s.max_requests, max(self.s.min_requests, math.ceil(rate * self.s.run_s))))
         return max(1, min(n, math.floor(rate * MAX_RUN_FACTOR * self.s.run_s)))
+
+    def _run_seconds(self, ctx, cfg: dict, steady_req_s: float) -> float:
+        """Seconds of arrivals for the runs of a steady-state promise: the shortest of ``run_s``,
+        2 x ``run_s``, 4 x ... at which the simulator's run at the check rate (``check_multiplier`` x
+        the promise, the workload's own draw, warm-up excluded) misses the target: a run that long
+        lets a queue that grows at the check rate show, so the 1.0x run holding is evidence of a
+        steady state, not of an empty queue at the start. Capped where the check run reaches
+        ``max_requests`` (the log says the check may not miss within it)."""
+        from kvtune.costmodel.simulate import simulate
+        from .verify import sim_config
+        target = self.spec.slo.attainment
+        rate = self.s.check_multiplier * steady_req_s
+        if not (math.isfinite(rate) and rate > 0):
+            return self.s.run_s
+        secs = self.s.run_s
+        while True:
+            n = self._n_requests(rate, secs)
+            reqs = self.spec.requests(n, self.s.seed, rate_req_s=rate)
+            res = simulate(ctx.fitting_step(cfg), reqs, sim_config(ctx, cfg), arrival="trace", seed=self.s.seed,
+                           warmup_frac=(n - self._counted(rate, secs)) / n)
+            if res.slo_attainment < target:
+                return secs
+            if self._counted(rate, secs) >= self.s.max_requests:
+                self.log(f"  {config_id(cfg)}: the simulator's {self.s.check_multiplier:g}x run still meets the "
+                         f"target after --max-requests {self.s.max_requests} ({secs:.0f} s of arrivals): the check "
+                         f"may not miss within a run (simulated)")
+                return secs
+            secs *= 2
 
     def _warmup(self, n: int) -> int:
         """The simulator's warm-up share (10%), at least ``warmup`` requests."""
@@ -512,8 +565,9 @@ class Tuner:
         from .loadgen import OpenLoopPlan, run_open_loop
         self._spend(engine_s, runs_now)
         rate = mult * promise
-        n = self._n_requests(rate)
-        warm = n - self._counted(rate)
+        secs = self._secs.get(config_id(cfg))
+        n = self._n_requests(rate, secs)
+        warm = n - self._counted(rate, secs)
         if n - warm < MIN_RUN_REQUESTS:
             raise Unmeasurable(f"{config_id(cfg)}'s promise at {mult:g}x, {rate:.3g} req/s, is too low to measure: "
                                f"{MIN_RUN_REQUESTS} requests would take {MIN_RUN_REQUESTS / rate:.0f} s, more than "
@@ -549,6 +603,7 @@ class Tuner:
         pct = run.percentiles()
         load = run.load.mean_1m
         stopped = None if run.complete else stop_record(len(run.sent), n, n - warm, misses[0], allowed)
+        trend = run.ttft_trend()
         if stopped is None:
             seen = f"attainment {att.value:.3f} [{att.lo:.3f}, {att.hi:.3f}] (measured, n={att.n}, " \
                    f"{att.warmup_excluded} warm-up excluded, loadavg {load:.2f})"
@@ -558,7 +613,10 @@ class Tuner:
                    f"{allowed}; stopped after {stopped['sent']} of {n} sent, {att.met} of {att.n} counted met, " \
                    f"loadavg {load:.2f})"
         self.log(f"    {mult:g}x = {rate:.3g} req/s: {seen}; predicted {pred_att:.3f} (simulated)"
-                 + (f"; {len(run.failures)} failed" if run.failures else ""))
+                 + (f"; {len(run.failures)} failed" if run.failures else "")
+                 + (f"; TTFT rose {trend['rise_ms']:.0f} ms through the run ({trend['slope_ms_per_s']:+.1f} ms/s, "
+                    f"p {trend['p_value']:.3g}): the queue grew, not a steady state (measured)"
+                    if trend and trend["rising"] else ""))
         return RunRecord(key=rid, kind="open", multiplier=mult, rate_req_s=rate, n_requests=n, warmup=warm,
                          started_at=run.started_at, duration_s=round(time.monotonic() - t0, 2),
                          loadavg_1m=round(load, 2) if math.isfinite(load) else None, table_csv=rows_to_csv([row]),
@@ -566,7 +624,8 @@ class Tuner:
                          attainment=att.to_json(), measured={k: pct[k] for k in ("ttft_ms", "tpot_ms")},
                          offered_rate_req_s=run.offered_rate_req_s,
                          goodput_at_rate_req_s=None if stopped else run.offered_rate_req_s * att.value,
-                         predicted_attainment=pred_att, predicted=pred, failed=len(run.failures), stopped=stopped)
+                         predicted_attainment=pred_att, predicted=pred, failed=len(run.failures), stopped=stopped,
+                         ttft_trend=trend)
 
     def _predict(self, ctx, cfg: dict, plan) -> tuple[float, dict]:
         """The simulator on the run's own requests under the round's calibration."""
@@ -777,7 +836,7 @@ class Tuner:
                           calibration_file="calibration.yaml" if (self.workdir / "calibration.yaml").exists() else "",
                           runs=self.runs_used, engine_s=round(self.engine_s_used, 1), rounds=tuple(self.rounds),
                           jobs=tuple(sorted(list(self.jobs.values()) + self._partial, key=lambda j: (j.round, j.key))),
-                          drift=tuple(self.drift), notes=tuple(self.notes))
+                          drift=tuple(self.drift), notes=tuple(self.notes), promise=self.s.promise)
 
     def _best_measured(self) -> tuple[JobRecord, RunRecord] | None:
         """The highest per-replica rate any measured config met the SLOs at (measured)."""

@@ -61,6 +61,7 @@ class RunRecord(_Json):
     predicted: dict | None = None                # ttft_ms/tpot_ms percentiles (simulated)
     failed: int = 0
     stopped: dict | None = None          # open, stopped early: tune.stop_record (the bound its misses proved)
+    ttft_trend: dict | None = None       # open: loadgen.OpenLoopRun.ttft_trend (did the queue grow? measured)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ class TuneResult(_Json):
     jobs: tuple[JobRecord, ...] = ()
     drift: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    promise: str = "run"                 # steady: promise_req_s is the steady state; run: a run of --run-s from empty
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

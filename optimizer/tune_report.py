@@ -68,7 +68,8 @@ def summary_lines(result: TuneResult, out_dir: str) -> list[str]:
              f"{r.runs} runs, {r.engine_s:.0f} s of engine time ({r.engine or 'engine'})", f"  {r.reason}"]
     if r.pick is not None:
         a1, ac = r.attainment_at_promise or {}, r.attainment_at_check or {}
-        lines.append(f"Pick ({r.evidence}): {config_id(r.pick)}, {_f(r.promise_req_s, '.3g')} req/s per replica")
+        lines.append(f"Pick ({r.evidence}): {config_id(r.pick)}, {_f(r.promise_req_s, '.3g')} req/s per replica"
+                     + (", the steady state" if r.promise == "steady" else ", for a run of --run-s from an empty queue"))
         if a1 and a1.get("stopped"):
             st = a1["stopped"]
             lines.append(f"  at {_f(r.promise_req_s, '.3g')} req/s: SLO attainment at most "
