@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,37 +56,15 @@ slo: {{ttft_ms: 5000, tpot_ms: 1000, attainment: 0.9}}
 FAST_COST = {"base_ms": 1.0, "seq_ms": 0.05, "prefill_ms_per_tok": 0.01, "ctx_us_per_tok": 0.0}
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def fake_server(tmp: Path, timing_log: Path):
     shims = fake_engine.write_shims(tmp / "shims")
     gguf = tmp / "model.gguf"
     gguf.write_bytes(b"GGUF fake")
-    port = _port()
     env = {**os.environ, "KVTUNE_FAKE_TIMING_LOG": str(timing_log), "KVTUNE_FAKE_COST": json.dumps(FAST_COST)}
-    proc = subprocess.Popen([str(shims["llama-server"]), "-m", str(gguf), "--port", str(port), "-np", "64",
-                             "-c", "65536", "-kvu", "-cb"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        t0 = time.monotonic()
-        while True:
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() - t0 > 30:
-                raise SystemExit("error: the fake engine did not start")
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with fake_engine.serving(shims["llama-server"], "-m", str(gguf), "-np", "64", "-c", "65536", "-kvu", "-cb",
+                             env=env) as url:
+        yield url
 
 
 def pair(run, server: list[dict]) -> list[tuple[object, dict]]:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import select
@@ -500,6 +501,35 @@ def setup(tmp: Path, monkeypatch) -> dict[str, Path]:
     wl = tmp / "fake.yaml"
     wl.write_text(WORKLOAD.format(hw=hw))
     return {**paths, "gguf": gguf, "pidfile": pidfile, "workload": wl, "hardware": hw, "logs": tmp / "logs"}
+
+
+@contextlib.contextmanager
+def serving(shim: Path, *args: str, env: dict[str, str] | None = None, wait_s: float = 30.0):
+    """Start the fake llama-server ``shim`` on a free port with ``args`` (its flags after -m/--port) and
+    wait for ``/health``; yields the base URL (``http://127.0.0.1:PORT/v1``); stopped on leaving."""
+    import http.client
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    proc = subprocess.Popen([str(shim), "--port", str(port), *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        t0 = time.monotonic()
+        while True:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    break
+            except (OSError, http.client.HTTPException):
+                pass
+            if proc.poll() is not None or time.monotonic() - t0 > wait_s:
+                raise RuntimeError(f"the fake engine did not start (exit {proc.poll()})")
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def alive(pid: int) -> bool:

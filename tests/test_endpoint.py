@@ -4,11 +4,7 @@ kept-alive connections, against the fake engine started with --api-key."""
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import socket
-import subprocess
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -23,34 +19,13 @@ from kvtune.optimizer.workload import load_workload
 KEY = "sk-kvtune-test-9f3c"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server(tmp_path, monkeypatch):
     """The fake llama-server with --api-key KEY: (url, setup paths)."""
     sh = fake_engine.setup(tmp_path, monkeypatch)
-    port = _port()
-    proc = subprocess.Popen([str(sh["llama-server"]), "-m", str(sh["gguf"]), "--port", str(port), "-np", "8",
-                             "-c", "4096", "-cb", "--api-key", KEY], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        t0 = time.monotonic()
-        while True:
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            assert proc.poll() is None and time.monotonic() - t0 < 30, "the fake engine did not start"
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/v1", sh
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with fake_engine.serving(sh["llama-server"], "-m", str(sh["gguf"]), "-np", "8", "-c", "4096", "-cb",
+                             "--api-key", KEY) as url:
+        yield url, sh
 
 
 def _plan(sh, rate: float = 20.0, n: int = 30) -> OpenLoopPlan:
