@@ -93,10 +93,11 @@ class TuneSettings:
     probe_requests: int = 4
     grid_requests: int = 6
     max_nfev: int = 40
-    # steady: the promise is the steady-state goodput (solve's), measured on runs as long as the
-    # simulator says a queue at the check rate takes to show; run: the goodput a run of --run-s
-    # seconds meets (the queue starts empty; the figure kvtune tune promised before 0.2)
-    promise: str = "steady"
+    # run: the goodput a run of --run-s seconds meets from an empty queue (every run reports its
+    # TTFT trend); steady: the steady-state goodput (solve's, robust to the draw), measured on runs as
+    # long as the simulator says a queue at the check rate takes to show (within the budget), kept
+    # only where TTFT does not rise through the 1.0x run
+    promise: str = "run"
 
     def __post_init__(self) -> None:
         if self.max_runs < 1:
@@ -306,7 +307,9 @@ class Tuner:
                      f"({why}); measuring {config_id(runnable[0][0])} as the pick")
             self.notes.append(f"round {n}: the simulator's pick {config_id(pick)} was not measured ({why})")
             out = [("pick", *runnable[0])]
-        rates = (out[0][2], self.s.check_multiplier * out[0][2])
+        # told apart at the rates the pick is measured at: its promise and the check
+        at = out[0][2] if self.s.promise == "steady" or not self.s.near else self._promise(ctx, out[0][1], out[0][2])
+        rates = (at, self.s.check_multiplier * at)
         tell_apart = self.s.near > 0 and all(math.isfinite(r) and r > 0 for r in rates)
         kept = [(out[0][1], self._behaviour(ctx, out[0][1], rates))] if tell_apart else []
         for cfg, g in ranked:
@@ -328,7 +331,7 @@ class Tuner:
 
     def _behaviour(self, ctx, cfg: dict, rates: tuple[float, ...]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per request, TTFT and end-to-end time the simulator gives ``cfg`` on the workload's own
-        draw of a run at each rate: two configs with equal arrays schedule every request alike
+        draw of a run at each rate (the pick's promise and its check): two configs with equal arrays schedule every request alike
         (a chunk budget above every step's tokens, a cap above what the pool admits), and a run
         of one measures the other."""
         from kvtune.costmodel.simulate import simulate
@@ -413,8 +416,8 @@ class Tuner:
         at1 = pj.run_at(1.0) if pj else None
         atc = pj.run_at(self.s.check_multiplier) if pj else None
         target = self.spec.slo.attainment
-        meets = None if at1 is None or at1.attainment is None else \
-            at1.attainment["value"] >= target and not (at1.ttft_trend or {}).get("rising", False)
+        rising = self.s.promise == "steady" and at1 is not None and (at1.ttft_trend or {}).get("rising", False)
+        meets = None if at1 is None or at1.attainment is None else at1.attainment["value"] >= target and not rising
         tight = None if atc is None or atc.attainment is None else atc.attainment["value"] < target
         return RoundRecord(round=n, calibration=self.cal_label, pick=pick, promise_req_s=promise, jobs=tuple(keys),
                            meets=meets, tight=tight, steady_state_req_s=steady[0][2])
@@ -516,8 +519,17 @@ class Tuner:
         rate = self.s.check_multiplier * steady_req_s
         if not (math.isfinite(rate) and rate > 0):
             return self.s.run_s
+        # the pick's runs (its multipliers and the check, about secs each) and the near configs' must fit
+        # the engine time left: a run length the budget cannot hold measures nothing
+        runs = len(set(self.s.pick_multipliers) | {self.s.check_multiplier}) + self.s.near
+        cap_s = max(self.s.run_s, 0.8 * (self.s.max_engine_s - self.engine_s_used) / max(runs, 1))
         secs = self.s.run_s
         while True:
+            if secs > cap_s:
+                self.log(f"  {config_id(cfg)}: the simulator's {self.s.check_multiplier:g}x run still meets the "
+                         f"target after {secs / 2:.0f} s of arrivals; runs capped at {cap_s:.0f} s by the engine-time "
+                         f"budget: the check may not miss within a run (simulated)")
+                return cap_s
             n = self._n_requests(rate, secs)
             reqs = self.spec.requests(n, self.s.seed, rate_req_s=rate)
             res = simulate(ctx.fitting_step(cfg), reqs, sim_config(ctx, cfg), arrival="trace", seed=self.s.seed,

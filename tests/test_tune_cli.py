@@ -272,30 +272,11 @@ def test_vllm_and_sglang_run_through_tune_with_their_real_command_lines(fake, tm
     assert res["jobs"][0]["engine"]["engine"] == engine
 
 
-def _keyed_server(fake, key: str):
-    from kvtune.optimizer.adapters import free_port
-    from kvtune.optimizer.adapters.http import Unreachable, get
-    port = free_port()
-    proc = subprocess.Popen([fake["llama-server"], "-m", fake["gguf"], "-np", "2", "-c", "512", "-kvu", "-t", "1",
-                             "--port", str(port), "--api-key", key], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            get(f"http://127.0.0.1:{port}", "/health")
-            break
-        except Unreachable:
-            time.sleep(0.1)
-    return proc, f"http://127.0.0.1:{port}/v1"
-
-
 def test_a_url_that_wants_a_key_is_one_line_saying_how_to_give_it(fake, tmp_path, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    proc, url = _keyed_server(fake, "sk-test-key")
-    try:
+    with fake_engine.serving(fake["llama-server"], "-m", str(fake["gguf"]), "-np", "2", "-c", "512", "-kvu",
+                             "-t", "1", "--api-key", "sk-test-key") as url:
         code, out = kvtune("tune", fake["workload"], "--url", url, "-o", "out")
-    finally:
-        proc.terminate()
-        proc.wait()
     assert code == 2 and "HTTP 401: it wants an API key (--api-key, or $OPENAI_API_KEY)" in only_error_line(out)
     nothing_written(tmp_path)
 
@@ -304,12 +285,9 @@ def test_a_url_that_wants_a_key_is_one_line_saying_how_to_give_it(fake, tmp_path
 def test_a_url_behind_a_key_is_measured_over_the_chat_api_and_the_key_is_written_nowhere(fake, tmp_path, monkeypatch):
     key = "sk-test-key-7d1e"
     monkeypatch.setenv("OPENAI_API_KEY", key)
-    proc, url = _keyed_server(fake, key)
-    try:
+    with fake_engine.serving(fake["llama-server"], "-m", str(fake["gguf"]), "-np", "2", "-c", "512", "-kvu",
+                             "-t", "1", "--api-key", key) as url:
         code, out = kvtune("tune", fake["workload"], "--url", url, "--api", "chat", *QUICK, "-o", "out")
-    finally:
-        proc.terminate()
-        proc.wait()
     assert code in (0, 1), out
     res = json.loads((tmp_path / "out" / "tune.json").read_text())
     opens = [r for j in res["jobs"] for r in j["runs"] if r["kind"] == "open"]
@@ -317,3 +295,19 @@ def test_a_url_behind_a_key_is_measured_over_the_chat_api_and_the_key_is_written
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "pids"]
     assert written and not [p for p in written if key.encode() in p.read_bytes()]
     assert key not in out
+
+
+@pytest.mark.slow
+def test_a_steady_state_promise_converges_on_the_fake_engine_with_flat_ttft(fake, tmp_path):
+    """--promise steady: the promise is the round's steady-state goodput (solve's), its runs are as
+    long as the simulator's check run needs to miss, and the kept 1.0x run's TTFT does not rise."""
+    code, out = kvtune("tune", *llama_args(fake, *CONVERGE, "--promise", "steady"))
+    assert code == 0, out
+    res = json.loads((tmp_path / "out" / "tune.json").read_text())
+    assert res["status"] == "converged" and res["promise"] == "steady"
+    last = res["rounds"][-1]
+    assert res["promise_req_s"] == last["promise_req_s"] == last["steady_state_req_s"]
+    pick = next(j for j in res["jobs"] if j["key"] == last["jobs"][0])
+    at1 = next(r for r in pick["runs"] if r["kind"] == "open" and r["multiplier"] == 1.0)
+    assert at1["ttft_trend"] is not None and not at1["ttft_trend"]["rising"]
+    assert ", the steady state" in out

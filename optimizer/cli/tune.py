@@ -129,10 +129,11 @@ def _swap_in(tmp: Path, out: Path) -> None:
 @click.option("--rates", type=FloatList(), default="0.8,1.0,1.2", show_default=True, help="Multiples of the promised per-replica goodput "
               "the pick is measured at (the first time it is the pick).")
 @click.option("--check", type=Float(), default="1.3", show_default=True, help="The rate multiple that must miss: the promise is tight.")
-@click.option("--promise", type=Choice(["steady", "run"]), default="steady", show_default=True, help="What the promised "
-              "rate means: steady, the steady-state goodput (solve's), measured on runs as long as the simulator says a "
-              "queue at the --check rate takes to show, and only where TTFT does not rise through the run; run, the "
-              "goodput a run of --run-s seconds meets from an empty queue.")
+@click.option("--promise", type=Choice(["run", "steady"]), default="run", show_default=True, help="What the promised "
+              "rate means: run, the goodput a run of --run-s seconds meets from an empty queue (each run reports whether "
+              "TTFT rose through it); steady, the steady-state goodput (solve's), measured on runs as long as the "
+              "simulator says a queue at the --check rate takes to show (within the budget), kept only where TTFT does "
+              "not rise through the 1.0x run.")
 @click.option("--near", type=Int(0), default="2", show_default=True, help="Configs the simulator ranks next to the pick, measured at "
               "1.0x their promise.")
 @click.option("--max-rounds", type=Int(1), default="5", show_default=True)
@@ -153,7 +154,7 @@ def _swap_in(tmp: Path, out: Path) -> None:
 def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_model, threads, memory_budget_gb,
              calibration, max_runs, max_engine_s, run_s, min_requests, max_requests, warmup, rates, check, near,
              max_rounds, grid, storage, study_name, out, port, startup_timeout_s, request_timeout_s, seed, quiet,
-             api_key, api, promise="steady"):
+             api_key, api, promise="run"):
     """Tune WORKLOAD.yaml on the live engine: solve in simulation, measure the pick and its neighbours
     open-loop, refit, re-solve, until the measured pick keeps its promise (or the budget ends)."""
     from kvtune.costmodel.hardware import resolve_gpu
