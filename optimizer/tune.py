@@ -519,17 +519,21 @@ class Tuner:
         rate = self.s.check_multiplier * steady_req_s
         if not (math.isfinite(rate) and rate > 0):
             return self.s.run_s
-        # the pick's runs (its multipliers and the check, about secs each) and the near configs' must fit
-        # the engine time left: a run length the budget cannot hold measures nothing
-        runs = len(set(self.s.pick_multipliers) | {self.s.check_multiplier}) + self.s.near
-        cap_s = max(self.s.run_s, 0.8 * (self.s.max_engine_s - self.engine_s_used) / max(runs, 1))
+        # the pick's runs (its multipliers and the check; a low rate's run lasts until its --min-requests
+        # have arrived) and one near config's run must fit 0.8 of the engine time left: a run length the
+        # budget cannot hold measures nothing
+        mults = sorted(set(self.s.pick_multipliers) | {self.s.check_multiplier}) + [1.0] * self.s.near
+        room_s = 0.8 * (self.s.max_engine_s - self.engine_s_used)
+
+        def engine_s(secs: float) -> float:
+            return sum(self._n_requests(m * steady_req_s, secs) / (m * steady_req_s) for m in mults)
         secs = self.s.run_s
         while True:
-            if secs > cap_s:
+            if secs > self.s.run_s and engine_s(secs) > room_s:
                 self.log(f"  {config_id(cfg)}: the simulator's {self.s.check_multiplier:g}x run still meets the "
-                         f"target after {secs / 2:.0f} s of arrivals; runs capped at {cap_s:.0f} s by the engine-time "
-                         f"budget: the check may not miss within a run (simulated)")
-                return cap_s
+                         f"target after {secs / 2:.0f} s of arrivals; the engine-time budget holds no longer runs: "
+                         f"the check may not miss within a run (simulated)")
+                return secs / 2
             n = self._n_requests(rate, secs)
             reqs = self.spec.requests(n, self.s.seed, rate_req_s=rate)
             res = simulate(ctx.fitting_step(cfg), reqs, sim_config(ctx, cfg), arrival="trace", seed=self.s.seed,
