@@ -99,8 +99,7 @@ class RunSpec:
             raise InputError(f"--chunk-tokens {self.chunk_tokens!r}: expected a whole number >= 1")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise InputError(f"--threads {self.threads!r}: expected a whole number >= 1")
-        if self.api not in API_PATHS:
-            raise InputError(f"--api {self.api!r}: expected one of {', '.join(API_PATHS)}")
+        self.endpoint()   # the API checked where it is used
 
     def endpoint(self) -> "Endpoint":
         return Endpoint(self.url, self.api_key, self.api)
@@ -291,6 +290,11 @@ class Endpoint:
             c.close()
 
 
+def refused(api_key: str | None) -> str:
+    """Why a server answered 401/403: no key given, or the one given refused."""
+    return "the API key was refused" if api_key else f"it wants an API key (--api-key, or ${API_KEY_ENV})"
+
+
 def server_root(url: "str | Endpoint") -> str:
     """The server root: llama.cpp's /props and /tokenize and vLLM's /version live outside /v1."""
     scheme, host, port, path = _split(url.url if isinstance(url, Endpoint) else url)
@@ -325,9 +329,7 @@ def probe_server(url: "str | Endpoint", timeout_s: float = 10.0) -> ServerInfo:
     except (OSError, http.client.HTTPException) as exc:
         raise InputError(f"cannot reach server at {url}: {_reason(exc)}") from None
     if status in (401, 403):
-        raise InputError(f"server at {url} answered GET /models with HTTP {status}: "
-                         + ("the API key was refused" if ep.api_key else
-                            f"it wants an API key (--api-key, or ${API_KEY_ENV})"))
+        raise InputError(f"server at {url} answered GET /models with HTTP {status}: {refused(ep.api_key)}")
     if status >= 400:
         raise InputError(f"server at {url} answered GET /models with HTTP {status}")
     engine, version = "", ""

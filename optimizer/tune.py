@@ -212,6 +212,7 @@ class Tuner:
         self.timeout_s = settings.request_timeout_s or request_timeout_s(spec)
         self._partial: list[JobRecord] = []   # jobs the budget cut short (reported, not stored)
         self._secs: dict[str, float] = {}     # the round's run length per config (steady-state promises)
+        self._promises: dict[tuple, float] = {}   # _promise per (calibration, config, steady state)
 
     # ---- budget ---------------------------------------------------------------------------------
     @property
@@ -334,12 +335,9 @@ class Tuner:
         draw of a run at each rate (the pick's promise and its check): two configs with equal arrays schedule every request alike
         (a chunk budget above every step's tokens, a cap above what the pool admits), and a run
         of one measures the other."""
-        from kvtune.costmodel.simulate import simulate
-        from .verify import sim_config
         out = []
         for rate in rates:
-            reqs = self.spec.requests(self._n_requests(rate), self.s.seed, rate_req_s=rate)
-            res = simulate(ctx.fitting_step(cfg), reqs, sim_config(ctx, cfg), arrival="trace", seed=self.s.seed)
+            res = self._simulate(ctx, cfg, self.spec.requests(self._n_requests(rate), self.s.seed, rate_req_s=rate))
             out.append((res.ttft_s, res.e2e_s))
         return out
 
@@ -384,14 +382,12 @@ class Tuner:
             cands = [(role, cfg, self._promise(ctx, cfg, g)) for role, cfg, g in steady]
             secs = {}
         role, pick, promise = cands[0]
-        if self.s.promise == "steady":
-            self.log(f"round {n}: pick {config_id(pick)}, promise {promise:.3g} req/s per replica, the steady state "
-                     f"(simulated, calibration {self.cal_label}), measured on runs of {secs[config_id(pick)]:.0f} s"
-                     + "".join(f"; near {config_id(c)} {g:.3g} req/s" for _, c, g in cands[1:]))
-        else:
-            self.log(f"round {n}: pick {config_id(pick)}, promise {promise:.3g} req/s per replica for runs of "
-                     f"{self.s.run_s:g} s (steady state {steady[0][2]:.3g} req/s; simulated, calibration {self.cal_label})"
-                     + "".join(f"; near {config_id(c)} {g:.3g} req/s" for _, c, g in cands[1:]))
+        what = (f", the steady state (simulated, calibration {self.cal_label}), measured on runs of "
+                f"{secs[config_id(pick)]:.0f} s" if self.s.promise == "steady" else
+                f" for runs of {self.s.run_s:g} s (steady state {steady[0][2]:.3g} req/s; simulated, calibration "
+                f"{self.cal_label})")
+        self.log(f"round {n}: pick {config_id(pick)}, promise {promise:.3g} req/s per replica{what}"
+                 + "".join(f"; near {config_id(c)} {g:.3g} req/s" for _, c, g in cands[1:]))
         self._secs = secs
         todo = []
         for role, cfg, g in cands:
@@ -513,8 +509,6 @@ class Tuner:
         lets a queue that grows at the check rate show, so the 1.0x run holding is evidence of a
         steady state, not of an empty queue at the start. Capped where the check run reaches
         ``max_requests`` (the log says the check may not miss within it)."""
-        from kvtune.costmodel.simulate import simulate
-        from .verify import sim_config
         target = self.spec.slo.attainment
         rate = self.s.check_multiplier * steady_req_s
         if not (math.isfinite(rate) and rate > 0):
@@ -535,9 +529,8 @@ class Tuner:
                          f"the check may not miss within a run (simulated)")
                 return secs / 2
             n = self._n_requests(rate, secs)
-            reqs = self.spec.requests(n, self.s.seed, rate_req_s=rate)
-            res = simulate(ctx.fitting_step(cfg), reqs, sim_config(ctx, cfg), arrival="trace", seed=self.s.seed,
-                           warmup_frac=(n - self._counted(rate, secs)) / n)
+            res = self._simulate(ctx, cfg, self.spec.requests(n, self.s.seed, rate_req_s=rate),
+                                 (n - self._counted(rate, secs)) / n)
             if res.slo_attainment < target:
                 return secs
             if self._counted(rate, secs) >= self.s.max_requests:
@@ -557,6 +550,9 @@ class Tuner:
         finite run sees less queueing than the steady state (solve's goodput, over >= 1,000
         requests): promising the steady state on runs of a minute would leave the 1.3x check
         meeting for want of time for the queue to build, not because the model is wrong."""
+        memo = (self.cal_label, config_id(cfg), steady_req_s)   # _candidates asks for the pick's first
+        if memo in self._promises:
+            return self._promises[memo]
         from kvtune.costmodel.goodput import goodput
         from .verify import sim_config
 
@@ -567,7 +563,8 @@ class Tuner:
         n = self._n_requests(steady_req_s)
         g = goodput(ctx.fitting_step(cfg), make, sim_config(ctx, cfg), self.promise_attainment(n),
                     n_requests=n, seed=self.s.seed, rel_tol=0.01, warmup_frac=WARMUP_FRAC, guess_req_s=steady_req_s)
-        return float(g.goodput_req_s) if g.goodput_req_s > 0 else steady_req_s
+        self._promises[memo] = float(g.goodput_req_s) if g.goodput_req_s > 0 else steady_req_s
+        return self._promises[memo]
 
     def promise_attainment(self, n: int) -> float:
         """The attainment a promise is simulated at: the target plus ``PROMISE_MARGIN_SE`` standard
@@ -643,12 +640,16 @@ class Tuner:
                          predicted_attainment=pred_att, predicted=pred, failed=len(run.failures), stopped=stopped,
                          ttft_trend=trend)
 
-    def _predict(self, ctx, cfg: dict, plan) -> tuple[float, dict]:
-        """The simulator on the run's own requests under the round's calibration."""
+    def _simulate(self, ctx, cfg: dict, requests, warmup_frac: float | None = None):
+        """``cfg`` under the round's calibration on ``requests`` at their own arrival times."""
         from kvtune.costmodel.simulate import simulate
         from .verify import sim_config
-        res = simulate(ctx.fitting_step(cfg), plan.requests, sim_config(ctx, cfg), arrival="trace", seed=self.s.seed,
-                       warmup_frac=plan.warmup / len(plan))
+        return simulate(ctx.fitting_step(cfg), requests, sim_config(ctx, cfg), arrival="trace", seed=self.s.seed,
+                        warmup_frac=warmup_frac)
+
+    def _predict(self, ctx, cfg: dict, plan) -> tuple[float, dict]:
+        """The simulator on the run's own requests under the round's calibration."""
+        res = self._simulate(ctx, cfg, plan.requests, plan.warmup / len(plan))
         summ = res.summary()
         return float(res.slo_attainment), {k: summ.get(k, {}) for k in ("ttft_ms", "tpot_ms")}
 

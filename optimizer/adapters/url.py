@@ -13,6 +13,7 @@ import urllib.parse
 from typing import Iterator
 
 from kvtune.optimizer.launch.pick import LaunchPick
+from kvtune.optimizer.profile_run import refused
 
 from .base import Adapter, RunningEngine
 from .engines import EngineKind, EngineReport, detect_kind, model_matches, served_models
@@ -42,8 +43,7 @@ class UrlAdapter(Adapter):
         except Unreachable as exc:
             raise InputError(f"--url {url}: cannot reach the server: {exc}") from None
         if st in (401, 403):
-            raise InputError(f"--url {url}: GET /v1/models answered HTTP {st}: " +
-                             ("the API key was refused" if api_key else "it wants an API key (--api-key, or $OPENAI_API_KEY)"))
+            raise InputError(f"--url {url}: GET /v1/models answered HTTP {st}: {refused(api_key)}")
         if st != 200:
             raise InputError(f"--url {url}: GET /v1/models answered HTTP {st} (not an OpenAI-compatible server?)")
         models = served_models(self.root, timeout_s)
