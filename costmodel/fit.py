@@ -35,7 +35,7 @@ from .request_log import RequestLog
 from .requests import Requests
 from .step import StepModel
 
-__all__ = ["FIT_PARAMS", "FIT_METRICS", "METRICS", "PERCENTILE_METRICS", "PointFit", "FitResult", "RowPredictor", "measured_metrics", "fit_efficiency", "visible_params",
+__all__ = ["FIT_PARAMS", "FIT_METRICS", "METRICS", "PERCENTILE_METRICS", "REQUEST_METRICS", "PointFit", "FitResult", "RowPredictor", "measured_metrics", "request_figures", "metric_of", "fit_efficiency", "visible_params",
            "evaluate", "cross_validate", "mape", "Prior", "NothingToFit", "HOLD_SD_RATIO", "PRIOR_FIGURE_SD_LOG", "HeldOutFold", "cv_key",
            "held_out_folds", "held_out_mape", "extrapolation"]
 
@@ -58,10 +58,22 @@ _VISIBLE_REL = 2e-3  # a parameter is visible if the probe moves some prediction
 # Open-loop rows add their percentiles: the spread is what SLO attainment depends on, and a
 # replay of the run's own arrivals predicts it request by request.
 PERCENTILE_METRICS = ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms")
-METRICS = ("step_ms", "ttft_ms", "tpot_ms", "output_tok_s") + PERCENTILE_METRICS
-# what the fit's objective uses unless told (--fit-metrics): the means, as for closed-loop rows;
-# the percentiles are predicted and reported
+# An open-loop row with a per-request log is also one figure per measured request: that request's
+# TTFT and TPOT, the simulator replaying the very arrivals the engine saw. Past saturation the
+# means hide what decides goodput (which requests queued behind which prefills): on the live
+# llama-server (tests/data/live-llamacpp/README.md) a fit on the means alone left a held-out run
+# at 1.0x its promise 32% low in TPOT p90, one on the requests 20%.
+REQUEST_METRICS = ("request_ttft_ms", "request_tpot_ms")
+METRICS = ("step_ms", "ttft_ms", "tpot_ms", "output_tok_s") + PERCENTILE_METRICS + REQUEST_METRICS
+# what the fit's objective uses unless told (--fit-metrics): the means, as for closed-loop rows,
+# and an open-loop row's requests one by one in place of its TTFT/TPOT means (those and the
+# percentiles are predicted and reported)
 FIT_METRICS = ("step_ms", "ttft_ms", "tpot_ms", "output_tok_s")
+# One run's requests together weigh as much as this many figures per metric (its p50 and p90
+# would be two): a run of 200 requests does not outweigh the closed-loop grid it is fitted with
+REQUEST_FIGURES_PER_RUN = 2.0
+# the mean each request metric stands in for
+_REQUEST_MEAN = {"request_ttft_ms": "ttft_ms", "request_tpot_ms": "tpot_ms"}
 # an open-loop row without a per-request log is simulated with this many Poisson arrivals at its
 # rate (or its num_requests, when more), the first 10% left out as warm-up
 OPEN_LOOP_MIN_REQUESTS = 200
@@ -335,12 +347,16 @@ class RowPredictor:
         req, counted, measured = self.open_loop_requests(row)
         res = simulate(sm, req, self.sim_config(row, row.batch_cap or len(req)), arrival="trace", seed=self.seed,
                        warmup_frac=0.0)
+        each = {f"request_ttft_ms#{j}": float(res.ttft_s[j] * 1e3) for j in np.flatnonzero(measured)}
+        each.update({f"request_tpot_ms#{j}": float(res.tpot_s[j] * 1e3) for j in np.flatnonzero(measured)
+                     if np.isfinite(res.tpot_s[j])})
         ttft = np.asarray(res.ttft_s)[measured] * 1e3
         tpot = np.asarray(res.tpot_s)[measured] * 1e3
         tpot = tpot[np.isfinite(tpot)]
         out = {"ttft_ms": float(ttft.mean()), "output_tok_s": float(res.output_tok_s),
                "ttft_p50_ms": float(np.percentile(ttft, 50)), "ttft_p90_ms": float(np.percentile(ttft, 90)),
-               "attainment": float(np.mean(np.asarray(res.met_slo)[counted])) if counted.any() else math.nan}
+               "attainment": float(np.mean(np.asarray(res.met_slo)[counted])) if counted.any() else math.nan,
+               **(each if row.requests_path() is not None else {})}
         if len(tpot):
             out.update(tpot_ms=float(tpot.mean()), tpot_p50_ms=float(np.percentile(tpot, 50)),
                        tpot_p90_ms=float(np.percentile(tpot, 90)))
@@ -394,8 +410,67 @@ class FitResult:
         return {m: self.mape(after, m) for m in METRICS if any(p.metric == m for p in self.points)}
 
 
+def metric_of(key: str) -> str:
+    """The metric of a target key: a request figure's key is ``request_ttft_ms#17`` (the log's row)."""
+    return key.split("#", 1)[0]
+
+
+def _read_log(row: ProfileRow, cache: dict | None = None) -> RequestLog | None:
+    path = row.requests_path() if row.open_loop else None
+    if path is None:
+        return None
+    from .request_log import read_request_log
+
+    if cache is None:
+        return read_request_log(path)
+    if str(path) not in cache:
+        cache[str(path)] = read_request_log(path)
+    return cache[str(path)]
+
+
+def request_figures(row: ProfileRow, log: RequestLog | None = None) -> dict[str, float]:
+    """An open-loop row's per-request figures (``request_ttft_ms#j``, ``request_tpot_ms#j``, j the
+    log's row): every measured request's TTFT, and its TPOT where it streamed two tokens or more."""
+    log = log if log is not None else _read_log(row)
+    if log is None:
+        return {}
+    out: dict[str, float] = {}
+    for j in np.flatnonzero(log.measured):
+        if np.isfinite(log.ttft_ms[j]) and log.ttft_ms[j] > 0:
+            out[f"request_ttft_ms#{j}"] = float(log.ttft_ms[j])
+    for j in np.flatnonzero(log.measured):
+        if np.isfinite(log.tpot_ms[j]) and log.tpot_ms[j] > 0:
+            out[f"request_tpot_ms#{j}"] = float(log.tpot_ms[j])
+    return out
+
+
 def _targets(rows: Sequence[ProfileRow]) -> list[tuple[int, str, float]]:
-    return [(i, k, v) for i, r in enumerate(rows) for k, v in measured_metrics(r).items()]
+    cache: dict = {}
+    return [(i, k, v) for i, r in enumerate(rows)
+            for k, v in {**measured_metrics(r), **request_figures(r, _read_log(r, cache))}.items()]
+
+
+def _objective(targets: list[tuple[int, str, float]], metrics: Sequence[str]) -> list[tuple[int, str, float]]:
+    """The targets a fit on ``metrics`` minimises: a row's TTFT/TPOT mean gives way to its requests'
+    figures when those are fitted."""
+    per_request = {(i, _REQUEST_MEAN[metric_of(k)]) for i, k, _ in targets if metric_of(k) in _REQUEST_MEAN
+                   and metric_of(k) in metrics}
+    return [t for t in targets if metric_of(t[1]) in metrics and (t[0], t[1]) not in per_request]
+
+
+def _weights(targets: list[tuple[int, str, float]]) -> np.ndarray:
+    """1 per figure; a run's request figures share ``REQUEST_FIGURES_PER_RUN`` per metric."""
+    count: dict[tuple[int, str], int] = {}
+    for i, k, _ in targets:
+        count[(i, metric_of(k))] = count.get((i, metric_of(k)), 0) + 1
+    return np.array([math.sqrt(REQUEST_FIGURES_PER_RUN / count[(i, metric_of(k))]) if metric_of(k) in _REQUEST_MEAN
+                     else 1.0 for i, k, _ in targets])
+
+
+def _point(rows: Sequence[ProfileRow], i: int, k: str, v: float, before: float, after: float) -> "PointFit":
+    r = rows[i]
+    rid = r.id + k[k.index("#"):] if "#" in k else r.id
+    return PointFit(rid, metric_of(k), v, float(before), float(after), r.engine, r.model, r.tp)
 
 
 def _flatten(pred: list[dict[str, float]], targets) -> np.ndarray:
@@ -406,8 +481,7 @@ def evaluate(rows: Sequence[ProfileRow], eff: Efficiency, predict: Callable) -> 
     """Predictions for every measured figure of ``rows`` under ``eff`` (before = after)."""
     t = _targets(rows)
     p = _flatten(predict(list(rows), eff), t)
-    return [PointFit(rows[i].id, k, v, float(x), float(x), rows[i].engine, rows[i].model, rows[i].tp)
-            for (i, k, v), x in zip(t, p)]
+    return [_point(rows, i, k, v, x, x) for (i, k, v), x in zip(t, p)]
 
 
 def _probe_value(name: str, base: float) -> float:
@@ -421,7 +495,7 @@ def visible_params(rows: Sequence[ProfileRow], base: Efficiency, names: Sequence
                    metrics: Sequence[str] | None = None) -> list[str]:
     """Those of ``names`` whose probe (efficiency / 4, overhead + a few ms) moves some predicted
     figure of ``rows`` (of ``metrics``, default all) by more than 0.2%."""
-    targets = [t for t in _targets(rows) if t[1] in (metrics or FIT_METRICS)]
+    targets = _objective(_targets(rows), metrics or FIT_METRICS)
     if not targets:
         return []
     y0 = _flatten(predict(list(rows), base), targets)
@@ -464,7 +538,7 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     for m in metrics or ():
         if m not in METRICS:
             raise InputError(f"calibrate: unknown metric '{m}' (known: {', '.join(METRICS)})")
-    targets = [t for t in all_targets if t[1] in (metrics or FIT_METRICS)]
+    targets = _objective(all_targets, metrics or FIT_METRICS)
     if not targets:
         raise InputError("calibrate: the rows hold no measured figure kvtune can predict (step_ms, ttft/tpot means, output_tok_s)")
     explicit = params is not None
@@ -480,6 +554,7 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
                          f"(need at least {len(names) + 1}); add rows or fit fewer --params")
     base = base.with_params(model_comm=True, name=name)
     meas = np.array([v for _, _, v in targets])
+    weight = _weights(targets)
     y0 = _flatten(predict(rows, base), targets)
     notes = []
     visible = []
@@ -523,7 +598,7 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     n_data = len(targets)
 
     def resid_with(x, loss_now):
-        r = np.log(_flatten(predict(rows, eff_of(x)), targets) / meas)
+        r = weight * np.log(_flatten(predict(rows, eff_of(x)), targets) / meas)
         if not pulls:
             return r
         p = np.array([PRIOR_FIGURE_SD_LOG * (x[i] - c) / w for i, c, w in pulls])
@@ -553,7 +628,7 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
                             max_nfev=max_nfev, loss=loss, f_scale=f_scale)
     eff = eff_of(sol.x)
     data_fun = sol.fun[:n_data]
-    dof = len(targets) - len(visible) + len(pulls)
+    dof = float(np.sum(weight ** 2)) - len(visible) + len(pulls)   # request figures count as their weight
     # sol.cost is the robust cost; with a prior its rows count as observations (dof), and the
     # figures' spread is at least the one the prior assumes
     s2 = float(np.sum(data_fun ** 2) / dof) if dof > 0 else float("nan")
@@ -575,8 +650,7 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
         if x <= x_lo + 1e-6 * (x_hi - x_lo) or x >= x_hi - 1e-6 * (x_hi - x_lo):
             notes.append(f"{n} ended on its bound {x * _SCALE[n]:.4g}: the data push it further than physics allows")
     pred0, pred1 = predict(rows, base), predict(rows, eff)
-    pts = tuple(PointFit(rows[i].id, k, v, float(pred0[i][k]), float(pred1[i][k]), rows[i].engine, rows[i].model,
-                         rows[i].tp) for i, k, v in all_targets)
+    pts = tuple(_point(rows, i, k, v, pred0[i][k], pred1[i][k]) for i, k, v in all_targets)
     if metrics is not None:
         notes.append(f"objective: {', '.join(metrics)} only; other figures are reported, not fitted")
     if pulls and prior is not None:
@@ -584,7 +658,7 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
                      f"{', '.join(visible[i] for i, _, _ in pulls)} pulled with the prior's widths, a figure trusted "
                      f"to {PRIOR_FIGURE_SD_LOG:.0%}")
     return FitResult(eff, tuple(visible), unc, pts, tuple(notes), bool(sol.success), str(sol.message),
-                     int(sol.nfev), float(np.sqrt(np.mean(data_fun ** 2))), corr)
+                     int(sol.nfev), float(np.sqrt(np.sum(data_fun ** 2) / np.sum(weight ** 2))), corr)
 
 
 def _held_by_prior(rows, targets, base: Efficiency, visible: Sequence[str], prior: Prior, predict: Callable,
@@ -605,7 +679,7 @@ def _held_by_prior(rows, targets, base: Efficiency, visible: Sequence[str], prio
             continue
         y1 = _flatten(predict(list(rows), base.with_params(**{n: v1})), targets)
         named.append(n)
-        cols.append(np.log(y1 / y0) / ((v1 - v) / sd))
+        cols.append(_weights(targets) * np.log(y1 / y0) / ((v1 - v) / sd))
     if not named:
         return []
     J = np.column_stack(cols)
