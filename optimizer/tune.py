@@ -48,10 +48,11 @@ from kvtune import __version__
 from kvtune.costmodel.errors import Infeasible, InputError, KvtuneError
 from kvtune.costmodel.fit import FitResult
 from kvtune.costmodel.profile_table import ProfileRow, read_table
+from kvtune.costmodel.request_log import read_request_log
 
 from .adapters import Adapter, RunningEngine
 from .adapters.errors import EngineError
-from .importers import Metadata, rows_to_csv
+from .importers import Metadata, latency_summary, rows_to_csv
 from .output import write_atomic
 from .result import DisaggregatedRecommendation
 from .solve import SolveOptions, solve
@@ -173,6 +174,10 @@ def _machine() -> dict[str, Any]:
 # decode reads (TPOT), prefill arithmetic (TTFT), then the fixed per-step and per-prefill costs
 RESCALE_PARAMS = ("bw_efficiency", "prefill_flops_efficiency", "step_overhead_s", "prefill_overhead_s",
                   "decode_flops_efficiency")
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.0f} ms"
 
 
 def _loadavg() -> float | None:
@@ -609,6 +614,7 @@ class Tuner:
         eng.check_alive()
         fname = "requests/" + rid.replace(":", "_") + ".csv"
         run.write_requests(self.workdir / fname)
+        rep_att, rep = self._replay(ctx, cfg, self.workdir / fname)
         row = run.to_rows(self._meta(eng, cfg, key), fname, row_id=rid, threads=eng.report.threads or self.threads,
                           chunk_tokens=int(cfg["chunk_tokens"]))[0]
         row = self._row_fix(row, eng, cfg, batch_cap=int(cfg["batch_cap"]))
@@ -625,7 +631,11 @@ class Tuner:
                    f"{stopped['counted_planned']} counted requests missed before the end, the target allows " \
                    f"{allowed}; stopped after {stopped['sent']} of {n} sent, {att.met} of {att.n} counted met, " \
                    f"loadavg {load:.2f})"
-        self.log(f"    {mult:g}x = {rate:.3g} req/s: {seen}; predicted {pred_att:.3f} (simulated)"
+        replayed = "" if stopped is None or rep is None else \
+            (f"; replayed on the {len(run.sent)} sent: TTFT p50 {_ms(rep['ttft_ms']['p50'])}, TPOT p50 "
+             f"{_ms(rep['tpot_ms']['p50'])} (simulated) vs {_ms(pct['ttft_ms']['p50'])}, {_ms(pct['tpot_ms']['p50'])} "
+             f"(measured)")
+        self.log(f"    {mult:g}x = {rate:.3g} req/s: {seen}; predicted {pred_att:.3f} (simulated){replayed}"
                  + (f"; {len(run.failures)} failed" if run.failures else "")
                  + (f"; TTFT rose {trend['rise_ms']:.0f} ms through the run ({trend['slope_ms_per_s']:+.1f} ms/s, "
                     f"p {trend['p_value']:.3g}): the queue grew, not a steady state (measured)"
@@ -638,7 +648,7 @@ class Tuner:
                          offered_rate_req_s=run.offered_rate_req_s,
                          goodput_at_rate_req_s=None if stopped else run.offered_rate_req_s * att.value,
                          predicted_attainment=pred_att, predicted=pred, failed=len(run.failures), stopped=stopped,
-                         ttft_trend=trend)
+                         ttft_trend=trend, replayed_attainment=rep_att, replayed=rep)
 
     def _simulate(self, ctx, cfg: dict, requests, warmup_frac: float | None = None):
         """``cfg`` under the round's calibration on ``requests`` at their own arrival times."""
@@ -652,6 +662,22 @@ class Tuner:
         res = self._simulate(ctx, cfg, plan.requests, plan.warmup / len(plan))
         summ = res.summary()
         return float(res.slo_attainment), {k: summ.get(k, {}) for k in ("ttft_ms", "tpot_ms")}
+
+    def _replay(self, ctx, cfg: dict, log_path: Path) -> tuple[float | None, dict | None]:
+        """The simulator on the requests the run really sent, at their send times: attainment over
+        the counted ones, percentiles over the measured ones (the measured figures' own sets)."""
+        log = read_request_log(log_path)
+        if not len(log):
+            return None, None
+        res = self._simulate(ctx, cfg, log.to_requests(), 0.0)
+        out: dict[str, dict] = {}
+        for key, vals in (("ttft_ms", res.ttft_s), ("tpot_ms", res.tpot_s)):
+            v = np.asarray(vals)[log.measured] * 1e3
+            v = v[np.isfinite(v)]
+            mean, p50, p90, p99 = latency_summary(v.tolist()) if len(v) else (None, None, None, None)
+            out[key] = {"mean": mean, "p50": p50, "p90": p90, "p99": p99}
+        met = np.asarray(res.met_slo)[log.counted]
+        return (float(met.mean()) if len(met) else None), out
 
     # ---- the profile grid (no calibration yet) ---------------------------------------------------
     def _grid(self) -> None:

@@ -62,6 +62,11 @@ class RunRecord(_Json):
     failed: int = 0
     stopped: dict | None = None          # open, stopped early: tune.stop_record (the bound its misses proved)
     ttft_trend: dict | None = None       # open: loadgen.OpenLoopRun.ttft_trend (did the queue grow? measured)
+    # open: the simulator on the requests really sent, at their send times, under the round's
+    # calibration (simulated): what ``measured`` is compared with (``predicted`` is the whole plan,
+    # made before the run; a stopped run sent only its first requests)
+    replayed_attainment: float | None = None
+    replayed: dict | None = None
 
 
 @dataclass(frozen=True)

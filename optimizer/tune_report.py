@@ -7,6 +7,7 @@ Every figure names its evidence: ``measured`` (the live engine, with the machine
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,9 @@ def round_table(result: TuneResult) -> list[str]:
             "attainment measured [95% CI] (measured) | TTFT p50/p90 ms simulated | TTFT p50/p90 ms measured | "
             "TPOT p50/p90 ms simulated | TPOT p50/p90 ms measured | goodput at rate req/s (measured) | loadavg 1m |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for j, r in _open_runs(result):
+    for j, r0 in _open_runs(result):
+        # latencies: the simulator on the very requests sent (their send times), the measured set
+        r = dataclasses.replace(r0, predicted=r0.replayed) if r0.replayed else r0
         lines.append(
             f"| {j.round} | {config_id(j.config)} | {j.role} | {_f(r.rate_req_s, '.3g')} ({_f(r.multiplier, 'g')}x) | "
             f"{_f(r.predicted_attainment)} | {_measured_attainment(r)} | "

@@ -79,5 +79,11 @@ def test_an_overloaded_run_stops_early_and_reports_the_bound_its_misses_proved(f
         assert st["attainment_at_most"] == round((st["counted_planned"] - st["misses"]) / st["counted_planned"], 4)
         assert st["attainment_at_most"] < res.target_attainment
         assert r.goodput_at_rate_req_s is None   # no goodput estimated from a stopped run
+        # the simulated latencies beside the measured ones are over the very requests sent, at their
+        # send times (the plan's prediction covers requests never sent)
+        rows = r.requests_csv.strip().splitlines()[1:]
+        assert r.replayed is not None and r.replayed["ttft_ms"]["p50"] > 0
+        assert len(rows) == st["sent"] and r.replayed != r.predicted
     said = [ln for ln in lines if "stopped after" in ln]
     assert said and all("attainment at most" in ln for ln in said), lines
+    assert all("replayed on the" in ln for ln in said), lines
