@@ -465,6 +465,21 @@ class Tuner:
                                            host=self.machine["host"], engine_s=round(time.monotonic() - t0, 2),
                                            runs=tuple(runs), status="budget", error=str(exc), pid=os.getpid()))
             raise
+        except EngineError as exc:
+            if role != "near":
+                self.store.release(key, f"{type(exc).__name__}: {exc}")
+                raise
+            # a config beside the pick that would not start as planned, or failed: the round's answer is
+            # the pick's, so it is recorded as failed (not retried) and the session goes on
+            self.log(f"  {key}: near config not measured: {exc}")
+            self.notes.append(f"round {n}: near config {config_id(cfg)} not measured: {exc}")
+            job = JobRecord(key=key, round=n, role=role, config=dict(cfg), promise_req_s=promise,
+                            calibration=self.cal_label, launch_line=launch, engine=report, host=self.machine["host"],
+                            engine_s=round(time.monotonic() - t0, 2), runs=tuple(runs), status="failed",
+                            error=str(exc), pid=os.getpid())
+            self.store.finish(job)
+            self.jobs[key] = job
+            return
         except BaseException as exc:
             self.store.release(key, f"{type(exc).__name__}: {exc}")
             raise

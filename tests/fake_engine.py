@@ -429,7 +429,11 @@ def main(argv: list[str], style: str) -> int:
         print(f"0.01.467.314 I cmn          init: llama threadpool init, n_threads = {a.threads}", flush=True)
         if a.threads_batch and a.threads_batch != a.threads:
             print(f"0.01.467.315 I cmn          init: llama threadpool init, n_threads = {a.threads_batch}", flush=True)
-        n_ctx_slot = min(S.pool if a.kvu else S.pool // a.slots, N_CTX_TRAIN)
+        n_ctx_seq = S.pool if a.kvu else S.pool // a.slots
+        if n_ctx_seq > N_CTX_TRAIN:   # src/llama-context.cpp, then the server caps the slot (server-context.cpp)
+            print(f"0.00.188.421 W llama_context: n_ctx_seq ({n_ctx_seq}) > n_ctx_train ({N_CTX_TRAIN}) -- possible "
+                  f"training context overflow", flush=True)
+        n_ctx_slot = min(n_ctx_seq, N_CTX_TRAIN)
         print(f"0.01.745.963 I srv    load_model: initializing, n_slots = {a.slots}, n_ctx_slot = {n_ctx_slot}, "
               f"kv_unified = '{'true' if a.kvu else 'false'}'", flush=True)
     else:

@@ -71,6 +71,20 @@ def test_llama_server_starts_from_kvtunes_launch_line_and_is_read_back(shims):
     assert eng.process.returncode() is not None
 
 
+def test_a_buffer_over_the_training_context_is_read_back_whole(shims):
+    """A -c over the model's training context (8,192) with -kvu: llama-server keeps the whole buffer
+    and caps the slot context it logs and serves: the pool is the buffer (on the live server 256
+    slots x 318 tokens, -c 81408, logged n_ctx_slot 8192: a near config failed its start on this)."""
+    ad = llama(shims)
+    cfg = {**CFG, "batch_cap": 256}
+    p = build_pick("smollm2-135m", cfg, 1, 0.05, None, arch=get_model("smollm2-135m"), gpu=resolve_gpu(str(FAKE_CPU)),
+                   weights="q4_1", gpus_per_node=1, max_request_tokens=318)
+    with ad.running(p) as eng:
+        argv = list(eng.plan.argv)
+        ctx = int(argv[argv.index("-c") + 1])   # as many slots as this host's pool holds
+        assert ctx > 8192 and eng.report.pool_tokens == ctx
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_vllm_and_sglang_go_through_the_same_path_with_their_real_command_lines(shims, engine):
     import sys

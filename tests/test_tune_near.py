@@ -36,3 +36,26 @@ def test_chunk_budgets_above_every_step_schedule_alike_and_one_below_does_not(tu
     assert _same_behaviour(wide, tuner._behaviour(ctx, _cfg(8, 4096), rates))
     assert not _same_behaviour(wide, tuner._behaviour(ctx, _cfg(8, 32), rates))   # one prompt per step at most
     assert not _same_behaviour(wide, tuner._behaviour(ctx, _cfg(2, 512), rates))  # fewer slots queue more
+
+
+def test_a_near_config_that_will_not_start_is_recorded_and_the_round_goes_on(tuner, monkeypatch):
+    """On the live server a near config (256 slots) was read back other than planned and the whole
+    session exited 3 after measuring the pick; the answer is the pick's, so a near config's engine
+    failure is a failed job (not retried) and a note, while the pick's still ends the session."""
+    from kvtune.optimizer.adapters.errors import EngineMismatch
+
+    t, ad = tuner, tuner.adapter
+
+    def refuse(pick):
+        raise EngineMismatch("llama.cpp llama-server came up other than planned: KV pool tokens 8192 (planned 81408)")
+    monkeypatch.setattr(ad, "running", refuse)
+    ctx = t._context()
+    cfg = _cfg(8, 1024)
+    t._job("r1:near", 1, "near", cfg, 1.0, (1.0,), ctx)
+    job = t.jobs["r1:near"]
+    assert job.status == "failed" and "came up other than planned" in job.error and not job.runs
+    assert any("near config" in n and "not measured" in n for n in t.notes)
+    assert t._seen(cfg, 2)   # the next round does not start it again
+    with pytest.raises(EngineMismatch):
+        t._job("r1:pick", 1, "pick", cfg, 1.0, (1.0,), ctx)
+    assert "r1:pick" not in t.jobs

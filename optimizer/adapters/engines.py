@@ -172,8 +172,13 @@ class LlamaCpp(EngineKind):
         init = re.search(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(true|false)'", log_text)
         ctx_log = {k: int(v) for k, v in re.findall(r"llama_context:\s+(n_ctx|n_batch)\s+=\s+(\d+)", log_text)}
         pool = ctx_log.get("n_ctx")
+        # a slot context over the model's training context is capped in the init line, not in the
+        # buffer: "n_ctx_seq (S) > n_ctx_train (T)" (src/llama-context.cpp) names the sequence's real
+        # span, the whole buffer with -kvu (256 slots x 318 tokens: S = 81408, the init line 8192)
+        capped = re.search(r"n_ctx_seq \((\d+)\) > n_ctx_train \((\d+)\)", log_text)
         if pool is None and init:
             n, c = int(init.group(1)), int(init.group(2))
+            c = max(c, int(capped.group(1))) if capped else c
             pool = c if init.group(3) == "true" else n * c
         # no log (a server you launched): /props' per-slot n_ctx is the buffer or a slot's share, as
         # -kvu was or was not given, which the server does not say: the pool stays unknown
