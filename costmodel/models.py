@@ -27,7 +27,7 @@ from .files import load_yaml, path_kind, profiles_path, read_text, reading
 from .dtypes import BYTES_PER_ELEMENT
 from .errors import InputError
 
-__all__ = ["ModelArch", "get_model", "list_models", "model_from_config", "catalog_entry", "DTYPE_BYTES"]
+__all__ = ["ModelArch", "get_model", "list_models", "model_from_config", "catalog_entry", "cached_hub_id", "DTYPE_BYTES"]
 
 # Bytes per element of the formats kvtune models (bf16/fp16: 2 bytes; fp8 e4m3/e5m2: 1 byte; GGUF
 # block formats fractional): one home, costmodel.dtypes.
@@ -433,6 +433,17 @@ def _read_config(path: Path) -> dict:
         raise InputError(f"{path}: malformed JSON ({str(exc).splitlines()[0][:80]})") from None
 
 
+def cached_hub_id(path: Path) -> str:
+    """The Hub id whose Hugging Face cache snapshot holds ``path`` (``.../models--ORG--NAME/snapshots/
+    REV/config.json``, the cache layout huggingface_hub documents), '' for any other path."""
+    parts = path.parts
+    if len(parts) >= 4 and parts[-3] == "snapshots" and parts[-4].startswith("models--"):
+        org_name = parts[-4][len("models--"):].split("--")
+        if len(org_name) == 2 and all(org_name):
+            return "/".join(org_name)
+    return ""
+
+
 def get_model(name: str) -> ModelArch:
     """Resolve a catalog short name, a Hugging Face id or a path to config.json."""
     if not name or not str(name).strip():
@@ -444,7 +455,9 @@ def get_model(name: str) -> ModelArch:
             p = p / "config.json"
         if not path_kind(p):
             raise InputError(f"model config {p}: no such file")
-        return model_from_config(_read_config(p), name=p.parent.name or p.stem, where=str(p))
+        hub = cached_hub_id(p)
+        return model_from_config(_read_config(p), name=hub.split("/")[1] if hub else p.parent.name or p.stem,
+                                 hf_id=hub, where=str(p))
     short = _lookup(str(name))
     if short is None:
         raise InputError(f"unknown model '{name}'; use a catalog name ({', '.join(list_models())}), "
