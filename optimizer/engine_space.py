@@ -12,7 +12,9 @@ solve will launch: the workload's ``engine:`` or ``--engine``, vLLM's row when n
 
 Model facts decide too: ``mtp`` needs the model's own multi-token-prediction heads; an EAGLE head
 or draft model resolves to a real checkpoint (``costmodel.checkpoints``) or the workload is refused;
-TensorRT-LLM's FP8 weights need a published ModelOpt checkpoint.
+TensorRT-LLM's FP8 weights need a published ModelOpt checkpoint. A workload's own ``checkpoint:``
+(``optimizer.user_checkpoint``) replaces the catalog's: a GGUF one needs llama.cpp, TensorRT-LLM's
+FP8 a ModelOpt folder, whose KV format (kv_cache_quant_algo) TensorRT-LLM then runs.
 """
 
 from __future__ import annotations
@@ -42,15 +44,53 @@ def _who(caps: Capabilities, named: bool) -> str:
 
 
 def _weights(spec: WorkloadSpec, arch: ModelArch, caps: Capabilities, named: bool, bad: Bad) -> None:
+    if spec.checkpoint is not None:   # the more precise reason first: what the named checkpoint is
+        _checkpoint(spec, caps, named, bad)
     err = caps.weights_error(spec.weights)
     if err:
         hint = "; llama.cpp (engine: llamacpp) loads GGUF" if caps.engine != "llamacpp" else ""
         raise bad("weights", spec.weights, err + hint + _who(caps, named))
+    if spec.checkpoint is not None:
+        return
     if spec.weights == "fp8" and LOADER[caps.engine] == "modelopt" \
             and resolve_weights(arch.hf_id or arch.name, "fp8", "modelopt") is None:
         raise bad("weights", spec.weights, f"{caps.label} loads FP8 weights from a pre-quantized ModelOpt checkpoint "
                                            f"and kvtune's catalog knows none for {arch.name}: quantize it with "
                                            f"NVIDIA ModelOpt and serve that folder, or choose another engine")
+
+
+def _checkpoint(spec: WorkloadSpec, caps: Capabilities, named: bool, bad: Bad) -> None:
+    """The workload's checkpoint: against the engine: a GGUF file or repository loads on llama.cpp
+    only; TensorRT-LLM takes FP8 weights from a ModelOpt checkpoint only (hf_quant_config.json), not
+    from a config.json quantization_config nor by quantizing bf16 while loading."""
+    ck = spec.checkpoint
+    assert ck is not None
+    if ck.gguf and caps.engine != "llamacpp":
+        raise bad(ck.key, ck.given, "a GGUF checkpoint, and kvtune launches GGUF on llama.cpp only "
+                                          "(engine: llamacpp)" + _who(caps, named))
+    if spec.weights == "fp8" and LOADER[caps.engine] == "modelopt" and not ck.holds("fp8", "modelopt"):
+        d = ck.declared
+        held = f"{d.declared} in {d.source}" if d is not None else "not read"
+        raise bad(ck.key, ck.given, f"{caps.label} loads FP8 weights from a pre-quantized ModelOpt checkpoint "
+                                          f"(hf_quant_config.json), and this one declares {held}: quantize it with "
+                                          f"NVIDIA ModelOpt and serve that folder, or choose another engine")
+
+
+def _checkpoint_kv(spec: WorkloadSpec, caps: Capabilities) -> Callable[[str], str | None]:
+    """The KV-dtype refusal with the checkpoint's own KV format: TensorRT-LLM's kv_cache_config dtype
+    auto (what kvtune writes for bf16 KV) takes a ModelOpt checkpoint's kv_cache_quant_algo, so only
+    that format is launched as simulated."""
+    ck = spec.checkpoint
+    kv = ck.declared.kv if ck is not None and ck.declared is not None else ""
+    if not kv or caps.engine != "trtllm":
+        return caps.kv_error
+
+    def error(k: str) -> str | None:
+        if k != kv:
+            return (f"the checkpoint's hf_quant_config.json sets kv_cache_quant_algo {kv.upper()}, which "
+                    f"{caps.label} runs whenever kv_cache_config dtype is auto, so {k} KV is not what it would run")
+        return caps.kv_error(k)
+    return error
 
 
 def _speculative(spec: WorkloadSpec, arch: ModelArch, caps: Capabilities, named: bool, bad: Bad, bad_key: BadKey,
@@ -109,7 +149,7 @@ def for_engine(spec: WorkloadSpec, arch: ModelArch, given_search: Mapping[str, A
     speculative = _speculative(spec, arch, caps, named, bad, bad_key, notes)
     s = spec.search
     gpn = spec.hardware.gpus_per_node
-    kv = _cut("kv_dtype", s.kv_dtype, given, caps.kv_error, bad, notes, suffix)
+    kv = _cut("kv_dtype", s.kv_dtype, given, _checkpoint_kv(spec, caps), bad, notes, suffix)
     tp = _cut("tp", s.tp, given, lambda t: caps.replica_error(t, gpn), bad, notes, suffix)
     kinds = _cut("deployment", s.deployment, given, caps.deployment_error, bad, notes, suffix)
     search = dataclasses.replace(s, kv_dtype=kv, tp=tp, deployment=kinds)

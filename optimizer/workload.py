@@ -1,8 +1,11 @@
 """The workload file: what to serve (model, weights), on what (GPU, price, nodes), the traffic
 (request classes or a trace), the SLOs and the search space. Read and checked in one place.
 
-    model: meta-llama/Llama-3.1-70B-Instruct   # catalog name, HF id, or path to config.json
-    weights: bf16                              # bf16 | fp8
+    model: meta-llama/Llama-3.1-70B-Instruct   # catalog name, HF id (a Hub id outside the catalog: read
+                                               # from the local Hugging Face cache), or path to config.json
+    checkpoint: /models/llama-70b-fp8          # optional: the folder, GGUF file or Hub id the engine loads
+                                               # (optimizer.user_checkpoint: its format fills in weights:)
+    weights: bf16                              # bf16 | fp8 | a GGUF type (default: the checkpoint's, else bf16)
     engine: vllm                               # optional: vllm | sglang | trtllm | llamacpp (default vLLM's
                                                # rules: the search holds what it can launch)
     calibration: h100-sxm                      # optional: calibration file or shipped name
@@ -47,12 +50,14 @@ from kvtune.costmodel.calibration import ENGINES, efficiency_for
 from kvtune.costmodel.errors import InputError, KvtuneError
 from kvtune.costmodel.hardware import load_gpu_file
 from kvtune.costmodel.memory import GPU_MEM_UTIL
-from kvtune.costmodel.models import ModelArch
+from kvtune.costmodel.models import ModelArch, catalog_entry, list_models
 from kvtune.costmodel.step import DRAFT_COST, SPEC_METHOD
 from kvtune.costmodel.traffic import DISTS, MAX_LENGTH_TOKENS, SLO, SLO_ATTAINMENT, LengthDist, RequestClass, Workload
 
 from .engine_space import for_engine
+from .hf_cache import HubFile, hub_cache_dir, hub_file, looks_like_hub_id
 from .traces import read_trace
+from .user_checkpoint import UserCheckpoint, check_architecture, check_weights, hub_checkpoint, read_checkpoint
 from .workload_spec import (DEPLOYMENTS, FORMATS, KV_DTYPES, MAX_GPUS_PER_NODE, MAX_NODES, MAX_SEED, MAX_SPEC_K,
                             MAX_TIME_SCALE, MAX_USD_PER_GPU_HOUR, MIN_RATE_REQ_S, OBJECTIVES, WEIGHT_DTYPES,
                             HardwareSpec, SearchSpec, SpeculativeSpec, WorkloadSpec, _is_int, _is_num, _show)
@@ -151,7 +156,7 @@ class _Reader:
 
 # ---- sections ----------------------------------------------------------------------------------
 
-_TOP = ("model", "weights", "engine", "calibration", "profile", "gpu_mem_util", "hardware", "workload", "slo",
+_TOP = ("model", "weights", "checkpoint", "engine", "calibration", "profile", "gpu_mem_util", "hardware", "workload", "slo",
         "speculative", "objective", "search")
 _LEN_EXTRA = ("min", "max")
 
@@ -430,15 +435,49 @@ def _deployment(r: _Reader, v) -> tuple[str, ...]:
     return tuple(dict.fromkeys(r.choice(k, f"search.deployment[{i}]", DEPLOYMENTS) for i, k in enumerate(kinds)))
 
 
-def _model(r: _Reader, v) -> tuple[str, ModelArch]:
+def _model(r: _Reader, v) -> tuple[str, ModelArch, HubFile | None]:
+    """(the model as solve reads it, its architecture, where a Hub id outside the catalog was found):
+    a catalog name or id, a config.json (or its folder), else a Hub id read from the local Hugging
+    Face cache (``optimizer.hf_cache``; the Hub itself when huggingface_hub is installed and online)."""
     given = r.str_(v, "model")
     p = r.local_path(given, "model")
     model = str(p) if given.endswith(".json") or path_kind(p) else given
     try:
-        arch = get_model(model)
+        return model, get_model(model), None
+    except InputError as exc:
+        if model != given or catalog_entry(given) is not None or not looks_like_hub_id(given):
+            raise r.wrap("model", given, exc) from None
+    found = hub_file(given)
+    if found is None:
+        raise r.bad("model", given, f"not in kvtune's catalog ({', '.join(list_models())}) nor in the local Hugging "
+                                    f"Face cache ({hub_cache_dir()}): fetch its config.json there (huggingface-cli "
+                                    f"download {given} config.json) or give the path to one")
+    try:
+        return str(found.path), get_model(str(found.path)), found
     except InputError as exc:
         raise r.wrap("model", given, exc) from None
-    return model, arch
+
+
+def _checkpoint(r: _Reader, data: dict, hub_model: HubFile | None, given_model: str, arch: ModelArch
+                ) -> tuple[str, UserCheckpoint | None, list[str]]:
+    """(the weights, the workload's checkpoint, notes): ``checkpoint:`` as given, else the Hub id of a
+    model read from the Hugging Face cache (what the engine loads); its declared format fills in or
+    checks ``weights:`` (``optimizer.user_checkpoint``)."""
+    given_w = r.choice(data["weights"], "weights", WEIGHT_DTYPES) if data.get("weights") is not None else None
+    notes: list[str] = []
+    if data.get("checkpoint") is not None:
+        given = r.str_(data["checkpoint"], "checkpoint")
+        ck, notes = read_checkpoint(given, r.local_path(given, "checkpoint"), r.bad)
+    elif hub_model is not None:
+        ck = hub_checkpoint(given_model, hub_model, r.bad, key="model")
+    else:
+        return given_w or "bf16", None, []
+    if hub_model is not None:
+        notes.append(f"model: {given_model} is not in kvtune's catalog: its architecture is read from "
+                     f"{hub_model.path} ({hub_model.how})")
+    weights, ck, more = check_weights(ck, given_w, r.bad)
+    check_architecture(ck, arch, r.bad)
+    return weights, ck, notes + more
 
 
 # A length distribution without max: the share of its requests the context check covers
@@ -521,8 +560,8 @@ def _load_workload_dict(data, path: str = "<dict>", engine_override: str | None 
     if not isinstance(data, dict):
         raise InputError(f"{path}: must be a mapping with keys {', '.join(_TOP)}")
     r.mapping(data, "", _TOP, required=("model", "hardware", "workload", "slo"))
-    model, arch = _model(r, data["model"])
-    weights = r.choice(data.get("weights", "bf16"), "weights", WEIGHT_DTYPES)
+    model, arch, hub_model = _model(r, data["model"])
+    weights, checkpoint, notes = _checkpoint(r, data, hub_model, str(data["model"]).strip(), arch)
     engine = r.choice(data["engine"], "engine", ENGINES) if data.get("engine") is not None else None
     if engine_override is not None and engine_override not in ENGINES:
         raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine_override!r}")
@@ -539,7 +578,8 @@ def _load_workload_dict(data, path: str = "<dict>", engine_override: str | None 
     _check_context(r, workload, arch, data["workload"].get("trace"))
     spec = WorkloadSpec(path=str(path), model=model, weights=weights, engine=engine_override or engine,
                         calibration=calibration, profile=profile, gpu_mem_util=gpu_mem_util, hardware=hardware,
-                        workload=workload, slo=slo, speculative=speculative, objective=objective, search=search)
+                        workload=workload, slo=slo, speculative=speculative, objective=objective, search=search,
+                        checkpoint=checkpoint, notes=tuple(notes))
     return for_engine(spec, arch, data.get("search"), r.bad, r.bad_key)
 
 

@@ -18,6 +18,8 @@ from kvtune.costmodel.requests import Requests
 from kvtune.costmodel.step import DRAFT_COST, SpecConfig
 from kvtune.costmodel.traffic import SLO, Workload
 
+from .user_checkpoint import UserCheckpoint
+
 __all__ = ["WorkloadSpec", "HardwareSpec", "SearchSpec", "SpeculativeSpec", "OBJECTIVES", "KV_DTYPES",
            "WEIGHT_DTYPES", "FORMATS", "DEPLOYMENTS", "MAX_SEED", "MAX_SPEC_K", "MAX_GPUS_PER_NODE", "MAX_NODES",
            "MAX_USD_PER_GPU_HOUR", "MIN_RATE_REQ_S", "MAX_TIME_SCALE"]
@@ -137,6 +139,9 @@ class WorkloadSpec:
     speculative: SpeculativeSpec | None = None
     objective: str = "min_cost"
     search: SearchSpec = field(default_factory=SearchSpec)
+    # the workload's checkpoint: (optimizer.user_checkpoint): what the engines load; None: the
+    # catalog's checkpoints of the model (costmodel.checkpoints)
+    checkpoint: UserCheckpoint | None = None
     # what reading the workload changed and why (options the engine cannot launch, a draft filled
     # in from the catalog: optimizer.engine_space); solve prints them and writes them to the JSON
     notes: tuple[str, ...] = field(default=(), repr=False)
@@ -186,6 +191,8 @@ class WorkloadSpec:
             "search": {"tp": list(s.tp), "batch_cap": list(s.batch_cap), "kv_dtype": list(s.kv_dtype),
                        "spec_k": list(s.spec_k), "chunk_tokens": list(s.chunk_tokens), "trials": s.trials,
                        "seed": s.seed, "deployment": list(s.deployment)},
+            # only where given: a workload without one reads (and digests) as before
+            **({"checkpoint": self.checkpoint.to_json()} if self.checkpoint is not None else {}),
         }
 
 
