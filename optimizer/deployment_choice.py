@@ -209,7 +209,7 @@ def _launch(spec: WorkloadSpec, rec: DisaggregatedRecommendation, ctx: SolveCont
                           gpu=gpu, weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
                           gpus_per_node=spec.hardware.gpus_per_node,
                           max_request_tokens=None if n is None else n.total_tokens,
-                          max_prompt_tokens=None if n is None else n.prompt_tokens)
+                          max_prompt_tokens=None if n is None else n.prompt_tokens, checkpoint=spec.checkpoint)
     targets = PlannerTargets.from_slo(spec.slo, per_unit_goodput_req_s, "one unit (prefill + decode pools)")
     return disaggregated_launch(pick(rec.prefill), pick(rec.decode), f"kvtune-{arch.name}", spec.engine, targets)
 

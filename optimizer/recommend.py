@@ -162,7 +162,7 @@ def _ok(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler
                                weights=spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
                                gpus_per_node=spec.hardware.gpus_per_node, engine=spec.engine,
                                targets=PlannerTargets.from_slo(spec.slo, pick.per_replica_goodput_req_s),
-                               **_lengths(spec)),
+                               checkpoint=spec.checkpoint, **_lengths(spec)),
         notes=tuple(notes),
     )
 

@@ -172,15 +172,17 @@ def launch_settings(model: str, cfg: dict, replicas: int, gpu_mem_util: float, s
                     name: str = "kvtune-llm", *, arch=None, gpu=None, weights: str = "bf16",
                     activation_reserve_bytes: float = 0.0, gpus_per_node: int = 8, engine: str | None = None,
                     prefix_caching: bool = True, max_request_tokens: int | None = None,
-                    max_prompt_tokens: int | None = None, targets: PlannerTargets | None = None) -> dict:
+                    max_prompt_tokens: int | None = None, targets: PlannerTargets | None = None,
+                    checkpoint=None) -> dict:
     """All engines' settings for ``cfg`` = {tp, batch_cap, kv_dtype, spec_k, chunk_tokens} (and
     optionally pp, ep, dp_attention, nodes_per_replica, gpus_per_node). ``arch``/``gpu`` (the
     costmodel records) give the memory plan and the model's facts; ``engine`` picks the one the
     Kubernetes manifest runs (default vLLM); ``max_request_tokens`` / ``max_prompt_tokens`` (the
-    workload's longest request and prompt) size each engine's context (context.py)."""
+    workload's longest request and prompt) size each engine's context (context.py); ``checkpoint``:
+    the workload's ``checkpoint:`` (optimizer.user_checkpoint), which every line loads."""
     p = build_pick(model, cfg, replicas, gpu_mem_util, speculative, arch=arch, gpu=gpu, weights=weights,
                    activation_reserve_bytes=activation_reserve_bytes, gpus_per_node=gpus_per_node,
                    prefix_caching=prefix_caching, max_request_tokens=max_request_tokens,
-                   max_prompt_tokens=max_prompt_tokens)
+                   max_prompt_tokens=max_prompt_tokens, checkpoint=checkpoint)
     return launch_for_pick(p, name, engine, targets)
 

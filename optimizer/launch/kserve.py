@@ -24,7 +24,7 @@ bench/refresh_platform_schemas.py).
 from __future__ import annotations
 
 from . import kubernetes
-from .pick import LaunchPick, Unsupported
+from .pick import LaunchPick, Unsupported, local_folder
 from .platform_argv import PlatformVersion, data_parallel_nodes, safe_name, without_flags
 from .versions import ENGINE_VERSIONS
 from .vllm import vllm_argv
@@ -82,6 +82,7 @@ def llm_inference_service(name: str, serve: LaunchPick | None = None, prefill: L
         if p is not None:
             p.require_launchable("vllm")
     ckpt = vllm_argv(main)[0][2]
+    local_folder(ckpt, "KServe")
     spec: dict = {"model": {"uri": f"hf://{ckpt}", "name": ckpt}, "replicas": main.replicas,
                   "parallelism": _parallelism(main),
                   # KServe's managed route, gateway and inference scheduler (the presets' defaults)

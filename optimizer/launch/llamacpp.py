@@ -32,6 +32,8 @@ def llamacpp_model(c: Checkpoint, flag: str, hub_flag: str) -> tuple[list[str], 
     t = GGUF_TYPES[c.weights]
     if c.kind == "gguf_hub":
         return [hub_flag, c.id], [f"model: {c.repo} publishes {t} GGUF files ({c.source})"]
+    if not c.recipe:   # a GGUF file that exists: the workload's checkpoint
+        return [flag, c.id], [f"model: the {t} GGUF file {c.id} ({c.source})"]
     return [flag, c.id], [f"model: make {c.id} ({t}) from {c.made_from} with llama.cpp's tools: "
                           + " && ".join(c.recipe)]
 

@@ -28,7 +28,7 @@ import math
 import shlex
 
 from .disagg import VLLM_CONNECTOR
-from .pick import LaunchPick, Unsupported
+from .pick import LaunchPick, Unsupported, local_folder
 from .platform_argv import PlatformVersion, data_parallel_nodes, without_flags
 from .versions import ENGINE_VERSIONS
 from .vllm import vllm_argv
@@ -102,6 +102,7 @@ def llmd_values(serve: LaunchPick | None = None, prefill: LaunchPick | None = No
         p.require_launchable("vllm")
     first = roles[0][1]
     ckpt = vllm_argv(first)[0][2]
+    local_folder(ckpt, "the llm-d chart")
     # the model volume: the checkpoint kvtune planned plus a fifth (as kubernetes.pvc), at least 20 GiB
     size_gib = 100 if first.memory is None else max(20, math.ceil(first.memory.weight_bytes_total * 1.2 / 2**30))
     disagg = serve is None

@@ -20,8 +20,11 @@ from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.memory import GPU_MEM_UTIL
 from kvtune.costmodel.step import SPEC_METHOD
 
+from ..user_checkpoint import UserCheckpoint
+
 __all__ = ["LaunchPick", "MemoryFacts", "Unsupported", "SPEC_METHODS", "NGRAM_MATCH_TOKENS",
-           "model_reference", "fp8_checkpoint", "build_pick", "native_fp8", "LOADERS", "draft_reference"]
+           "model_reference", "fp8_checkpoint", "build_pick", "native_fp8", "LOADERS", "draft_reference",
+           "local_folder"]
 
 # speculative.method values kvtune's launch knows (optimizer/workload.py SpeculativeSpec lists them)
 SPEC_METHODS = ("eagle3", "eagle", "medusa", "mtp", "ngram", "draft")
@@ -101,6 +104,8 @@ class LaunchPick:
     max_prompt_tokens: int | None = None    # the longest prompt kvtune simulated, when known
     model_context_tokens: int = 0           # the model's own longest sequence (config.json); 0: not stated
     notes: tuple[str, ...] = field(default=())
+    # the workload's checkpoint: (optimizer.user_checkpoint); ``model`` is then its id
+    user_checkpoint: UserCheckpoint | None = None
 
     @property
     def speculating(self) -> bool:
@@ -135,6 +140,9 @@ class LaunchPick:
         """``Unsupported`` with the capability table's reason (``costmodel.engines.capabilities``)
         when ``engine``'s version cannot launch these weights, this KV dtype or this speculation."""
         caps = CAPABILITIES[engine]
+        ck = self.user_checkpoint
+        if ck is not None and ck.gguf and engine != "llamacpp":
+            raise Unsupported(f"the workload's checkpoint {ck.load.id} is GGUF, which kvtune launches on llama.cpp only")
         why = caps.weights_error(self.weights) or caps.kv_error(self.kv_dtype) \
             or (caps.spec_error(self.spec_method) if self.speculating and self.spec_method else None)
         if why:
@@ -150,10 +158,16 @@ class LaunchPick:
         TensorRT-LLM), else the model itself; '' when no FP8 checkpoint is known."""
         if self.weights != "fp8":
             return self.model
+        if self.user_checkpoint is not None:   # the workload's own: loaded as it is, or quantized while loading
+            return self.model if self.user_checkpoint.holds("fp8", kind) else ""
         return fp8_checkpoint(self.model, kind)
 
     def weights_checkpoint(self, engine: str) -> Checkpoint | None:
-        """What ``engine`` loads for these weights (``costmodel.checkpoints.resolve_weights``)."""
+        """What ``engine`` loads for these weights (``costmodel.checkpoints.resolve_weights``; the
+        workload's GGUF checkpoint as it is)."""
+        ck = self.user_checkpoint
+        if ck is not None and ck.gguf:
+            return ck.load if ck.load.weights == self.weights else None
         return resolve_weights(self.model, self.weights, LOADERS[engine])
 
 
@@ -214,6 +228,14 @@ def draft_reference(method: str | None, draft_model: str | None, arch) -> tuple[
     return ref, "", (f"draft: {ref}" + (f" ({c.source})" if c.source else "") + (f"; {note}" if note else ""))
 
 
+def local_folder(ckpt: str, platform: str) -> None:
+    """``Unsupported`` when ``ckpt`` is a path on this machine: ``platform`` pulls the model by its
+    Hub id (``hf://``), and a folder here is not in its pods."""
+    if ckpt.startswith(("/", ".", "~")):
+        raise Unsupported(f"the checkpoint {ckpt} is a folder on this machine, and {platform} pulls the model "
+                          f"from the Hugging Face Hub (hf://): upload it and set checkpoint: to its Hub id")
+
+
 def gated(model: str) -> bool:
     return model.startswith(_GATED_ORGS)
 
@@ -248,11 +270,16 @@ def _memory(arch, gpu, cfg: dict, weights: str, kv_dtype: str, gpu_mem_util: flo
 def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, speculative: dict | None, *,
                arch=None, gpu=None, weights: str = "bf16", activation_reserve_bytes: float = 0.0,
                gpus_per_node: int = 8, prefix_caching: bool = True,
-               max_request_tokens: int | None = None, max_prompt_tokens: int | None = None) -> LaunchPick:
+               max_request_tokens: int | None = None, max_prompt_tokens: int | None = None,
+               checkpoint: UserCheckpoint | None = None) -> LaunchPick:
     """``cfg``: {tp, batch_cap, kv_dtype, spec_k, chunk_tokens} and optionally pp, ep, dp_attention,
     nodes_per_replica, gpus_per_node; ``speculative``: the workload's ``speculative:`` section ({method, draft_model}) or None; ``arch``/``gpu``: the
-    costmodel records (for the memory plan and the model's facts)."""
-    ref, note = model_reference(model, getattr(arch, "hf_id", "") if arch is not None else "")
+    costmodel records (for the memory plan and the model's facts); ``checkpoint``: the workload's
+    ``checkpoint:``, which every engine then loads instead of ``model``."""
+    if checkpoint is not None:
+        ref, note = checkpoint.load.id, checkpoint.note()
+    else:
+        ref, note = model_reference(model, getattr(arch, "hf_id", "") if arch is not None else "")
     tp, pp = int(cfg["tp"]), int(cfg.get("pp", 1))
     gpn = int(cfg.get("gpus_per_node", gpus_per_node))
     spec_k = int(cfg.get("spec_k") or 0)
@@ -271,4 +298,5 @@ def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, specul
         memory=_memory(arch, gpu, dict(cfg, gpus_per_node=gpn), weights, str(cfg.get("kv_dtype", "bf16")),
                        float(gpu_mem_util), activation_reserve_bytes, speculative),
         max_request_tokens=max_request_tokens, max_prompt_tokens=max_prompt_tokens,
-        model_context_tokens=int(getattr(arch, "max_context_tokens", 0) or 0) if arch is not None else 0)
+        model_context_tokens=int(getattr(arch, "max_context_tokens", 0) or 0) if arch is not None else 0,
+        user_checkpoint=checkpoint)
