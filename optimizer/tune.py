@@ -390,7 +390,8 @@ class Tuner:
                           {"method": s.method, "draft_model": s.draft_model} if s else None, arch=ctx.model,
                           gpu=ctx.gpu, weights=self.spec.weights, activation_reserve_bytes=ctx.eff.activation_reserve_bytes,
                           gpus_per_node=self.spec.hardware.gpus_per_node,
-                          max_request_tokens=max_request_tokens(self.spec, ctx.model.max_context_tokens or None))
+                          max_request_tokens=max_request_tokens(self.spec, ctx.model.max_context_tokens or None),
+                          checkpoint=self.spec.checkpoint)
 
     def _round(self, n: int) -> RoundRecord:
         ctx = self._context()

@@ -404,3 +404,27 @@ def test_the_shipped_workload_schema_knows_the_key():
     v = jsonschema.Draft202012Validator(schema)
     assert list(v.iter_errors(_wl(checkpoint="/models/llama-2-70b-fp8", weights="fp8"))) == []
     assert list(v.iter_errors(_wl(checkpoint=["not", "a", "string"])))
+
+
+def test_tune_launches_the_workloads_checkpoint(tmp_path, monkeypatch):
+    """kvtune tune builds its engine starts from the same pick as solve: the checkpoint goes with it."""
+    import yaml
+
+    import fake_engine
+    from kvtune.optimizer.adapters import LocalAdapter
+    from kvtune.optimizer.search import make_storage
+    from kvtune.optimizer.tune import Tuner, TuneSettings
+    from kvtune.optimizer.tune_store import TuneStore
+    from kvtune.optimizer.workload import load_workload
+
+    sh = fake_engine.setup(tmp_path, monkeypatch)
+    w = yaml.safe_load(Path(sh["workload"]).read_text())
+    w["checkpoint"] = str(_gguf(tmp_path / "mine-Q4_1.gguf", 3))   # general.file_type 3: Q4_1
+    path = _write(tmp_path, w, "tune.yaml")
+    ad = LocalAdapter("llamacpp", binary=str(sh["llama-server"]), model=str(sh["gguf"]), threads=1, log_dir=sh["logs"])
+    (tmp_path / "w").mkdir()
+    t = Tuner(load_workload(path), ad, TuneSettings(calibration="ideal"),
+              TuneStore(make_storage(f"journal:{tmp_path / 'j.journal'}"), "s", "d"), tmp_path / "w", lambda s: None, 1)
+    pick = t._pick(t._context(), {"tp": 1, "batch_cap": 4, "kv_dtype": "fp16", "spec_k": 0, "chunk_tokens": 512})
+    assert t.spec.checkpoint is not None and pick.user_checkpoint == t.spec.checkpoint
+    assert pick.model == w["checkpoint"]   # what the engine loads
