@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Mapping, Protocol, TypeVar, get_args, get_origin, get_type_hints, runtime_checkable
+from typing import (TYPE_CHECKING, Any, ClassVar, Mapping, Protocol, TypeVar, get_args, get_origin, get_type_hints,
+                    runtime_checkable)
 
 from .disagg import DisaggCandidate, PoolChoice
+
+if TYPE_CHECKING:
+    from .plan import PlanFile
 
 __all__ = ["SolveResult", "TrialCounts", "VerificationCounts", "Recommendation", "DisaggregatedRecommendation",
            "Predicted", "Screened", "Cost", "StepTerms", "Bottleneck", "ParetoPoint", "VerifiedRow", "RaceRow",
@@ -489,6 +493,7 @@ class SolveResult:
     deployment: DeploymentChoice | None = None
     engine: str | None = None                   # the engine whose launch line is printed (None: vLLM's)
     report: str | None = None                   # report.md's path (--report)
+    plan: PlanFile | None = None                # the request plan --plan wrote and the command replaying it
 
     def to_json(self) -> JsonObject:
         """The ``--json`` object, keys in the order the answer is built: the provenance, then the
@@ -532,6 +537,7 @@ class SolveResult:
         _put(out, "deployment", self.deployment)
         out["engine"] = self.engine
         _put(out, "report", self.report)
+        _put(out, "plan", self.plan)
         return out
 
     @classmethod
@@ -558,7 +564,12 @@ class SolveResult:
             headroom=_num(d.get("headroom")), pareto=rows("pareto", ParetoPoint.from_json),
             launch=d.get("launch"), notes=opt("notes", tuple), gpu_choice=rows("gpu_choice", GpuChoiceRow.from_json),
             launch_aggregated=d.get("launch_aggregated"), deployment=opt("deployment", DeploymentChoice.from_json),
-            engine=d.get("engine"), report=d.get("report"))
+            engine=d.get("engine"), report=d.get("report"), plan=opt("plan", _plan_file))
+
+
+def _plan_file(d: Mapping[str, Any]) -> PlanFile:
+    from .plan import PlanFile   # the plan module reads the load driver's records: loaded when a plan is read
+    return PlanFile.from_json(d)
 
 
 @runtime_checkable

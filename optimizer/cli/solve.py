@@ -20,6 +20,7 @@ from kvtune.optimizer.storage import check_shared_storage
 
 from ._common import MAX_SEED, STDOUT, Choice, check_json_dest, check_output_folder, dumps, json_document, \
     json_option, output_folder, parse_int, write_atomic
+from ._plan import check_plan_dest, plan_lines, plan_option, write_plan
 
 if TYPE_CHECKING:
     from kvtune.optimizer.result import SolveResult
@@ -164,6 +165,7 @@ class _Progress:
 @json_option(dest="json_path", help="Write the result object to PATH (atomically); '-' or no PATH: to stdout, JSON "
              "only, and the summary goes to stderr (kvtune solve W --json - | jq .recommendation).")
 @click.option("--report", "report_dir", default=None, help="Write report.md and plots to this folder.")
+@plan_option()
 @click.option("--quiet", is_flag=True, help="No progress bar; only the summary.")
 @click.option("--jobs", type=_Int(1), default=None,
               help="Processes simulating on this machine (default: 2, or 1 on a one-core machine).")
@@ -174,7 +176,7 @@ class _Progress:
 def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str, storage: str | None,
               study_name: str | None, verify_top: int | None, calibration: str | None, engine: str | None,
               profile: str | None, json_path: str | None, report_dir: str | None, quiet: bool, jobs: int | None,
-              workers: int | None) -> None:
+              workers: int | None, plan_path: str | None = None) -> None:
     """Search serving configs for WORKLOAD.yaml and recommend the cheapest that meets its SLOs."""
     from kvtune.optimizer.solve import Progress, SolveOptions, solve
     from kvtune.optimizer.workload import load_workload
@@ -187,6 +189,9 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
         import os
         n_jobs = min(2, os.cpu_count() or 1) if n_workers == 1 else 1
     check_json_dest(json_path)
+    if plan_path == STDOUT and json_path == STDOUT:
+        raise InputError("--plan - and --json - both write to stdout: give one of them a file")
+    check_plan_dest(plan_path)
     if report_dir:
         from kvtune.optimizer.report import require_matplotlib
         require_matplotlib()
@@ -205,15 +210,42 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
                                                    on_stage=progress.stage, on_phase=progress.phase))
         if report_dir:
             progress.phase("report: plots and report.md")
+        result, plan_failed = _write_plan(result, spec, plan_path)
         result, failed = _write_outputs(result, spec, report_dir, json_path, storage,
                                         overrides=(calibration, engine, profile))
+        failed = plan_failed or failed
     finally:
         progress.close()
-    click.echo(summary_text(result, storage), err=json_path == STDOUT)   # stdout holds the JSON alone
+    to_stderr = STDOUT in (json_path, plan_path)
+    click.echo(summary_text(result, storage), err=to_stderr)   # stdout holds the JSON (or the plan) alone
+    if result.plan is not None:
+        rec = result.recommendation
+        click.echo("\n".join(plan_lines(result.plan, getattr(rec, "units", None) or getattr(rec, "replicas", None))),
+                   err=True)
+    elif plan_path and not plan_failed:
+        click.echo("note: no plan written: there is no pick whose requests to write", err=True)
     if failed:  # the answer is printed above whatever became of the files
         raise failed
     if result.status != "ok":
         raise Infeasible(f"no configuration meets the SLOs: {result.reason}")
+
+
+def _write_plan(result: SolveResult, spec, plan_path: str | None) -> tuple[SolveResult, InputError | None]:
+    """``--plan``: the pick's judged requests (``optimizer.plan.solve_plan``) written, recorded in the
+    result; a file that cannot be written is returned (the answer is still printed), as ``--json``'s."""
+    if not plan_path:
+        return result, None
+    from kvtune.optimizer.plan import solve_plan
+    made = solve_plan(spec, result)
+    if made is None:
+        return result, None
+    eng = result.engine or spec.engine or "vllm"
+    argv = ((result.launch or {}).get("argv") or {}).get(eng) or [None]
+    try:
+        pf = write_plan(plan_path, made, spec.model, eng, argv[0])
+    except InputError as exc:
+        return result, exc
+    return dataclasses.replace(result, plan=pf), None
 
 
 def _write_outputs(result: SolveResult, spec, report_dir: str | None, json_path: str | None,

@@ -17,7 +17,8 @@ import click
 from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import Infeasible, InputError
 
-from ._common import Choice, Float, FloatList, Int, endpoint_options, parse_int
+from ._common import STDOUT, Choice, Float, FloatList, Int, endpoint_options, parse_int
+from ._plan import check_plan_dest, plan_lines, plan_option, write_plan
 
 __all__ = ["tune_cmd", "COMMANDS"]
 
@@ -150,11 +151,15 @@ def _swap_in(tmp: Path, out: Path) -> None:
               "longest request's SLO budget, within 10-300 s: an overloaded run ends instead of draining).")
 @click.option("--seed", type=Int(0), default="0", show_default=True, help="The runs' request draw (the simulator's own for that rate).")
 @click.option("--quiet", is_flag=True, help="Only the closing summary.")
+@plan_option("Write the requests the final pick was measured on at its promise (the open-loop run: arrival times, "
+             "input/output lengths, shared-prefix blocks) to FILE as Mooncake trace JSONL, which AIPerf replays "
+             "(--custom-dataset-type mooncake_trace --fixed-schedule; the command is printed); '-': stdout, and "
+             "the human text goes to stderr.")
 @endpoint_options
 def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_model, threads, memory_budget_gb,
              calibration, max_runs, max_engine_s, run_s, min_requests, max_requests, warmup, rates, check, near,
              max_rounds, grid, storage, study_name, out, port, startup_timeout_s, request_timeout_s, seed, quiet,
-             api_key, api, promise="run"):
+             api_key, api, promise="run", plan_path=None):
     """Tune WORKLOAD.yaml on the live engine: solve in simulation, measure the pick and its neighbours
     open-loop, refit, re-solve, until the measured pick keeps its promise (or the budget ends)."""
     from kvtune.costmodel.hardware import resolve_gpu
@@ -176,6 +181,7 @@ def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_mode
         if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     port_v = parse_int(port, "--port", 1, 65535) if port is not None else None
     startup = _float(startup_timeout_s, "--startup-timeout-s") or 0.0
+    check_plan_dest(plan_path)   # before anything starts: a session takes minutes
     spec = load_workload(workload, engine)   # its search space cut to what the engine can launch
     check_tunable(spec)   # what one live engine cannot measure is refused before anything starts
     cal = calibration if calibration is not None else spec.calibration
@@ -221,12 +227,31 @@ def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_mode
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     from kvtune.optimizer.tune_report import round_table, summary_lines
-    click.echo("\n".join(round_table(result)))
-    click.echo("\n".join(summary_lines(result, str(out_dir))))
+    click.echo("\n".join(round_table(result)), err=plan_path == STDOUT)   # stdout holds the plan alone
+    click.echo("\n".join(summary_lines(result, str(out_dir))), err=plan_path == STDOUT)
+    if plan_path:
+        _tune_plan(result, spec, settings.seed, plan_path, out_dir)
     if result.status == "infeasible":
         raise Infeasible(result.reason)
     if result.status != "converged":
         sys.exit(1)
+
+
+def _tune_plan(result, spec, seed: int, plan_path: str, out_dir: Path) -> None:
+    """``--plan``: the final pick's run at its promise (``optimizer.plan.tune_plan``), written after the
+    session's results (a plan that cannot be written is an error; ``out_dir`` holds the session)."""
+    from kvtune.optimizer.launch import argv_of
+    from kvtune.optimizer.plan import tune_plan
+    made = tune_plan(spec, result, seed)
+    if made is None:
+        click.echo("note: no plan written: the session measured no run of its pick at the promise", err=True)
+        return
+    argv = argv_of(result.launch_line) if result.launch_line else None
+    try:
+        pf = write_plan(plan_path, made, spec.model, result.engine or spec.engine or "llamacpp", argv)
+    except InputError as exc:
+        raise InputError(f"{exc} (the session's results are in {out_dir})") from None
+    click.echo("\n".join(plan_lines(pf)), err=True)
 
 
 def _write(result, tmp: Path, out_dir: Path) -> None:
