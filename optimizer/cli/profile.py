@@ -3,6 +3,7 @@ live OpenAI-compatible server. Both write the profile table format (profiles/REA
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import click
 
 from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.profile_table import ProfileRow, read_table
+from kvtune.optimizer.aiperf_records import FORMAT as RECORDS_FORMAT
 from kvtune.optimizer.importers import FORMATS, Metadata, import_files, rows_to_csv
 
 from ._common import Choice, check_output_path, echo_table, endpoint_options, parse_int_list, save_or_show, write_atomic
@@ -92,26 +94,103 @@ def profile_group():
 @profile_group.command("import")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Profile table to write (CSV).")
-@click.option("--format", "fmt", type=Choice(FORMATS), default=None,
+              help="Profile table to write (CSV); an AIPerf per-request export's log goes beside it.")
+@click.option("--format", "fmt", type=Choice((*FORMATS, RECORDS_FORMAT)), default=None,
               help="Input format (default: detected from content).")
+@click.option("--plan", "plan_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="The plan an AIPerf per-request export (profile_export.jsonl) replayed (kvtune solve/tune --plan): "
+                   "each request gets its planned lengths, prefix, SLO and warm-up, and the simulator's figures on "
+                   "the plan are printed beside the measured ones.")
 @_meta_options
 def import_cmd(files: tuple[Path, ...], output: Path, fmt: str | None, model: str | None, gpu: str | None,
                tp: int | None, engine: str | None, engine_version: str | None, weight_dtype: str | None,
-               kv_dtype: str | None, source: str | None) -> None:
+               kv_dtype: str | None, source: str | None, plan_path: Path | None = None) -> None:
     """Convert vLLM, SGLang, genai-perf, AIPerf or LLMPerf results to one profile table.
 
     Values in a file win; the flags fill what a file does not record. A bad file stops the whole
-    import and nothing is written.
+    import and nothing is written. An AIPerf per-request export (profile_export.jsonl) becomes an
+    open-loop row with its per-request log, as kvtune profile open-loop writes.
     """
+    from kvtune.optimizer.aiperf_records import is_profile_export
+
     meta = Metadata(model=model, gpu=gpu, tp=tp, engine=engine, engine_version=engine_version,
                     weight_dtype=weight_dtype, kv_dtype=kv_dtype, source=source)
     check_output_path(output, "-o")
-    rows = import_files(files, fmt, meta)
+    per_request = [f for f in files if fmt == RECORDS_FORMAT or (fmt is None and is_profile_export(f))]
+    summaries = [f for f in files if f not in per_request]
+    if plan_path is not None and not per_request:
+        raise InputError(f"--plan {plan_path}: applies to AIPerf per-request exports (profile_export.jsonl); none "
+                         f"among the files given")
+    rows = import_files(summaries, fmt, meta) if summaries else []
+    replayed = _PerRequest(per_request, plan_path, meta, model)
+    rows += replayed.rows(output)
+    if len({r.id for r in rows}) < len(rows):
+        raise InputError("two inputs give the same row id (two files of one name?): import them one at a time")
+    replayed.write_logs(output)
     write_atomic(output, rows_to_csv(rows))
     _summary(rows)
-    _unknown_note(rows, meta)
+    replayed.echo()
+    _unknown_note(rows, meta.fill(replayed.planned))
     click.echo(f"wrote {len(rows)} rows to {output}", err=True)
+
+
+class _PerRequest:
+    """``profile import``'s AIPerf per-request exports (``optimizer.aiperf_records``): each an open-loop
+    run, matched to ``--plan`` when given; its row names its per-request log, written beside the
+    table. The row's metadata: the flags, then the pick the plan was made for."""
+
+    def __init__(self, paths: list[Path], plan_path: Path | None, meta: Metadata, model: str | None):
+        from kvtune.optimizer.aiperf_records import read_profile_export
+        from kvtune.optimizer.plan import read_plan
+
+        self.read = read_plan(plan_path) if plan_path is not None and paths else None
+        self.header = (self.read.header or {}) if self.read is not None else {}
+        self.pick = self.header.get("pick") or {}
+        p = self.pick
+        planned = Metadata(model=p.get("model"), gpu=p.get("gpu"), tp=p.get("tp"), engine=p.get("engine"),
+                           weight_dtype=p.get("weights"), kv_dtype=p.get("kv_dtype"))
+        self.planned = planned
+        plan = self.read.plan if self.read is not None else None
+        self.runs = []
+        for path in paths:
+            how = f", replaying {plan_path.name}" if plan_path is not None else ""
+            m = meta.fill(planned).fill(Metadata(source=f"aiperf per-request export: {path.name}{how}"))
+            self.runs.append((path, read_profile_export(path, plan, model or p.get("model") or ""), m))
+
+    def _side(self, output: Path, path: Path) -> str:
+        return f"{output.stem}.{path.stem}.requests.csv"
+
+    def rows(self, output: Path) -> list[ProfileRow]:
+        out = []
+        for path, run, m in self.runs:
+            row = run.to_rows(m, self._side(output, path), row_id=f"{path.stem}:requests",
+                              chunk_tokens=self.pick.get("chunk_tokens"))[0]
+            cap = self.pick.get("batch_cap")
+            out.append(dataclasses.replace(row, batch_cap=cap) if cap and row.batch_cap is None else row)
+        return out
+
+    def write_logs(self, output: Path) -> None:
+        for path, run, _ in self.runs:
+            run.write_requests(output.parent / self._side(output, path))
+
+    def echo(self) -> None:
+        pred = self.header.get("predicted")
+        for _, run, _ in self.runs:
+            _echo_open_loop(run)
+            if pred:
+                whole = self.header.get("requests")
+                part = "" if len(run.sent) == whole else (f" (over all {whole} of the plan's requests; the export "
+                                                          f"holds {len(run.sent)})")
+                click.echo("  " + _predicted_line(pred) + part, err=True)
+
+
+def _predicted_line(pred: dict) -> str:
+    def q(key: str) -> str:
+        d = pred.get(key) or {}
+        return "/".join("-" if d.get(s) is None else f"{d[s]:.0f}" for s in ("p50", "p90", "p99"))
+    att = pred.get("slo_attainment")
+    return (f"predicted (simulated on the plan): attainment {'-' if att is None else f'{att:.3f}'}  TTFT p50/p90/p99 "
+            f"{q('ttft_ms')} ms  TPOT {q('tpot_ms')} ms")
 
 
 @profile_group.command("run")
@@ -224,6 +303,53 @@ def open_loop_cmd(workload: Path, url: str, model: str, rates: str, n_requests: 
     click.echo(f"wrote {len(rows) - len(old)} rows to {output}" + (f" (after {len(old)} kept)" if old else ""), err=True)
 
 
+@profile_group.command("replay")
+@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1.")
+@click.option("--model", "model", required=True, help="Model name: sent as 'model' and written to the table.")
+@click.option("--requests", "n_requests", type=click.IntRange(1), default=None,
+              help="Send only the plan's first N requests (in arrival order; default: all of them), the same share "
+                   "of them warm-up as of the whole plan.")
+@click.option("--timeout-s", type=float, default=600.0, show_default=True, help="Per-request timeout.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Profile table to write; the run's per-request log goes beside it.")
+@_engine_options
+@endpoint_options
+def replay_cmd(plan_path: Path, url: str, model: str, n_requests: int | None, timeout_s: float, output: Path,
+               append: bool, gpu: str | None, tp: int | None, engine: str | None, engine_version: str | None,
+               weight_dtype: str | None, kv_dtype: str | None, chunk_tokens: int | None, threads: int | None,
+               api_key: str | None, api: str) -> None:
+    """Send PLAN's requests (kvtune solve/tune --plan, or any Mooncake trace JSONL) at their own times,
+    open-loop, with kvtune's driver: one row with its per-request log, as profile open-loop writes."""
+    from kvtune.optimizer.loadgen import run_open_loop
+    from kvtune.optimizer.plan import first_of_plan, read_plan
+    from kvtune.optimizer.profile_run import Endpoint
+
+    if not timeout_s > 0:
+        raise InputError(f"--timeout-s: {timeout_s} must be > 0")
+    rp = read_plan(plan_path)
+    plan = rp.plan if n_requests is None else first_of_plan(rp.plan, n_requests)
+    check_output_path(output, "-o")  # before the run: it takes minutes
+    old: list[ProfileRow] = read_table(output) if append and output.exists() else []
+    cmd = ["kvtune", "profile", "replay", str(plan_path), "--url", url, "--model", model] \
+        + (["--requests", str(n_requests)] if n_requests is not None else []) \
+        + (["--api", api] if api != "completions" else [])
+    pick = (rp.header or {}).get("pick") or {}
+    meta = _run_metadata(cmd, gpu=gpu, tp=tp, engine=engine, engine_version=engine_version, weight_dtype=weight_dtype,
+                         kv_dtype=kv_dtype, chunk_tokens=chunk_tokens, threads=threads)
+    run = run_open_loop(Endpoint(url, api_key or None, api), model, plan, timeout_s=timeout_s)
+    side = f"{output.stem}.{plan_path.stem}-{len(old)}.requests.csv"
+    run.write_requests(output.parent / side)
+    rows = old + run.to_rows(meta, side, row_id=f"replay:{plan_path.stem}-{len(old)}", threads=threads,
+                             chunk_tokens=chunk_tokens or pick.get("chunk_tokens"))
+    save_or_show(output, rows_to_csv(rows), "-o")
+    _echo_open_loop(run)
+    pred = (rp.header or {}).get("predicted")
+    if pred and len(plan) == len(rp.plan):
+        click.echo("  " + _predicted_line(pred), err=True)
+    click.echo(f"wrote 1 row to {output}" + (f" (after {len(old)} kept)" if old else ""), err=True)
+
+
 def _echo_open_loop(run) -> None:
     att, pct = run.attainment(), run.percentiles()
 
@@ -231,12 +357,14 @@ def _echo_open_loop(run) -> None:
         return "/".join("-" if pct[key][s] is None else f"{pct[key][s]:.0f}" for s in ("p50", "p90", "p99"))
 
     fails = f"  {len(run.failures)} failed ({run.failures[0].error})" if run.failures else ""
+    load = f"loadavg {run.load.mean_1m:.2f} (max {run.load.max_1m:.2f})" if run.load.mean_1m == run.load.mean_1m \
+        else "loadavg not recorded"   # an imported run (AIPerf's export) has no load record
     if run.cached_beyond_prefix:
         fails += (f"  warning: {len(run.cached_beyond_prefix)} requests took more than their shared prefix from "
                   f"the server's cache")
     click.echo(f"rate {run.rate_req_s:g} req/s (sent {run.offered_rate_req_s:.3g})  attainment {att.value:.3f} "
                f"[{att.lo:.3f}, {att.hi:.3f}] over {att.n} ({att.warmup_excluded} warm-up out)  TTFT p50/p90/p99 "
-               f"{q('ttft_ms')} ms  TPOT {q('tpot_ms')} ms  loadavg {run.load.mean_1m:.2f} (max {run.load.max_1m:.2f})"
+               f"{q('ttft_ms')} ms  TPOT {q('tpot_ms')} ms  {load}"
                f"  {run.duration_s:.0f} s{fails}", err=True)
 
 
