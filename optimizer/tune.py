@@ -255,12 +255,12 @@ class Tuner:
     def run(self) -> TuneResult:
         self.jobs.update(self.store.done())
         status, reason = "rounds", f"no pick kept its promise within {self.s.max_rounds} rounds"
+        n = 0
         try:
             gridded = False
             if self.s.grid if self.s.grid is not None else self.calibration is None:
                 self._grid()
                 gridded = True
-            n = 0
             while n < self.s.max_rounds:
                 n += 1
                 try:
@@ -285,7 +285,7 @@ class Tuner:
         except (BudgetSpent, Unmeasurable) as exc:
             status, reason = ("budget" if isinstance(exc, BudgetSpent) else "unmeasurable"), str(exc)
             with contextlib.suppress(KvtuneError):
-                self._refit(len(self.rounds))
+                self._refit(n)   # the round cut short: its finished jobs count
         except Infeasible as exc:
             status, reason = "infeasible", str(exc)
         return self._result(status, reason)
@@ -431,6 +431,12 @@ class Tuner:
             if all(k in self.jobs for k in keys):
                 break
         pj = self.jobs.get(keys[0])
+        if pj is not None and pj.promise_req_s is not None and not math.isclose(pj.promise_req_s, promise, rel_tol=1e-6):
+            # measured before (a resumed session) at the promise its round made then: the runs are at
+            # multiples of that rate, so it is the round's promise
+            self.log(f"  {keys[0]}: measured at a promise of {pj.promise_req_s:.3g} req/s per replica "
+                     f"(calibration {pj.calibration}); the round's promise is the measured one")
+            promise = pj.promise_req_s
         at1 = pj.run_at(1.0) if pj else None
         atc = pj.run_at(self.s.check_multiplier) if pj else None
         target = self.spec.slo.attainment
@@ -788,12 +794,14 @@ class Tuner:
     def rows(self) -> list[ProfileRow]:
         return read_table(self._table()) if any(j.runs for j in self.jobs.values()) else []
 
-    def _epoch(self, rows: list[ProfileRow]) -> tuple[list[ProfileRow], list[str]]:
-        """The rows measured since the machine last drifted, and the drift lines. The speed probes
-        at each engine start (one host's, in order) are the same point measured again: where two in
-        a row differ beyond noise (``loadgen.drift``), the fit starts at the later one's job."""
+    def _epoch(self, rows: list[ProfileRow], upto: int) -> tuple[list[ProfileRow], list[str]]:
+        """The rows of rounds up to ``upto`` measured since the machine last drifted, and the drift
+        lines. The speed probes at each engine start (one host's, in order) are the same point
+        measured again: where two in a row differ beyond noise (``loadgen.drift``), the fit starts at
+        the later one's job. A resumed session's storage holds later rounds too: round n's fit is
+        the one it had when it ran, so round n+1 re-solves as it did."""
         from .loadgen import drift
-        order = sorted(self.jobs.values(), key=lambda j: (j.round, j.key))
+        order = sorted((j for j in self.jobs.values() if j.round <= upto), key=lambda j: (j.round, j.key))
         job_of = {r.key: j.key for j in order for r in j.runs}
         by_id = {r.id: r for r in rows}
         lines, cut = [], 0
@@ -816,7 +824,7 @@ class Tuner:
         rows = self.rows()
         if not rows:
             return
-        epoch, lines = self._epoch(rows)
+        epoch, lines = self._epoch(rows, n)
         for line in lines:
             if line not in self.drift:
                 self.drift.append(line)

@@ -59,3 +59,56 @@ def test_a_near_config_that_will_not_start_is_recorded_and_the_round_goes_on(tun
     with pytest.raises(EngineMismatch):
         t._job("r1:pick", 1, "pick", cfg, 1.0, (1.0,), ctx)
     assert "r1:pick" not in t.jobs
+
+
+def _resume_tuner(tmp_path, monkeypatch, sub: str):
+    sh = fake_engine.setup(tmp_path / sub, monkeypatch)
+    ad = LocalAdapter("llamacpp", binary=str(sh["llama-server"]), model=str(sh["gguf"]), threads=1,
+                      log_dir=sh["logs"])
+    store = TuneStore(make_storage(f"journal:{tmp_path / sub / 'runs.journal'}"), "s", "digest")
+    (tmp_path / sub / "w").mkdir()
+    return Tuner(load_workload(sh["workload"]), ad, TuneSettings(calibration="ideal", run_s=10.0, near=0), store,
+                 tmp_path / sub / "w", lambda s: None, 1)
+
+
+def test_a_resumed_round_keeps_the_promise_its_stored_pick_was_measured_at(tmp_path, monkeypatch):
+    """Live: a session resumed after a crash refitted round 0 on every stored row (round 1's too), so
+    round 1 re-solved to a promise of 0.695 req/s while its pick's runs, read from the storage, were
+    at multiples of 0.757; the summary then printed 0.695 beside the attainment measured at 0.757."""
+    from kvtune.optimizer.tune import config_id
+    from kvtune.optimizer.tune_records import JobRecord
+
+    t = _resume_tuner(tmp_path, monkeypatch, "a")
+    ctx = t._context()
+    _, pick, steady = t._candidates(1, t._solve(), ctx)[0]
+    promise = t._promise(ctx, pick, steady)
+    key = f"r1:{config_id(pick)}"
+    stored = JobRecord(key=key, round=1, role="pick", config=dict(pick), promise_req_s=promise * 0.9,
+                       calibration="an earlier fit", launch_line="", engine={}, host="h", engine_s=1.0)
+    t.jobs[key] = stored
+    rnd = t._round(1)
+    assert rnd.promise_req_s == pytest.approx(promise * 0.9) and rnd.jobs == (key,)
+
+
+def test_round_n_refits_on_rounds_up_to_n_only(tmp_path, monkeypatch):
+    """The refit after round 0 (the grid) of a resumed session: the storage's round-1 rows are not in it."""
+    from kvtune.optimizer.tune_records import JobRecord, RunRecord
+
+    t = _resume_tuner(tmp_path, monkeypatch, "b")
+    rows = {0: [], 1: []}
+    for rnd in (0, 1):
+        rows[rnd] = [RunRecord(key=f"g{rnd}-{i}", kind="grid", multiplier=None, rate_req_s=None, n_requests=4,
+                               warmup=1, started_at="", duration_s=1.0, loadavg_1m=None, table_csv="")
+                     for i in range(2)]
+        t.jobs[f"j{rnd}"] = JobRecord(key=f"j{rnd}", round=rnd, role="grid" if rnd == 0 else "pick", config={},
+                                      promise_req_s=None, calibration="", launch_line="", engine={}, host="h",
+                                      engine_s=1.0, runs=tuple(rows[rnd]))
+
+    class Row:
+        def __init__(self, id_):
+            self.id = id_
+    table = [Row(r.key) for rnd in (0, 1) for r in rows[rnd]]
+    kept, _ = t._epoch(table, 0)
+    assert [r.id for r in kept] == ["g0-0", "g0-1"]
+    kept, _ = t._epoch(table, 1)
+    assert [r.id for r in kept] == ["g0-0", "g0-1", "g1-0", "g1-1"]
