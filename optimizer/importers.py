@@ -19,9 +19,13 @@ Formats (detected from content, or named):
   ``input_config.endpoint.model_names``.
 - ``llmperf``: LLMPerf ``*_summary.json`` (``token_benchmark_ray.py``): flat keys
   ``results_ttft_s_mean``, ``results_ttft_s_quantiles_p50`` ..., ``num_concurrent_requests``.
+- ``guidellm`` (GuideLLM ``benchmarks.json``, one row per benchmark), ``trtllm-bench``
+  (``--report_json``) and ``inference-perf`` (``stage_N_lifecycle_metrics.json``): read by
+  ``optimizer.importers_load_tools``, whose docstring names their keys.
 
 TPOT means time per output token after the first: (latency - TTFT) / (output tokens - 1), per
-request, as vLLM, SGLang, genai-perf and AIPerf define it (their ``inter_token_latency``). LLMPerf's
+request, as vLLM, SGLang, genai-perf and AIPerf define it (their ``inter_token_latency``), and
+GuideLLM (``inter_token_latency_ms``), trtllm-bench and inference-perf (``time_per_output_token``). LLMPerf's
 ``inter_token_latency_s`` is different (it counts the TTFT too, divided by all output tokens), so
 for LLMPerf we derive only the mean, from the mean end-to-end latency and mean TTFT.
 """
@@ -40,13 +44,23 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from kvtune.costmodel.errors import InputError
-from kvtune.costmodel.files import FLOAT_MAX, read_text, reading
+from kvtune.costmodel.files import read_text, reading
 from kvtune.costmodel.profile_table import COLUMNS, METADATA_COLUMNS, ProfileRow, check_value, first_repeat
+
+from . import importers_load_tools as _load_tools
+from .import_values import Rec as _Rec
+from .import_values import dig as _dig
+from .import_values import num_or_none as _num_or_none
+from .import_values import number as _number
+from .import_values import short as _short
+from .import_values import whole as _whole
 
 __all__ = ["FORMATS", "Metadata", "detect_format", "import_file", "import_files", "latency_summary",
            "rows_to_csv"]
 
-FORMATS = ("vllm", "sglang", "genai-perf", "aiperf", "llmperf")
+FORMATS = ("vllm", "sglang", "genai-perf", "aiperf", "llmperf", "guidellm", "trtllm-bench", "inference-perf")
+# the formats whose file does not record the load: ``--concurrency`` gives it (``import_file(concurrency=)``)
+_LOAD_FROM_CALLER = ("trtllm-bench",)
 
 # A benchmark client's ``backend`` names the engine only for these values (``openai`` does not).
 _BACKEND_ENGINE = {"vllm": "vllm", "vllm-chat": "vllm", "sglang": "sglang", "sglang-oai": "sglang",
@@ -102,67 +116,8 @@ def rows_to_csv(rows: Iterable[ProfileRow]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading and checking values: every failure is one line naming the file, the record and the key.
-
-class _Rec:
-    """One JSON object from a file, with a label for messages (``FILE`` or ``FILE: line N``)."""
-
-    def __init__(self, obj: dict, where: str):
-        self.obj, self.where = obj, where
-
-    def has(self, key: str) -> bool:
-        return self.obj.get(key) is not None
-
-    def num(self, key: str, optional: bool = False, obj: dict | None = None, label: str | None = None,
-            allow_inf: bool = False):
-        src = self.obj if obj is None else obj
-        if key not in src or src[key] is None:
-            if optional:
-                return None
-            raise InputError(f"{self.where}: missing key '{label or key}'")
-        v = _number(self.where, label or key, src[key], nonneg=False)
-        if math.isinf(v) and not allow_inf:
-            raise InputError(f"{self.where}: key '{label or key}' = {_short(src[key])} must be finite")
-        return v
-
-    def nonneg(self, key: str, optional: bool = False, obj: dict | None = None, label: str | None = None):
-        src = self.obj if obj is None else obj
-        if key not in src or src[key] is None:
-            if optional:
-                return None
-            raise InputError(f"{self.where}: missing key '{label or key}'")
-        return _number(self.where, label or key, src[key], nonneg=True)
-
-    def list_of(self, key: str, n: int | None = None) -> list:
-        v = self.obj.get(key)
-        if not isinstance(v, list):
-            raise InputError(f"{self.where}: key '{key}' = {_short(v)} is not a list")
-        if n is not None and len(v) != n:
-            raise InputError(f"{self.where}: key '{key}' has {len(v)} entries, expected {n} (one per request)")
-        return v
-
-
-def _number(where: str, name: str, v, nonneg: bool) -> float:
-    if isinstance(v, str) and v.strip().lower() in ("inf", "infinity"):
-        v = math.inf
-    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > FLOAT_MAX:
-        raise InputError(f"{where}: key '{name}' = {_short(v)} is beyond the range of a number")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
-        raise InputError(f"{where}: key '{name}' = {_short(v)} is not a number")
-    if nonneg and (v < 0 or math.isinf(v)):
-        raise InputError(f"{where}: key '{name}' = {v!r} must be a finite number >= 0")
-    return float(v)
-
-
-def _short(v) -> str:
-    s = repr(v)
-    return s if len(s) <= 40 else s[:37] + "..."
-
-
-def _whole(x: float) -> int | float:
-    """A mean token count rounded to a whole number; inf stays the float inf: the row check names it."""
-    return int(round(x)) if math.isfinite(x) else x
-
+# Reading records; the value checks (optimizer.import_values) make every failure one line naming
+# the file, the record and the key.
 
 def _load_records(path: Path) -> list[_Rec]:
     """One JSON document, or JSON Lines (one object per line, as vLLM --append-result and SGLang
@@ -199,6 +154,12 @@ def _load_records(path: Path) -> list[_Rec]:
 
 def detect_format(obj: dict) -> str | None:
     """Which tool wrote this object, from keys only those tools write."""
+    if _load_tools.is_guidellm(obj):
+        return "guidellm"
+    if _load_tools.is_trtllm_bench(obj):
+        return "trtllm-bench"
+    if _load_tools.is_inference_perf(obj):
+        return "inference-perf"
     if any(k.startswith("results_ttft_s") for k in obj):
         return "llmperf"
     cfg = obj.get("input_config")
@@ -310,14 +271,6 @@ def _vllm_date(v) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # genai-perf and AIPerf: metric objects {"unit": "ms", "avg": .., "p50": .., ...}.
 
-def _dig(obj, *path):
-    for p in path:
-        if not isinstance(obj, dict) or p not in obj:
-            return None
-        obj = obj[p]
-    return obj
-
-
 def _perf_row(rec: _Rec, fmt: str) -> dict[str, Any]:
     o = rec.obj
     records, config = o.get("records"), o.get("input_config")
@@ -398,14 +351,6 @@ def _perf_row(rec: _Rec, fmt: str) -> dict[str, Any]:
     return out
 
 
-def _num_or_none(v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    if isinstance(v, int) and abs(v) > FLOAT_MAX:
-        return None
-    return float(v) if math.isfinite(v) else None
-
-
 def _first_num(cfg: dict, paths: list[tuple]) -> float | None:
     for p in paths:
         v = _num_or_none(_dig(cfg, *p))
@@ -458,43 +403,58 @@ def _llmperf_row(rec: _Rec, fmt: str) -> dict[str, Any]:
     return out
 
 
-_READERS: dict[str, Callable[[_Rec, str], dict]] = {
+_READERS: dict[str, Callable[..., dict]] = {
     "vllm": _serve_row, "sglang": _serve_row, "genai-perf": _perf_row, "aiperf": _perf_row,
-    "llmperf": _llmperf_row,
+    "llmperf": _llmperf_row, "guidellm": _load_tools.guidellm_row, "trtllm-bench": _load_tools.trtllm_bench_row,
+    "inference-perf": _load_tools.inference_perf_row,
 }
+# a format whose one document holds several runs: its records, one per row
+_SPLIT: dict[str, Callable[[_Rec], list[_Rec]]] = {"guidellm": _load_tools.guidellm_benchmarks}
 _DEFAULT_SOURCE = {"vllm": "vllm bench serve", "sglang": "sglang.bench_serving", "genai-perf": "genai-perf",
-                   "aiperf": "aiperf", "llmperf": "llmperf token_benchmark_ray"}
+                   "aiperf": "aiperf", "llmperf": "llmperf token_benchmark_ray", "guidellm": "guidellm benchmark",
+                   "trtllm-bench": "trtllm-bench", "inference-perf": "inference-perf"}
 
 
-def import_file(path: str | Path, fmt: str | None = None, meta: Metadata | None = None) -> list[ProfileRow]:
+def import_file(path: str | Path, fmt: str | None = None, meta: Metadata | None = None,
+                concurrency: int | None = None) -> list[ProfileRow]:
     """Rows (``kind=request``) from one benchmark output. Values in the file win over ``meta``,
     which fills what the file lacks. Raises ``InputError`` naming the file and key on bad input.
 
+    ``concurrency``: the load of a run whose file does not record it (trtllm-bench's
+    ``--concurrency``: <= 0 for no limit); refused for a file that records its own.
     A fault the checks did not foresee is still one line (``costmodel.files.reading``).
     """
     with reading(path, "benchmark output"):
-        return _import_file(path, fmt, meta)
+        return _import_file(path, fmt, meta, concurrency)
 
 
-def _import_file(path: str | Path, fmt: str | None = None, meta: Metadata | None = None) -> list[ProfileRow]:
+def _import_file(path: str | Path, fmt: str | None = None, meta: Metadata | None = None,
+                 concurrency: int | None = None) -> list[ProfileRow]:
     p = Path(path)
     if fmt is not None and fmt not in FORMATS:
         raise InputError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)):
+        raise InputError(f"--concurrency must be a whole number, got {concurrency!r}")
     meta = meta or Metadata()
-    rows = []
-    for i, rec in enumerate(_load_records(p), start=1):
-        f = fmt or detect_format(rec.obj)
+    rows: list[ProfileRow] = []
+    for top in _load_records(p):
+        f = fmt or detect_format(top.obj)
         if f is None:
-            raise InputError(f"{rec.where}: not a recognised benchmark output (keys {_short(sorted(rec.obj)[:6])}); "
+            raise InputError(f"{top.where}: not a recognised benchmark output (keys {_short(sorted(top.obj)[:6])}); "
                              f"pass --format ({', '.join(FORMATS)})")
-        vals = _READERS[f](rec, f)
-        file_meta: Metadata = vals.pop("_meta")
-        m = file_meta.fill(meta).fill(Metadata(source=f"{_DEFAULT_SOURCE[f]}: {p.name}"))
-        vals = {k: v for k, v in vals.items() if v is not None}
-        # the same rules the table reader applies, so what is written reads back
-        vals = {k: (check_value(rec.where, k, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
-                for k, v in vals.items()}
-        rows.append(ProfileRow(id=f"{p.stem}:{i}", kind="request", **m.row_fields(), **vals))
+        if concurrency is not None and f not in _LOAD_FROM_CALLER:
+            raise InputError(f"{top.where}: a {f} output records its own load; --concurrency applies to "
+                             f"{', '.join(_LOAD_FROM_CALLER)} reports only")
+        for rec in (_SPLIT[f](top) if f in _SPLIT else [top]):
+            vals = _READERS[f](rec, f, concurrency) if f in _LOAD_FROM_CALLER else _READERS[f](rec, f)
+            given = vals.pop("_meta")
+            file_meta: Metadata = given if isinstance(given, Metadata) else Metadata(**given)
+            m = file_meta.fill(meta).fill(Metadata(source=f"{_DEFAULT_SOURCE[f]}: {p.name}"))
+            vals = {k: v for k, v in vals.items() if v is not None}
+            # the same rules the table reader applies, so what is written reads back
+            vals = {k: (check_value(rec.where, k, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+                    for k, v in vals.items()}
+            rows.append(ProfileRow(id=f"{p.stem}:{len(rows) + 1}", kind="request", **m.row_fields(), **vals))
     repeat = first_repeat(rows)  # the table reader refuses a measurement given twice; so does the import
     if repeat is not None:
         later, earlier = (r.id.rpartition(":")[2] for r in repeat)
@@ -503,13 +463,15 @@ def _import_file(path: str | Path, fmt: str | None = None, meta: Metadata | None
     return rows
 
 
-def import_files(paths: Sequence[str | Path], fmt: str | None = None, meta: Metadata | None = None) -> list[ProfileRow]:
-    """All rows from several files, in order; ids stay unique (``STEM:N``, ``STEM~2:N`` on a clash)."""
+def import_files(paths: Sequence[str | Path], fmt: str | None = None, meta: Metadata | None = None,
+                 concurrency: int | None = None) -> list[ProfileRow]:
+    """All rows from several files, in order; ids stay unique (``STEM:N``, ``STEM~2:N`` on a clash).
+    ``concurrency`` as for ``import_file``."""
     if not paths:
         raise InputError("no input files given")
     rows, seen = [], set()
     for path in paths:
-        for r in import_file(path, fmt, meta):
+        for r in import_file(path, fmt, meta, concurrency):
             rid, k = r.id, 2
             while rid in seen:
                 stem, _, n = r.id.rpartition(":")

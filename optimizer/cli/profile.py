@@ -97,6 +97,10 @@ def profile_group():
               help="Profile table to write (CSV); an AIPerf per-request export's log goes beside it.")
 @click.option("--format", "fmt", type=Choice((*FORMATS, RECORDS_FORMAT)), default=None,
               help="Input format (default: detected from content).")
+@click.option("--concurrency", type=int, default=None,
+              help="The load of a trtllm-bench --report_json run, which the report does not record: the value given "
+                   "to trtllm-bench --concurrency (<= 0: no limit, every request at once; the default, as "
+                   "trtllm-bench throughput's).")
 @click.option("--plan", "plan_path", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="The plan an AIPerf per-request export (profile_export.jsonl) replayed (kvtune solve/tune --plan): "
                    "each request gets its planned lengths, prefix, SLO and warm-up, and the simulator's figures on "
@@ -104,8 +108,10 @@ def profile_group():
 @_meta_options
 def import_cmd(files: tuple[Path, ...], output: Path, fmt: str | None, model: str | None, gpu: str | None,
                tp: int | None, engine: str | None, engine_version: str | None, weight_dtype: str | None,
-               kv_dtype: str | None, source: str | None, plan_path: Path | None = None) -> None:
-    """Convert vLLM, SGLang, genai-perf, AIPerf or LLMPerf results to one profile table.
+               kv_dtype: str | None, source: str | None, plan_path: Path | None = None,
+               concurrency: int | None = None) -> None:
+    """Convert vLLM, SGLang, genai-perf, AIPerf, LLMPerf, GuideLLM, trtllm-bench or inference-perf
+    results to one profile table.
 
     Values in a file win; the flags fill what a file does not record. A bad file stops the whole
     import and nothing is written. An AIPerf per-request export (profile_export.jsonl) becomes an
@@ -121,7 +127,10 @@ def import_cmd(files: tuple[Path, ...], output: Path, fmt: str | None, model: st
     if plan_path is not None and not per_request:
         raise InputError(f"--plan {plan_path}: applies to AIPerf per-request exports (profile_export.jsonl); none "
                          f"among the files given")
-    rows = import_files(summaries, fmt, meta) if summaries else []
+    if concurrency is not None and per_request:
+        raise InputError(f"--concurrency: applies to trtllm-bench reports, not to AIPerf per-request exports "
+                         f"({per_request[0]})")
+    rows = import_files(summaries, fmt, meta, concurrency) if summaries else []
     replayed = _PerRequest(per_request, plan_path, meta, model)
     rows += replayed.rows(output)
     if len({r.id for r in rows}) < len(rows):
