@@ -21,7 +21,7 @@ Caveat, stated in the output: the start is the shipped calibration, which was fi
 in; with every visible parameter free the start only picks the local minimum.
 
 Writes the markdown table and ``bench/calibration_cv_before.json`` (each fold's fitted parameters,
-per-row errors) that tests/test_calibration_cv.py pins.
+per-row errors) that tests/measure/test_calibration_cv.py pins.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ engine's calibration fit in turn and predicted; cells are the median over the gr
 |predicted / measured - 1| in %. "not measured": the source rows carry no such figure (the silicon runs
 record mean TTFT and mean TPOT only; throughput is measured only in the TensorRT-LLM 0.9 static-batch
 points; no row records TTFT p90/p99). This is today's model, the "before" of issue 35's TTFT work;
-tests/test_calibration_cv.py pins it so it may only improve.
+tests/measure/test_calibration_cv.py pins it so it may only improve.
 
 """
 

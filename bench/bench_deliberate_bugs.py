@@ -9,7 +9,7 @@ Each bug is a text substitution in one file; a bug whose text no longer matches 
     python bench/bench_deliberate_bugs.py --json out.json
 
 A bug counts as caught when at least one test fails (or errors, or times out: pytest-timeout) that is
-not a golden hash (tests/test_sim_golden.py): a golden run that changes says something moved, not
+not a golden hash (tests/costmodel/test_sim_golden.py): a golden run that changes says something moved, not
 what is wrong.
 """
 
@@ -46,38 +46,38 @@ class Bug:
 BUGS = [
     Bug("rank-most-expensive-first", "simsearch ranks verified configs most expensive first",
         "optimizer/simsearch.py", "return (v.usd_per_hour, fp8_last,", "return (-v.usd_per_hour, fp8_last,",
-        ("tests/test_simsearch.py", "tests/test_search.py", "tests/test_solve.py", "tests/test_objective.py",
-         "tests/test_robust_pick.py", "tests/test_deployment_choice.py", "tests/test_gpu_choice.py"),
+        ("tests/optimizer/test_simsearch.py", "tests/optimizer/test_search.py", "tests/cli/test_solve.py", "tests/optimizer/test_objective.py",
+         "tests/optimizer/test_robust_pick.py", "tests/optimizer/test_deployment_choice.py", "tests/optimizer/test_gpu_choice.py"),
         (("optimizer/objective.py", "return (usd, fp8_last, -good)", "return (-usd, fp8_last, -good)"),)),
     Bug("tie-break-least-goodput", "simsearch's tie-break prefers the least goodput",
         "optimizer/simsearch.py", "fp8_last, -(v.goodput_req_s or 0.0),", "fp8_last, (v.goodput_req_s or 0.0),",
-        ("tests/test_simsearch.py", "tests/test_search.py", "tests/test_solve.py", "tests/test_objective.py",
-         "tests/test_robust_pick.py", "tests/test_deployment_choice.py", "tests/test_gpu_choice.py"),
+        ("tests/optimizer/test_simsearch.py", "tests/optimizer/test_search.py", "tests/cli/test_solve.py", "tests/optimizer/test_objective.py",
+         "tests/optimizer/test_robust_pick.py", "tests/optimizer/test_deployment_choice.py", "tests/optimizer/test_gpu_choice.py"),
         (("optimizer/objective.py", "return (usd, fp8_last, -good)", "return (usd, fp8_last, good)"),)),
     Bug("goodput-skips-saturation", "goodput skips the saturation check on loose SLOs (reports the analytic bound)",
         "costmodel/goodput.py", "            if sat is not None:\n                break\n",
         "            if True:\n                break\n",
-        ("tests/test_goodput.py", "tests/test_goodput_by_hand.py", "tests/test_sim_invariants.py",
+        ("tests/costmodel/test_goodput.py", "tests/costmodel/test_goodput.py", "tests/costmodel/test_sim_invariants.py",
          "tests/test_answer_optimality.py")),
     Bug("trtllm-fraction-ignores-draft", "TensorRT-LLM free_gpu_memory_fraction ignores the draft's weights",
         "optimizer/launch/trtllm.py", "free = m.gpu_memory_bytes - m.weight_bytes_per_gpu - m.draft_weight_bytes_per_gpu",
         "free = m.gpu_memory_bytes - m.weight_bytes_per_gpu",
-        ("tests/test_launch.py", "tests/test_draft_memory.py", "tests/test_launch_disagg.py",
-         "tests/test_launch_memory_by_hand.py")),
+        ("tests/engines/test_launch.py", "tests/costmodel/test_draft_memory.py", "tests/engines/test_launch_disagg.py",
+         "tests/engines/test_launch_units.py")),
     Bug("vllm-admits-after-preempting", "vLLM admits in a step that preempted",
         "costmodel/replica.py", "if budget > 0 and waiting and len(running) < cap and not preempted:",
         "if budget > 0 and waiting and len(running) < cap:",
-        ("tests/test_simulate.py", "tests/test_sim_golden.py", "tests/test_sim_invariants.py",
-         "tests/test_replica_by_hand.py")),
+        ("tests/costmodel/test_simulate.py", "tests/costmodel/test_sim_golden.py", "tests/costmodel/test_sim_invariants.py",
+         "tests/costmodel/test_replica.py")),
     Bug("allreduce-ignores-prefill", "the TP all-reduce ignores prefill tokens",
         "costmodel/step.py", "self._n_ar * (self._ar_lat + self._ar_s_per_token * n_tokens)",
         "self._n_ar * (self._ar_lat + self._ar_s_per_token * dec_tokens)",
-        ("tests/test_memory_step.py", "tests/test_parallel.py", "tests/test_step_by_hand.py", "tests/test_sim_golden.py",
-         "tests/test_calibrated_accuracy.py")),
+        ("tests/costmodel/test_memory_step.py", "tests/costmodel/test_parallel.py", "tests/costmodel/test_step.py", "tests/costmodel/test_sim_golden.py",
+         "tests/measure/test_calibrated_accuracy.py")),
     Bug("preempt-oldest", "preempt the oldest running request instead of the newest",
         "costmodel/replica.py", "v = next(reversed(running))", "v = next(iter(running))",
-        ("tests/test_simulate.py", "tests/test_sim_golden.py", "tests/test_sim_invariants.py",
-         "tests/test_replica_by_hand.py")),
+        ("tests/costmodel/test_simulate.py", "tests/costmodel/test_sim_golden.py", "tests/costmodel/test_sim_invariants.py",
+         "tests/costmodel/test_replica.py")),
 ]
 
 
@@ -102,7 +102,7 @@ def run_bug(bug: Bug, timeout_s: int) -> dict:
         r = subprocess.run(["nice", "-n", "19", *cmd], cwd=copy, env=env, capture_output=True, text=True)
         failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", r.stdout, re.M)))
         summary = (r.stdout.strip().splitlines() or [""])[-1]
-        caught_by = [t for t in failed if not t.startswith("tests/test_sim_golden.py")]
+        caught_by = [t for t in failed if not t.startswith("tests/costmodel/test_sim_golden.py")]
         return dict(key=bug.key, what=bug.what, applied=True, where=path, tests=tests, failed=failed, caught_by=caught_by,
                     caught=bool(caught_by), only_goldens=bool(failed) and not caught_by,
                     timeouts=r.stdout.count("Timeout"), summary=summary, wall_s=round(time.perf_counter() - t0, 1))

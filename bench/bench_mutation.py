@@ -60,40 +60,35 @@ BEGIN, END = "<!-- bench_mutation: begin (generated) -->", "<!-- bench_mutation:
 # selected tests that reach its function, and a subprocess (the CLI) would import the unmutated
 # package.
 MODULES: dict[str, list[str]] = {
-    "costmodel/memory.py": ["tests/test_memory_step.py", "tests/test_draft_memory.py", "tests/test_fp8_physics.py",
-                            "tests/test_parallel.py", "tests/test_models.py", "tests/test_memory_by_hand.py"],
-    "costmodel/models.py": ["tests/test_models.py", "tests/test_memory_step.py", "tests/test_parallel.py",
-                            "tests/test_fp8_physics.py", "tests/test_models_by_hand.py"],
-    "costmodel/parallel.py": ["tests/test_parallel.py", "tests/test_memory_step.py", "tests/test_parallel_by_hand.py"],
-    "costmodel/step.py": ["tests/test_memory_step.py", "tests/test_fp8_physics.py", "tests/test_parallel.py",
-                          "tests/test_draft_memory.py", "tests/test_simulate.py", "tests/test_step_by_hand.py",
-                          "tests/test_step_memo_survivors.py"],
-    "costmodel/replica.py": ["tests/test_simulate.py",
-                             "tests/test_sim_invariants.py::test_every_simulated_result_is_whole_and_finite",
-                             "tests/test_sim_invariants.py::test_speculation_with_huge_outputs_stays_small_in_memory",
-                             "tests/test_sim_never_fit.py", "tests/test_engines.py", "tests/test_replica_by_hand.py",
-                             "tests/test_deployment_by_hand.py",   # a decode pool's replica: KV that arrives
-                             "tests/test_replica_survivors.py", "tests/test_replica_edges.py"],
-    "costmodel/goodput.py": ["tests/test_goodput.py", "tests/test_sim_invariants.py", "tests/test_sim_never_fit.py",
-                             "tests/test_goodput_by_hand.py", "tests/test_goodput_survivors.py"],
-    "costmodel/deployment.py": ["tests/test_deployment.py", "tests/test_deployment_by_hand.py",
-                                "tests/test_deployment_survivors.py", "tests/test_deployment_memo_survivors.py"],
+    "costmodel/memory.py": ["tests/costmodel/test_memory_step.py", "tests/costmodel/test_draft_memory.py", "tests/costmodel/test_fp8_physics.py",
+                            "tests/costmodel/test_parallel.py", "tests/costmodel/test_models.py", "tests/costmodel/test_memory.py"],
+    "costmodel/models.py": ["tests/costmodel/test_models.py", "tests/costmodel/test_memory_step.py", "tests/costmodel/test_parallel.py",
+                            "tests/costmodel/test_fp8_physics.py"],
+    "costmodel/parallel.py": ["tests/costmodel/test_parallel.py", "tests/costmodel/test_memory_step.py"],
+    "costmodel/step.py": ["tests/costmodel/test_memory_step.py", "tests/costmodel/test_fp8_physics.py", "tests/costmodel/test_parallel.py",
+                          "tests/costmodel/test_draft_memory.py", "tests/costmodel/test_simulate.py", "tests/costmodel/test_step.py"],
+    "costmodel/replica.py": ["tests/costmodel/test_simulate.py",
+                             "tests/costmodel/test_sim_invariants.py::test_every_simulated_result_is_whole_and_finite",
+                             "tests/costmodel/test_sim_invariants.py::test_speculation_with_huge_outputs_stays_small_in_memory",
+                             "tests/costmodel/test_sim_never_fit.py", "tests/engines/test_engines.py", "tests/costmodel/test_replica.py",
+                             "tests/costmodel/test_deployment.py",   # a decode pool's replica: KV that arrives
+                             ],
+    "costmodel/goodput.py": ["tests/costmodel/test_goodput.py", "tests/costmodel/test_sim_invariants.py", "tests/costmodel/test_sim_never_fit.py"],
+    "costmodel/deployment.py": ["tests/costmodel/test_deployment.py"],
     # the race, verification and the answer: their own unit tests on a fake engine whose answer is known by hand
     # (tests/race_fakes.py), milliseconds each, then the in-process tests of the whole search
-    "optimizer/simsearch.py": ["tests/test_simsearch_units.py", "tests/test_objective.py", "tests/test_simsearch.py",
-                               "tests/test_simsearch_survivors.py"],
-    "optimizer/verify.py": ["tests/test_verify_units.py", "tests/test_simsearch_units.py", "tests/test_simsearch.py"],
-    "optimizer/recommend.py": ["tests/test_recommend_units.py", "tests/test_search.py", "tests/test_simsearch.py",
-                               "tests/test_multinode_solve.py"],
-    "optimizer/objective.py": ["tests/test_objective.py", "tests/test_simsearch_units.py"],
-    "optimizer/deployment_choice.py": ["tests/test_deployment_choice.py", "tests/test_deployment_choice_units.py"],
-    "optimizer/gpu_choice.py": ["tests/test_gpu_choice.py", "tests/test_gpu_choice_units.py",
-                                "tests/test_deployment_choice_units.py"],
-    "optimizer/launch": ["tests/test_launch.py", "tests/test_launch_disagg.py", "tests/test_launch_contracts.py",
-                         "tests/test_capabilities.py", "tests/test_launch_memory_by_hand.py", "tests/test_launch_units.py",
-                         "tests/test_launch_survivors.py"],
+    "optimizer/simsearch.py": ["tests/optimizer/test_simsearch.py", "tests/optimizer/test_objective.py"],
+    "optimizer/verify.py": ["tests/optimizer/test_verify.py", "tests/optimizer/test_simsearch.py"],
+    "optimizer/recommend.py": ["tests/optimizer/test_recommend.py", "tests/optimizer/test_search.py", "tests/optimizer/test_simsearch.py",
+                               "tests/optimizer/test_multinode_solve.py"],
+    "optimizer/objective.py": ["tests/optimizer/test_objective.py", "tests/optimizer/test_simsearch.py"],
+    "optimizer/deployment_choice.py": ["tests/optimizer/test_deployment_choice.py"],
+    "optimizer/gpu_choice.py": ["tests/optimizer/test_gpu_choice.py",
+                                "tests/optimizer/test_deployment_choice.py"],
+    "optimizer/launch": ["tests/engines/test_launch.py", "tests/engines/test_launch_disagg.py", "tests/engines/test_launch_contracts.py",
+                         "tests/engines/test_capabilities.py", "tests/engines/test_launch_units.py"],
 }
-# Never selected: the golden runs (tests/test_sim_golden.py) kill any change by its hash without
+# Never selected: the golden runs (tests/costmodel/test_sim_golden.py) kill any change by its hash without
 # saying what is wrong; a mutant counts as killed only by a test that checks a property or a value.
 
 # The planted bug --check-planted expects the tests to catch: KV bytes per token doubled.

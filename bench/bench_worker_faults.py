@@ -9,7 +9,7 @@ The kill is injected by ``tests/kill_points/sitecustomize.py`` (put on ``PYTHONP
 are described there). ``--src`` runs another checkout's code (e.g. an export of an older commit:
 ``git archive COMMIT | tar -x -C DIR``), for before/after figures. Every run uses a fresh storage
 (a new file, or a new database on one pgserver, which needs the ``pg`` extra). The workload is
-tests/test_scaleout.py's. Printed: wall seconds per run, the load average at its start, and
+tests/optimizer/test_scaleout.py's. Printed: wall seconds per run, the load average at its start, and
 whether each run's answer matches the undisturbed run's.
 """
 
@@ -77,7 +77,7 @@ def main() -> int:
             srv.psql(f"CREATE DATABASE faults{n_db};")
             return srv.get_uri(f"faults{n_db}").replace("postgresql://", "postgresql+psycopg://", 1)
 
-        print(f"kvtune from {src}; workload tests/test_scaleout.py WORKLOAD; load = 1-min load average at start")
+        print(f"kvtune from {src}; workload tests/optimizer/test_scaleout.py WORKLOAD; load = 1-min load average at start")
         print(f"{'storage':10} {'kill point':15} {'run':28} {'wall_s':>7} {'load':>5}  same answer")
         try:
             for kind in a.storage:

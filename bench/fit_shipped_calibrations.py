@@ -47,7 +47,7 @@ def _write_table(path: Path, rows: list[ProfileRow], meta_text: str) -> None:
 # TTFT grows with the request's lifetime L = osl x TPOT at a slope of 1/(C-1), i.e. each request
 # waited one departure interval for a free slot (slope x (C-1), median over the 12 TP x prompt
 # groups: 0.92 at C=8, 0.89 at C=16, 0.84 at C=32; vLLM's runs: 0.00 to -0.04; checked by
-# tests/test_calibrated_accuracy.py). Recorded as batch_cap = C - 1, which the fits simulate.
+# tests/measure/test_calibrated_accuracy.py). Recorded as batch_cap = C - 1, which the fits simulate.
 QUEUED_ONE = {"trtllm"}
 
 # The vLLM BF16 sweep (1024/4096 x 128/512/1024 tokens, concurrency 8-128) records no server

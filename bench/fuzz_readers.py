@@ -1,5 +1,5 @@
 """The long fuzz run of kvtune's readers (run by hand; CI runs the same properties with a few dozen
-examples each, in tests/test_fuzz_readers.py).
+examples each, in tests/measure/test_fuzz_readers.py).
 
     python bench/fuzz_readers.py                 # 10,000 examples per reader, seed 0
     python bench/fuzz_readers.py --examples 500 --seed 3 --only trace

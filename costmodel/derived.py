@@ -7,7 +7,7 @@ to another GPU's datasheet unchanged: the same engine on a sibling GPU reaches a
 of the new peaks, and the host side does not change with the GPU. The uncertainty adds, in
 quadrature to the base fit's, a transfer term: ``TRANSFER_REL_SD`` of each efficiency (one standard
 deviation), sized from the sourced H200/A100/L40S points in ``profiles/tables/other-gpus-published.csv``
-(``tests/test_derived_calibrations.py`` prints kvtune's error there).
+(``tests/measure/test_derived_calibrations.py`` prints kvtune's error there).
 
 ``profiles/calibrations/<gpu>[-<engine>].yaml`` for every catalog GPU without its own calibration
 are written by ``bench/derive_calibrations.py`` from ``derive_calibration``; a test checks that the
@@ -28,7 +28,7 @@ BASE_GPU = "h100-sxm"
 # Relative one-sigma uncertainty of an efficiency carried to another GPU. Sized from the sourced
 # points (TensorRT-LLM 0.9 perf-overview: H200, A100, L40S next to H100 on the same page): the
 # derived calibrations' errors there, less the H100 calibration's own error on the H100 rows of the
-# same page, spread by about this much (see tests/test_derived_calibrations.py).
+# same page, spread by about this much (see tests/measure/test_derived_calibrations.py).
 TRANSFER_REL_SD = 0.20
 EFFICIENCY_KEYS = ("bw_efficiency", "decode_flops_efficiency", "prefill_flops_efficiency", "link_efficiency")
 

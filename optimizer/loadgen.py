@@ -69,7 +69,7 @@ BATCHES = 5
 # freedom; 5 batches, 3 degrees of freedom, missed a run at attainment 0.61 in simulation); in size:
 # the fitted rise over the run at least TREND_RISE_FRAC of the TTFT target, the budget a growing
 # queue eats (a rise the size of a 30 ms TTFT is noise against a 400 ms target). Chosen on simulated
-# runs of 200 requests (tests/test_open_loop_replay.py's workload, 4-30 req/s x 3 seeds): rising in
+# runs of 200 requests (tests/measure/test_open_loop_replay.py's workload, 4-30 req/s x 3 seeds): rising in
 # none of the 9 at attainment >= 0.92, in 7 of the 9 at 0.79 and below.
 TREND_BATCHES = 10
 TREND_ALPHA = 0.01

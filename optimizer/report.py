@@ -80,7 +80,7 @@ def latency_sample(ctx: SolveContext, result: SolveResult) -> Any:
     """The simulation behind ``result.predicted``, run again (a ``SimResult``): the pick's first
     fresh draw (``predicted.draws``: its seed and size) at its load per replica, as
     ``optimizer.verify.simulate_at`` (aggregated) and ``optimizer.disagg_verify.simulate_unit_at``
-    (disaggregated, per unit) run it. Its percentiles are ``predicted``'s (tests/test_report.py
+    (disaggregated, per unit) run it. Its percentiles are ``predicted``'s (tests/optimizer/test_report.py
     holds them)."""
     from kvtune.costmodel.simulate import simulate
 

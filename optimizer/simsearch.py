@@ -459,7 +459,7 @@ def replicas_bound(ctx: SolveContext, p) -> int:
     the batch cap); attainment only falls with load, so each of ``rate / (ZERO_LOAD_SHARE x
     capacity)`` replicas serves at a rate already shown to meet. Its cheapest deployment needs
     no more, so no bar is set below that rate, however many more GPUs hardware.max_nodes offers:
-    the race is the same for max_nodes 10,000 and 100,000 (``tests/test_search_cost.py``)."""
+    the race is the same for max_nodes 10,000 and 100,000 (``tests/optimizer/test_search_cost.py``)."""
     return max(1, math.ceil(ctx.rate_req_s / (ZERO_LOAD_SHARE * _capacity(ctx, p))))
 
 

@@ -1,6 +1,6 @@
-"""A hand-written pick and memory plan the launch tests share (tests/test_launch_units.py,
-tests/test_launch_survivors.py): an 80 GB GPU at gpu_mem_util 0.9 (72 GB), weights 8 GB per GPU, an
-activation reserve of 2 GB, a KV pool of 62 GB per GPU holding 10,050 tokens (test_launch_units.py's
+"""A hand-written pick and memory plan the launch tests share (tests/engines/test_launch_units.py,
+tests/engines/test_launch_units.py): an 80 GB GPU at gpu_mem_util 0.9 (72 GB), weights 8 GB per GPU, an
+activation reserve of 2 GB, a KV pool of 62 GB per GPU holding 10,050 tokens (engines/test_launch_units.py's
 docstring derives each engine's block rounding of it)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Golden simulations: a fixed set of runs covering every scheduling path of the simulator, whose
-results are recorded bit for bit in ``tests/data/sim_golden.json`` (test_sim_golden.py checks
+results are recorded bit for bit in ``tests/data/sim_golden.json`` (costmodel/test_sim_golden.py checks
 that the simulator still reproduces them exactly).
 
 Coverage: every engine policy (vLLM mixed chunked prefill, SGLang prefill-first with its output

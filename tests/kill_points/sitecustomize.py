@@ -1,4 +1,4 @@
-"""Fault injection for tests/test_worker_faults.py: a ``kvtune solve --workers N`` child kills
+"""Fault injection for tests/optimizer/test_worker_faults.py: a ``kvtune solve --workers N`` child kills
 itself (SIGKILL: no cleanup, no ``finally``) at one point of its work on the simulation study.
 
 Loaded by every Python process started with this folder on ``PYTHONPATH`` (``sitecustomize``);

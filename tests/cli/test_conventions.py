@@ -1,0 +1,182 @@
+"""Issue 34 items 1 and 5: one meaning of --json ('-' = stdout), schema_version, the shipped JSON
+Schemas (every example's workload and result), argv/env launch entries, typed options, KVTUNE_*
+environment variables, the report extra and the progress line clipped to the terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kvtune.optimizer.cli import main
+from kvtune.optimizer.cli.solve import _Progress
+from kvtune.optimizer.launch import launch_settings
+from kvtune.optimizer.launch.shell import argv_of, commands_of
+from kvtune.optimizer.output import SCHEMA_VERSION
+
+ROOT = Path(__file__).parent.resolve().parent.parent
+SCHEMAS = ROOT / "profiles" / "schemas"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+CHAT = ROOT / "examples" / "chat-llama3.1-8b.yaml"
+
+
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    schema = json.loads((SCHEMAS / name).read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _errors(v: jsonschema.Draft202012Validator, doc) -> list[str]:
+    return [f"{e.json_path}: {e.message[:120]}" for e in v.iter_errors(doc)]
+
+
+def _solve_stdout(workload: Path) -> tuple[dict, str]:
+    """``kvtune solve W --json -`` in a process of its own: stdout must be the JSON alone."""
+    p = subprocess.run([sys.executable, "-m", "kvtune", "solve", str(workload), "--json", "-", "--quiet"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode in (0, 3), p.stderr[-2000:]
+    return json.loads(p.stdout), p.stderr
+
+
+# ---- the schemas ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_workload_is_valid_under_the_shipped_schema(path):
+    assert _errors(_validator("workload.schema.json"), yaml.safe_load(path.read_text())) == []
+
+
+def test_the_workload_schema_flags_a_typo_an_editor_should_underline():
+    doc = yaml.safe_load(CHAT.read_text())
+    doc["slo"]["tpot_msec"] = 50
+    doc["objective"] = "cheapest"
+    errs = _errors(_validator("workload.schema.json"), doc)
+    assert any("tpot_msec" in e for e in errs) and any("cheapest" in e for e in errs), errs
+
+
+def test_solve_json_dash_is_json_only_on_stdout_valid_under_the_result_schema():
+    result, stderr = _solve_stdout(CHAT)
+    assert result["schema_version"] == SCHEMA_VERSION
+    assert result["recommendation"]["gpus"] >= 1
+    assert "Recommendation:" in stderr   # the human summary went to stderr
+    assert _errors(_validator("result.schema.json"), result) == []
+    # the launch entries as argv beside the shell text: the same words
+    assert result["launch"]["argv"]["vllm"] == [argv_of(result["launch"]["vllm"])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_result_is_valid_under_the_shipped_schema(path):
+    result, _ = _solve_stdout(path)
+    assert _errors(_validator("result.schema.json"), result) == []
+
+
+def test_the_schemas_are_package_data():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"schemas/*.json"' in pyproject and '"py.typed"' in pyproject
+    assert (ROOT / "kvtune" / "py.typed").exists()
+    assert (ROOT / "kvtune" / "profiles" / "schemas" / "result.schema.json").exists()
+
+
+# ---- --json on every command ---------------------------------------------------------------------
+
+def test_bare_json_still_prints_json_and_a_path_writes_the_file(tmp_path):
+    r = CliRunner().invoke(main, ["estimate", "--model", "llama-3.1-8b", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["schema_version"] == SCHEMA_VERSION
+    out = tmp_path / "est.json"
+    r = CliRunner().invoke(main, ["estimate", "--model", "llama-3.1-8b", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "max batch" in r.stdout          # the human text, since the JSON went to the file
+    assert json.loads(out.read_text())["model"] == "llama-3.1-8b"
+
+
+def test_bare_json_before_the_workload_argument_keeps_its_old_meaning():
+    """``kvtune simulate --json W.yaml``: W.yaml is the input, not the output path (nothing overwritten)."""
+    before = CHAT.read_bytes()
+    r = CliRunner().invoke(main, ["simulate", "--json", str(CHAT), "--requests", "40"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["schema_version"] == SCHEMA_VERSION
+    assert CHAT.read_bytes() == before
+
+
+# ---- launch argv / env ---------------------------------------------------------------------------
+
+def test_launch_argv_and_env_split_the_shell_text():
+    out = launch_settings("llama-3.1-8b", {"tp": 1, "batch_cap": 64, "kv_dtype": "bf16", "spec_k": 0,
+                                           "chunk_tokens": 8192}, 1, 0.9, None)
+    supported = [e for e in ("vllm", "sglang", "llamacpp") if e not in out["unsupported"]]
+    assert {"vllm", "sglang"} <= set(supported)
+    for e in supported:
+        assert out["argv"][e] == [argv_of(out[e])] and out["env"][e] == [{}]
+    for e in out["unsupported"]:
+        assert out["argv"].get(e, []) == []   # nothing to start
+    assert out["argv"]["trtllm"] == [argv_of(out["trtllm"]["command"])]
+    cmds = commands_of("# a comment\nA=1 B='x y' vllm serve m \\\n  --port 8000\n\nvllm-router --port 9\n")
+    assert cmds == [{"argv": ["vllm", "serve", "m", "--port", "8000"], "env": {"A": "1", "B": "x y"}},
+                    {"argv": ["vllm-router", "--port", "9"], "env": {}}]
+
+
+# ---- typed options, env vars ---------------------------------------------------------------------
+
+def test_tune_help_shows_no_text_for_a_number():
+    r = CliRunner().invoke(main, ["tune", "--help"], terminal_width=200)
+    numeric = ["--max-runs", "--max-engine-s", "--run-s", "--min-requests", "--max-requests", "--warmup", "--check",
+               "--near", "--max-rounds", "--port", "--startup-timeout-s", "--request-timeout-s", "--seed", "--threads",
+               "--memory-budget-gb", "--rates"]
+    for flag in numeric:
+        line = next(ln for ln in r.output.splitlines() if re.search(rf"(^|\s){flag}\s", ln))
+        assert " TEXT" not in line, line
+    assert "[vllm|sglang|trtllm|llamacpp]" in r.output   # --engine is a choice
+
+
+def test_solve_sampler_and_engine_are_choices():
+    # choices in --help (above), refused in kvtune's one line, as before they were choices
+    r = CliRunner().invoke(main, ["solve", str(CHAT), "--sampler", "random"])
+    assert r.exit_code == 2 and r.output == "Error: --sampler must be one of tpe, grid, nsga2, got 'random'\n"
+    r = CliRunner().invoke(main, ["solve", str(CHAT), "--engine", "ollama"])
+    assert r.exit_code == 2 and r.output == \
+        "Error: --engine must be one of vllm, sglang, trtllm, llamacpp, got 'ollama'\n"
+
+
+def test_tune_bad_number_is_one_error_line():
+    r = CliRunner().invoke(main, ["tune", str(CHAT), "--max-runs", "ten"])
+    assert r.exit_code == 2 and "--max-runs: 'ten' is not an integer" in r.output
+
+
+def test_options_read_kvtune_environment_variables():
+    r = CliRunner().invoke(main, ["estimate", "--model", "llama-3.1-8b", "--json", "-"], env={"KVTUNE_ESTIMATE_TP": "2"})
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["tp"] == 2
+
+
+# ---- the report extra ----------------------------------------------------------------------------
+
+def test_report_without_matplotlib_names_the_extra_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # importlib.util.find_spec then says: not installed
+    dest = tmp_path / "rep"
+    r = CliRunner().invoke(main, ["solve", str(CHAT), "--report", str(dest), "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 2
+    assert "pip install 'kvtune[report]'" in r.output and r.output.startswith("Error:")
+    assert not dest.exists() and not (tmp_path / "r.json").exists()
+
+
+# ---- the progress line ---------------------------------------------------------------------------
+
+def test_progress_line_is_clipped_to_the_terminal_width(monkeypatch):
+    monkeypatch.setattr("shutil.get_terminal_size", lambda *a, **k: __import__("os").terminal_size((40, 24)))
+    buf = io.StringIO()
+    p = _Progress(enabled=True, stream=buf)
+    p.start("h100-sxm, a long label for the GPU type")
+    p(3, 10)
+    p.stage("race", 120)
+    p.close()
+    drawn = [seg for seg in buf.getvalue().replace("\n", "\r").split("\r") if seg]
+    assert drawn and all(len(seg) <= 39 for seg in drawn), [len(s) for s in drawn]
