@@ -4,11 +4,17 @@ extra: pgserver and psycopg; the tests skip without it). Imported as ``from pg_h
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+
+
+def pg_available() -> bool:
+    """Whether the pg extra is installed (the PostgreSQL cases run rather than skip)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("pgserver", "psycopg"))
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from example_solves import solve_example
 from helpers import kvtune
 from kvtune.optimizer.facts import manifest_kinds
 from kvtune.optimizer.report import PLOTS, latency_sample, operating_point, pick_context
@@ -127,9 +128,10 @@ def _check_plots(r: SolveResult, spec, rep: Path, md: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_every_example_reports_with_one_number_per_fact(name, tmp_path):
+def test_every_example_reports_with_one_number_per_fact(name, tmp_path_factory):
     workload = ROOT / "examples" / f"{name}.yaml"
-    code, terminal, js, rep = _solve(tmp_path, workload)
+    s = solve_example(tmp_path_factory, name)   # solved once, shared with the schema and launch tests
+    code, terminal, js, rep = s.code, s.text, s.json_path, s.report
     assert code == 0, terminal[-3000:]
     assert "Traceback" not in terminal
     d = json.loads(js.read_text())

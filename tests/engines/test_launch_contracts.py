@@ -12,7 +12,6 @@ another GPU, speculative methods, FP8); the slow one solves the shipped examples
 from __future__ import annotations
 
 import itertools
-import json
 import shlex
 
 import kubernetes_validate
@@ -21,7 +20,8 @@ import yaml
 
 from engine_contracts import (check_argv, check_trtllm_api, contract, flag_value, trtllm_startup_errors,
                               vllm_startup_errors)
-from helpers import kvtune, nested_keys
+from example_solves import solve_example
+from helpers import nested_keys
 from kvtune.costmodel import get_gpu, get_model
 from kvtune.optimizer.launch import (SPEC_METHODS, TRTLLM_DISAGG_KEYS, argv_of, build_pick,
                                      disaggregated_launch, launch_settings)
@@ -440,17 +440,12 @@ def test_the_contracts_name_their_source_archive():
 
 EXAMPLES = ("chat-llama3.1-8b", "rag-llama3.1-70b", "speculative-llama3.1-8b", "multinode-llama3.1-405b",
             "gpu-choice-llama3.1-70b")
-_SOLVED: dict[tuple, dict] = {}
-
-
 def _solve(name: str, *extra: str, tmp_path_factory) -> dict:
-    key = (name, *extra)
-    if key not in _SOLVED:
-        out = tmp_path_factory.mktemp("solve") / "r.json"
-        code, text = kvtune("solve", f"examples/{name}.yaml", "--quiet", "--json", out, *extra)
-        assert code == 0, text
-        _SOLVED[key] = json.loads(out.read_text())
-    return _SOLVED[key]
+    """The example's answer, solved once per session (tests/example_solves.py: shared with the
+    report and schema tests)."""
+    s = solve_example(tmp_path_factory, name, *extra)
+    assert s.code == 0, s.text[-3000:]
+    return s.result
 
 
 @pytest.mark.slow
