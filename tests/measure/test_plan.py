@@ -445,3 +445,20 @@ def test_fuzz_aiperf_records_reader(records, with_plan):
     rows = _ours(run.to_rows, Metadata(gpu="h100-sxm"), "r.csv")
     if rows is not None:
         read_table(_write("t.csv", rows_to_csv(rows)))
+
+
+@pytest.mark.parametrize("slo,msg", [('" "', r"key 'kvtune\.plan\.slo' = ' ' must be a mapping"),
+                                     ('{"ttft_ms": "fast"}', r"key 'kvtune\.plan\.slo\.ttft_ms' = 'fast' must be a number"),
+                                     ('{"attainment": 5}', r"key 'kvtune\.plan\.slo\.attainment' = 5\.0 must be in \(0, 1\]")])
+def test_a_plan_whose_slo_is_not_a_mapping_of_numbers_is_one_line(tmp_path, slo, msg):
+    """Found by test_fuzz_plan_reader on Python 3.10 (the lowest-dependencies job): a string for the
+    header's slo was an unforeseen AttributeError."""
+    from kvtune.costmodel import InputError
+    line = ('{"timestamp": 0, "input_length": 40, "output_length": 4, "hash_ids": [0, 1, 2], "kvtune": {"arrival_s": 0.0, '
+            '"class": "all", "prefix_tokens": 16, "prefix_group": 0, "warmup": false, "plan": {"source": "", '
+            '"rate_req_s": 2.0, "seed": 0, "requests": 1, "warmup": 0, "block_tokens": 16, "prefix_tokens_unshared": 0, '
+            f'"slo": {slo}, "kvtune_version": "", "pick": {{"batch_cap": 8}}, "predicted": {{"slo_attainment": 1.0}}}}}}}}\n')
+    f = tmp_path / "plan.jsonl"
+    f.write_text(line)
+    with pytest.raises(InputError, match=msg):
+        read_plan(f)
