@@ -424,14 +424,11 @@ def _read_kvtune(text: str, shown: str) -> ReadPlan:
         raise InputError(f"{shown}: key 'kvtune.plan.slo' = {str(s)[:40]!r} must be a mapping "
                          "(ttft_ms, tpot_ms, attainment)")
 
-    def slo_num(key: str, default: float) -> float:   # absent (or 0, as written for no target): the default
-        v = s.get(key)
-        return _num(shown, f"kvtune.plan.slo.{key}", v) if v else default
-
-    attainment = slo_num("attainment", SLO().attainment)
-    if not 0 < attainment <= 1:
-        raise InputError(f"{shown}: key 'kvtune.plan.slo.attainment' = {attainment!r} must be in (0, 1]")
-    slo = SLO(ttft_ms=slo_num("ttft_ms", math.inf), tpot_ms=slo_num("tpot_ms", math.inf), attainment=attainment)
+    try:   # SLO checks its own values; the file and key are this reader's to name
+        slo = SLO(ttft_ms=s.get("ttft_ms") or math.inf, tpot_ms=s.get("tpot_ms") or math.inf,
+                  attainment=s.get("attainment") or SLO().attainment)
+    except InputError as e:
+        raise InputError(f"{shown}: key 'kvtune.plan.slo': {e}") from None
     rate = _num(shown, "kvtune.plan.rate_req_s", header.get("rate_req_s"))
     if not rate > 0:
         raise InputError(f"{shown}: key 'kvtune.plan.rate_req_s' = {rate!r} must be > 0")
