@@ -11,7 +11,6 @@ recommended does not depend on them: the race covers the whole lattice.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, Callable
 
@@ -24,7 +23,7 @@ from .layouts import gpus_per_replica, layout_params
 from .result import (Bottleneck, Closest, Cost, ParetoPoint, Predicted, ProfileUse, RaceRow, Recommendation, Screened,
                      SolveResult, StepTerms, TrialCounts, VerificationCounts, VerifiedRow)
 from .search import (UNLAUNCHABLE, Evaluation, SolveContext, completed_evals, config_key, evaluate, grid_space,
-                     make_storage, open_study, run_search)
+                     make_storage, open_study, quiet_optuna, run_search)
 from .scaleout import StudyRunner
 from .simsearch import LocalRunner, Race, race, ranked_goodput
 from .check import aggregated_command
@@ -260,7 +259,7 @@ def solve_in(ctx: SolveContext, trials: int | None = None, sampler: str = "tpe",
     race (``recommend``). ``on_trial(done, total)`` hears the screen's trials, ``on_stage(name, n)``
     the race's stages; ``overrides``: the calibration/engine/profile the solve was given (the
     printed ``kvtune simulate`` command repeats them)."""
-    with _quiet_optuna():
+    with quiet_optuna():
         study = open_study(ctx, sampler, storage, study_name)
         if trials is None:
             trials = ctx.spec.search.trials
@@ -274,14 +273,3 @@ def solve_in(ctx: SolveContext, trials: int | None = None, sampler: str = "tpe",
             runner = LocalRunner(ctx, jobs)
         with runner:
             return recommend(ctx, study, sampler, verify_top, runner, on_stage, overrides, usd_cap)
-
-
-@contextlib.contextmanager
-def _quiet_optuna():
-    """Optuna logs every trial at INFO; a solve reports progress itself. Restored afterwards."""
-    before = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    try:
-        yield
-    finally:
-        optuna.logging.set_verbosity(before)

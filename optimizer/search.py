@@ -28,6 +28,7 @@ process (its pid is gone, or older than ``STALE_S``) are marked FAIL when a run 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -37,6 +38,7 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass, field, fields
+from collections.abc import Iterator
 from typing import Callable, Mapping
 
 import optuna
@@ -60,7 +62,7 @@ from .layouts import gpus_per_replica, search_layouts
 from .screen import WorkloadStats, screen
 from .workload import WorkloadSpec
 
-__all__ = ["SolveContext", "Evaluation", "evaluate", "make_storage", "open_study", "run_search", "grid_space",
+__all__ = ["SolveContext", "Evaluation", "evaluate", "make_storage", "open_study", "run_search", "grid_space", "quiet_optuna",
            "SAMPLERS", "STALE_S", "config_key", "UNLAUNCHABLE"]
 
 SAMPLERS = ("tpe", "grid", "nsga2")
@@ -450,6 +452,17 @@ def make_storage(url: str | None):
                 time.sleep(0.2 * (attempt + 1))
                 continue
             raise InputError(f"--storage {url!r}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}") from None
+
+
+@contextlib.contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Optuna logs every trial and study at INFO; a solve reports progress itself. Restored afterwards."""
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(before)
 
 
 def workload_digest(ctx: SolveContext, sampler: str) -> str:

@@ -208,6 +208,7 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
                                    **({} if verify_top is None else {"verify_top": verify_top}))
             result = solve(spec, options, Progress(on_type=progress.start, on_trial=progress,
                                                    on_stage=progress.stage, on_phase=progress.phase))
+        evidence = _write_evidence(result, storage, study_name)
         if report_dir:
             progress.phase("report: plots and report.md")
         result, plan_failed = _write_plan(result, spec, plan_path)
@@ -218,6 +219,8 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
         progress.close()
     to_stderr = STDOUT in (json_path, plan_path)
     click.echo(summary_text(result, storage), err=to_stderr)   # stdout holds the JSON (or the plan) alone
+    if evidence:
+        click.echo(evidence, err=to_stderr)
     if result.plan is not None:
         rec = result.recommendation
         click.echo("\n".join(plan_lines(result.plan, getattr(rec, "units", None) or getattr(rec, "replicas", None))),
@@ -228,6 +231,24 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
         raise failed
     if result.status != "ok":
         raise Infeasible(f"no configuration meets the SLOs: {result.reason}")
+
+
+def _write_evidence(result: SolveResult, storage: str | None, study_name: str | None) -> str | None:
+    """``--storage``: the deployments the simulator judged, recorded as their own optuna study beside
+    the screen's (``optimizer.evidence``); the line saying where. The answer comes first: a storage
+    that fails now is one line, and the answer is still printed and written."""
+    if not storage:
+        return None
+    from kvtune.optimizer.evidence import write_evidence
+    try:
+        got = write_evidence(result, storage, study_name)
+    except Exception as exc:   # the database went away after the solve: keep the answer
+        return f"  note: the evidence study was not written to {storage}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
+    if got is None:
+        return None   # another worker of this solve writes it
+    name, n = got
+    return (f"  evidence: study '{name}' in {storage}: the {n} deployments the simulator judged, its Pareto front "
+            f"the cost/goodput front above (optuna-dashboard, optuna.visualization.plot_pareto_front)")
 
 
 def _write_plan(result: SolveResult, spec, plan_path: str | None) -> tuple[SolveResult, InputError | None]:
