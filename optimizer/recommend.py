@@ -25,7 +25,7 @@ from .result import (Bottleneck, Closest, Cost, ParetoPoint, Predicted, ProfileU
 from .search import (UNLAUNCHABLE, Evaluation, SolveContext, completed_evals, config_key, evaluate, grid_space,
                      make_storage, open_study, quiet_optuna, run_search)
 from .scaleout import StudyRunner
-from .simsearch import LocalRunner, Race, race, ranked_goodput
+from .simsearch import LocalRunner, Race, exhaustive, lattice_size, race, ranked_goodput
 from .check import aggregated_command
 from .verify import Verification, sim_requests, verify
 
@@ -59,8 +59,10 @@ def recommend(ctx: SolveContext, study: optuna.Study, sampler: str, verify_top: 
     evals = completed_evals(study)
     own = runner is None
     runner = runner or LocalRunner(ctx)
+    # a lattice too large to exhaust: the race covers the configs the study's sampler proposed
+    pool = None if exhaustive(ctx) else frozenset(e.params.key for e in evals)
     try:
-        r = race(ctx, runner, on_stage=on_stage, seeds=verify_top, usd_cap=usd_cap)
+        r = race(ctx, runner, on_stage=on_stage, seeds=verify_top, usd_cap=usd_cap, pool=pool)
     finally:
         if own:
             runner.close()
@@ -101,7 +103,10 @@ def _base(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampl
             "target_rate_req_s": ctx.rate_req_s,
             "trials": TrialCounts(completed=len(evals), feasible=sum(1 for e in evals if e.feasible)),
             "verification": VerificationCounts(configs=len(r.verified), simulations=r.simulations,
-                                               work_items=r.work_items, outcomes=r.counts()),
+                                               work_items=r.work_items, outcomes=r.counts(),
+                                               lattice_configs=lattice_size(ctx),
+                                               raced=len(r.outcomes) + len(r.no_fit),
+                                               searched="exhaustive" if exhaustive(ctx) else "sampled"),
             "verified": tuple(_verified_row(v) for v in r.verified),
             "race": tuple(RaceRow(config=o.config, status=o.status, reason=o.reason, simulations=o.simulations)
                           for o in r.outcomes),

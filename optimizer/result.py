@@ -95,10 +95,17 @@ class VerificationCounts(_Flat):
     """How much the simulator race ran: configs verified, simulations, distinct work items, and
     each outcome's count (``optimizer.simsearch.Race.counts``, in the order they first occurred)."""
 
+    _OMIT_NONE = ("lattice_configs", "raced", "searched")
     configs: int
     simulations: int
     work_items: int
     outcomes: Mapping[str, int]
+    # how much of the space the race covered: ``exhaustive`` (every config of the lattice) or ``sampled``
+    # (only the configs the screen's study proposed, ``search.exhaustive_max_configs``); None: a result
+    # written before these keys
+    lattice_configs: int | None = None
+    raced: int | None = None
+    searched: str | None = None
 
 
 @dataclass(frozen=True)

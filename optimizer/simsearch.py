@@ -59,7 +59,7 @@ from .search import Evaluation, SolveContext, evaluate, grid_space
 from .verify import (REL_TOL, Verification, config_requests, draw_attainment, robust, robust_config, sim_config,
                      sim_requests, verify_config)
 
-__all__ = ["Probe", "Outcome", "Race", "race", "candidates", "bar_req_s", "rank", "LocalRunner",
+__all__ = ["Probe", "Outcome", "Race", "race", "candidates", "lattice_size", "exhaustive", "bar_req_s", "rank", "LocalRunner",
            "upper_attainment", "binomial_interval", "ZERO_LOAD_SHARE", "SEEDS", "BATCH", "CAPACITY_SLACK",
            "SHORT_SHARE", "CONFIDENCE", "STRETCHES", "CLOSEST", "EQUAL_COST_MARGIN", "OVERLOAD"]
 
@@ -399,9 +399,23 @@ def lattice_configs(ctx: SolveContext) -> list[Aggregated]:
     return out
 
 
-def candidates(ctx: SolveContext, runner=None) -> tuple[list[Evaluation], list[Evaluation]]:
-    """(screen evaluations of the configs that fit in memory, of those that do not), in lattice order."""
+def lattice_size(ctx: SolveContext) -> int:
+    """How many configs ``lattice_configs`` holds (without building them)."""
+    return math.prod(len(v) for v in grid_space(ctx).values())
+
+
+def exhaustive(ctx: SolveContext) -> bool:
+    """The race covers the whole lattice: it holds at most ``search.exhaustive_max_configs`` configs."""
+    return lattice_size(ctx) <= ctx.spec.search.exhaustive_max_configs
+
+
+def candidates(ctx: SolveContext, runner=None,
+               pool: frozenset[str] | None = None) -> tuple[list[Evaluation], list[Evaluation]]:
+    """(screen evaluations of the configs that fit in memory, of those that do not), in lattice order;
+    ``pool``: only the configs of those keys."""
     configs = lattice_configs(ctx)
+    if pool is not None:
+        configs = [p for p in configs if p.key in pool]
     evs = runner.screen(configs) if runner is not None and hasattr(runner, "screen") else \
         [evaluate(ctx, p) for p in configs]
     return [e for e in evs if e.fits], [e for e in evs if not e.fits]
@@ -550,14 +564,15 @@ def _goodput_bar(ctx: SolveContext, p: Aggregated, best: Verification | None,
 
 # ---- the race --------------------------------------------------------------------------------------
 def race(ctx: SolveContext, runner=None, on_stage: Callable[[str, int], None] | None = None,
-         seeds: int = SEEDS, usd_cap: float = math.inf) -> Race:
+         seeds: int = SEEDS, usd_cap: float = math.inf, pool: frozenset[str] | None = None) -> Race:
     """Zero-load probes, then the race (module docstring). ``runner.run(list[Work])`` returns
     their results in order (``LocalRunner`` or ``optimizer.scaleout.StudyRunner``). ``usd_cap``
     (min_cost): only deployments at or below this $/h count (another GPU type already has one
-    there, ``optimizer.gpu_choice``); nothing found is then no answer, without a closest miss."""
+    there, ``optimizer.gpu_choice``); nothing found is then no answer, without a closest miss.
+    ``pool``: the config keys raced (the study's sampled trials, ``sampled_pool``); None: every one."""
     runner = runner or LocalRunner(ctx)
     st = _race_of(ctx)(ctx, runner, on_stage, usd_cap if ctx.objective.caps_cost else math.inf)
-    fit, nofit = candidates(ctx, runner)
+    fit, nofit = candidates(ctx, runner, pool)
     alive = st.zero_load(fit)
     alive.sort(key=lambda e: _prior(ctx, e))
     st.run(alive, seeds)

@@ -393,7 +393,8 @@ def _search_defaults(hw: HardwareSpec, engine: str | None) -> SearchSpec:
 
 def _search(r: _Reader, v, hw: HardwareSpec, speculative: SpeculativeSpec | None, engine: str | None = None) -> SearchSpec:
     s = r.mapping({} if v is None else v, "search",
-                  ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "trials", "seed", "deployment"))
+                  ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "trials", "seed", "deployment",
+                   "exhaustive_max_configs"))
     d = _search_defaults(hw, engine)
     if "tp" in s:
         tps = s["tp"] if isinstance(s["tp"], list) else [s["tp"]]
@@ -425,6 +426,8 @@ def _search(r: _Reader, v, hw: HardwareSpec, speculative: SpeculativeSpec | None
         trials=r.int_(s["trials"], "search.trials", 1) if "trials" in s else d.trials,
         seed=r.int_(s["seed"], "search.seed", 0, MAX_SEED) if "seed" in s else d.seed,
         deployment=_deployment(r, s["deployment"]) if "deployment" in s else d.deployment,
+        exhaustive_max_configs=(r.int_(s["exhaustive_max_configs"], "search.exhaustive_max_configs", 0)
+                                if "exhaustive_max_configs" in s else d.exhaustive_max_configs),
     )
 
 

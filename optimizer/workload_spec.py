@@ -106,6 +106,10 @@ class SearchSpec:
     trials: int = 200
     seed: int = 0
     deployment: tuple[str, ...] = DEPLOYMENTS    # which kinds solve searches (optimizer.deployment_choice)
+    # the simulator race exhausts a GPU type's lattice up to this many configs; above it, the race covers
+    # only the configs the screen's study sampled (``trials`` of them, by ``--sampler`` and ``--seed``).
+    # 5,000: above every shipped workload's (the largest, examples/multinode-deepseek-v3.yaml: 1,624)
+    exhaustive_max_configs: int = 5000
 
     def __post_init__(self) -> None:
         if not self.deployment or any(d not in DEPLOYMENTS for d in self.deployment):
@@ -122,6 +126,9 @@ class SearchSpec:
             raise InputError(f"search trials must be a whole number >= 1, got {self.trials!r}")
         if not _is_int(self.seed) or self.seed < 0:
             raise InputError(f"search seed must be a whole number >= 0, got {self.seed!r}")
+        if not _is_int(self.exhaustive_max_configs) or self.exhaustive_max_configs < 0:
+            raise InputError(f"search exhaustive_max_configs must be a whole number >= 0, "
+                             f"got {self.exhaustive_max_configs!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,7 +197,10 @@ class WorkloadSpec:
             "objective": self.objective,
             "search": {"tp": list(s.tp), "batch_cap": list(s.batch_cap), "kv_dtype": list(s.kv_dtype),
                        "spec_k": list(s.spec_k), "chunk_tokens": list(s.chunk_tokens), "trials": s.trials,
-                       "seed": s.seed, "deployment": list(s.deployment)},
+                       "seed": s.seed, "deployment": list(s.deployment),
+                       # only where given: a workload without it reads (and digests) as before
+                       **({"exhaustive_max_configs": s.exhaustive_max_configs}
+                          if s.exhaustive_max_configs != SearchSpec().exhaustive_max_configs else {})},
             # only where given: a workload without one reads (and digests) as before
             **({"checkpoint": self.checkpoint.to_json()} if self.checkpoint is not None else {}),
         }

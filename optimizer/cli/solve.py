@@ -148,9 +148,9 @@ class _Progress:
 
 @click.command("solve")
 @click.argument("workload", type=click.Path(dir_okay=False))
-@click.option("--trials", type=_Int(1), default=None, help="Trials to run (default: search.trials; grid: the whole grid).")
+@click.option("--trials", type=_Int(1), default=None, help="Trials to run (default: search.trials; grid: the whole grid); above search.exhaustive_max_configs, the most configs the race covers.")
 @click.option("--seed", type=_Int(0, MAX_SEED), default=None, help="Sampler seed (default: search.seed; the simulated requests always follow search.seed).")
-@click.option("--sampler", type=Choice(SAMPLER_NAMES), default="tpe", show_default=True, help="tpe | grid | nsga2: the sampler of the analytic screen's trials (the study; the simulator race that picks covers the whole lattice whatever the sampler).")
+@click.option("--sampler", type=Choice(SAMPLER_NAMES), default="tpe", show_default=True, help="tpe | grid | nsga2: the sampler of the analytic screen's trials (the study). The simulator race that picks covers the whole lattice up to search.exhaustive_max_configs configs (default 5000) whatever the sampler; above it, only the configs the sampler proposed.")
 @click.option("--storage", default=None, help="Optuna storage: sqlite:///kvtune.db, journal:./kvtune.log or an RDB URL (default: in memory).")
 @click.option("--study-name", default=None, help="Study to create or resume in --storage (default: derived from the workload).")
 @click.option("--verify-top", type=_Int(1), default=None, help="max_goodput: configs fully verified before the simulator race (default 4).")
@@ -351,6 +351,11 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
     t = r.trials
     head = f"kvtune {r.kvtune_version}  {r.objective}  target {r.target_rate_req_s:g} req/s  " \
            f"sampler {r.sampler} seed {r.seed}  trials {t.completed} ({t.feasible} feasible)"
+    v = r.verification
+    if v.searched == "sampled":   # the sampler, its seed and its trials chose what the simulator raced
+        head += f"  race: the {v.raced:,} configs sampled of {v.lattice_configs:,}"
+    elif v.searched == "exhaustive":   # the sampler's study is the screen's record; the race covers all
+        head += f"  race: all {v.lattice_configs:,} configs"
     lines.append(head)
     cal = r.calibration or {}
     named = f"calibration {cal['name']}: " if cal.get("name") and cal["name"] not in r.source else ""

@@ -259,8 +259,8 @@ def test_recommend_closes_the_runner_it_made_and_passes_the_stages(monkeypatch):
     ctx = make_ctx()
     seen = {}
 
-    def fake_race(c, runner, on_stage=None, seeds=None, usd_cap=None):
-        seen.update(runner=runner, on_stage=on_stage, seeds=seeds, usd_cap=usd_cap)
+    def fake_race(c, runner, on_stage=None, seeds=None, usd_cap=None, pool=None):
+        seen.update(runner=runner, on_stage=on_stage, seeds=seeds, usd_cap=usd_cap, pool=pool)
         runner.screen([])        # a LocalRunner
         return Race((), 0, (), (("k", "no room"),))
     closed = []
@@ -270,6 +270,7 @@ def test_recommend_closes_the_runner_it_made_and_passes_the_stages(monkeypatch):
     stage = lambda name, n: None   # noqa: E731
     r = rc.recommend(ctx, study, "grid", verify_top=3, on_stage=stage, usd_cap=7.0)
     assert isinstance(seen["runner"], ss.LocalRunner) and closed == [seen["runner"]] and seen["runner"].ctx is ctx
+    assert seen["pool"] is None   # a lattice within search.exhaustive_max_configs: every config raced
     assert (seen["on_stage"], seen["seeds"], seen["usd_cap"]) == (stage, 3, 7.0)
     assert r.status == "infeasible" and r.reason.endswith("no room")
     mine = FakeRunner(ctx, G)
