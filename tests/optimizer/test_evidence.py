@@ -13,18 +13,12 @@ from optuna.trial import TrialState
 
 from example_solves import solve_example
 from helpers import kvtune
+from tiny_workload import tiny_8b
 from kvtune.optimizer.evidence import evidence_rows, evidence_study_name, write_evidence
 from kvtune.optimizer.result import SolveResult
 
-TINY = {"model": "llama-3.1-8b",
-        "hardware": {"gpu": "h100-sxm", "gpus_per_node": 8, "usd_per_gpu_hour": 2.0, "max_nodes": 1},
-        "workload": {"rate_req_s": 30, "classes": [{"name": "c", "share": 1.0, "input_tokens": 3000,
-                                                    "output_tokens": {"dist": "lognormal", "mean": 200, "sigma": 0.5,
-                                                                      "max": 800}}]},
-        "slo": {"ttft_ms": 400, "tpot_ms": 30, "attainment": 0.9},
-        "objective": "max_goodput",
-        "search": {"tp": [1, 2], "batch_cap": [16, 64], "kv_dtype": ["bf16", "fp8"],
-                   "chunk_tokens": [1024, 4096], "trials": 10, "seed": 0, "deployment": ["aggregated"]}}
+TINY = tiny_8b({"tp": [1, 2], "batch_cap": [16, 64], "kv_dtype": ["bf16", "fp8"], "chunk_tokens": [1024, 4096],
+                "trials": 10, "seed": 0, "deployment": ["aggregated"]}, "max_goodput")
 
 
 @pytest.fixture(scope="module")

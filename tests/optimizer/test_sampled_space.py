@@ -10,21 +10,14 @@ from kvtune.costmodel.errors import InputError
 from kvtune.optimizer.search import SolveContext, workload_digest
 from kvtune.optimizer.simsearch import lattice_configs, lattice_size
 from kvtune.optimizer.solve import SolveOptions, solve
-from kvtune.optimizer.workload import load_workload_dict
+from tiny_workload import tiny_8b_spec
 
-BASE = {"model": "llama-3.1-8b",
-        "hardware": {"gpu": "h100-sxm", "gpus_per_node": 8, "usd_per_gpu_hour": 2.0, "max_nodes": 1},
-        "workload": {"rate_req_s": 30, "classes": [{"name": "c", "share": 1.0, "input_tokens": 3000,
-                                                    "output_tokens": {"dist": "lognormal", "mean": 200, "sigma": 0.5,
-                                                                      "max": 800}}]},
-        "slo": {"ttft_ms": 400, "tpot_ms": 30, "attainment": 0.9},
-        "objective": "min_cost"}
 SEARCH = {"tp": [1, 2, 4], "batch_cap": [8, 256], "kv_dtype": ["bf16", "fp8"], "chunk_tokens": [512, 8192],
           "trials": 12, "seed": 0, "deployment": ["aggregated"]}   # 3 x 6 x 2 x 5 = 180 configs
 
 
 def spec(**search):
-    return load_workload_dict({**BASE, "search": {**SEARCH, **search}}, "<test>")
+    return tiny_8b_spec({**SEARCH, **search})
 
 
 def raced(r) -> set[str]:

@@ -12,21 +12,12 @@ from kvtune.optimizer.disagg import ForkPool
 from kvtune.optimizer.screen import screen
 from kvtune.optimizer.search import SolveContext
 from kvtune.optimizer.simsearch import lattice_configs
-from kvtune.optimizer.workload import load_workload_dict
+from tiny_workload import tiny_8b_spec
 
 
 def _spec(**over):
-    d = {"model": "llama-3.1-8b",
-         "hardware": {"gpu": "h100-sxm", "gpus_per_node": 8, "usd_per_gpu_hour": 2.0, "max_nodes": 1},
-         "workload": {"rate_req_s": 30, "classes": [{"name": "c", "share": 1.0, "input_tokens": 3000,
-                                                     "output_tokens": {"dist": "lognormal", "mean": 200, "sigma": 0.5,
-                                                                       "max": 800}}]},
-         "slo": {"ttft_ms": 400, "tpot_ms": 30, "attainment": 0.9},
-         "objective": "min_cost",
-         "search": {"tp": [1, 2], "batch_cap": [1, 512], "kv_dtype": ["bf16", "fp8"],
-                    "chunk_tokens": [512, 8192], "trials": 10, "seed": 0}}
-    d.update(over)
-    return load_workload_dict(d, "<test>")
+    return tiny_8b_spec({"tp": [1, 2], "batch_cap": [1, 512], "kv_dtype": ["bf16", "fp8"],
+                         "chunk_tokens": [512, 8192], "trials": 10, "seed": 0}, **over)
 
 
 def test_the_screen_memo_gives_the_same_screen_bit_for_bit():

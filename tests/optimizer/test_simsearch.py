@@ -14,7 +14,7 @@ from kvtune.optimizer.recommend import solve
 from kvtune.optimizer.search import Evaluation, SolveContext, config_key, evaluate
 from kvtune.optimizer.simsearch import EQUAL_COST_MARGIN, Outcome, Probe, Work, LocalRunner, bar_req_s, lattice_configs, race, rank, ranked_goodput, CAPACITY_SLACK, CLOSEST, OVERLOAD, Race
 from kvtune.optimizer.verify import REL_TOL, Verification, verify_config, DRAWS, config_requests, sim_requests
-from kvtune.optimizer.workload import load_workload_dict
+from tiny_workload import tiny_8b_spec
 from types import SimpleNamespace
 from kvtune.optimizer.deployment import Aggregated
 from kvtune.costmodel.goodput import capacity_bound_req_s
@@ -22,17 +22,9 @@ from kvtune.optimizer import simsearch as ss
 from race_fakes import MEETS, FakeRunner, make_ctx, params, patch_simulation
 
 def tiny_spec(objective="min_cost", **over):
-    d = {"model": "llama-3.1-8b",
-         "hardware": {"gpu": "h100-sxm", "gpus_per_node": 8, "usd_per_gpu_hour": 2.0, "max_nodes": 1},
-         "workload": {"rate_req_s": 30, "classes": [{"name": "c", "share": 1.0, "input_tokens": 3000,
-                                                     "output_tokens": {"dist": "lognormal", "mean": 200, "sigma": 0.5,
-                                                                       "max": 800}}]},
-         "slo": {"ttft_ms": 400, "tpot_ms": 30, "attainment": 0.9},
-         "objective": objective,
-         "search": {"tp": [1, 2], "batch_cap": [16, 64], "kv_dtype": ["bf16", "fp8"],
-                    "chunk_tokens": [1024, 4096], "trials": 10, "seed": 0}}
-    d.update(over)
-    return load_workload_dict(d, "<test>")
+    search = over.pop("search", {"tp": [1, 2], "batch_cap": [16, 64], "kv_dtype": ["bf16", "fp8"],
+                                 "chunk_tokens": [1024, 4096], "trials": 10, "seed": 0})
+    return tiny_8b_spec(search, objective, **over)
 
 
 def _oracle(ctx):
