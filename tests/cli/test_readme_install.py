@@ -28,4 +28,4 @@ def test_ci_runs_the_readme_install_and_test_commands_exactly():
 def test_the_install_installs_the_package_and_the_tests_add_their_tools():
     assert "pip install -e ." in _block("Install")
     assert not any("[test]" in c for c in _block("Install"))
-    assert _block("Test")[:2] == ['pip install -e ".[test]"', "pytest -q"]
+    assert _block("Test")[:2] == ['pip install -e ".[test]"', "pytest -q -n auto"]   # xdist: the test extra
