@@ -29,7 +29,6 @@ process (its pid is gone, or older than ``STALE_S``) are marked FAIL when a run 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import math
@@ -61,7 +60,7 @@ from .objective import MinCost, Objective, objective_for
 from .step_factory import StepFactory
 from .layouts import gpus_per_replica, search_layouts
 from .screen import WorkloadStats, screen
-from .workload import SearchSpec, WorkloadSpec
+from .workload import WorkloadSpec
 
 __all__ = ["SolveContext", "Evaluation", "evaluate", "make_storage", "open_study", "run_search", "grid_space", "quiet_optuna",
            "SAMPLERS", "STALE_S", "config_key", "UNLAUNCHABLE"]
@@ -468,9 +467,11 @@ def quiet_optuna() -> Iterator[None]:
 
 def workload_digest(ctx: SolveContext, sampler: str) -> str:
     spec = ctx.spec
-    # the race's exhaustive cut-over does not change the screen's trials: left out, so a study resumes across it
-    search = dataclasses.replace(spec.search, exhaustive_max_configs=SearchSpec().exhaustive_max_configs)
-    blob = json.dumps({"spec": repr(spec.hardware) + repr(spec.slo) + repr(search) + repr(spec.speculative)
+    # the race's exhaustive cut-over does not change the screen's trials: left out (the dataclass's own
+    # repr less that field), so a study resumes across it and keeps the name it had before the field
+    search = "SearchSpec(" + ", ".join(f"{f.name}={getattr(spec.search, f.name)!r}" for f in fields(spec.search)
+                                       if f.name != "exhaustive_max_configs") + ")"
+    blob = json.dumps({"spec": repr(spec.hardware) + repr(spec.slo) + search + repr(spec.speculative)
                        + repr(spec.objective) + str(spec.model) + str(spec.engine) + str(spec.gpu_mem_util),
                        "stats": [ctx.stats.mean_input_tokens, ctx.stats.mean_output_tokens, ctx.rate_req_s],
                        "sampler": sampler, "seed": ctx.seed, "workload_seed": ctx.workload_seed,

@@ -71,3 +71,12 @@ def test_the_cut_over_is_checked_and_does_not_move_the_screens_study():
         workload_digest(SolveContext.build(spec(exhaustive_max_configs=10)), "tpe")
     assert "exhaustive_max_configs" not in spec().to_dict()["search"]
     assert spec(exhaustive_max_configs=10).to_dict()["search"]["exhaustive_max_configs"] == 10
+
+
+def test_a_study_made_before_the_cut_over_existed_keeps_its_name():
+    """The screen study's name is its workload digest; the field left out of it, a study written by
+    kvtune before search.exhaustive_max_configs (24f721f: fd3c51ac02be19d0 for this example) resumes."""
+    from pathlib import Path
+    from kvtune.optimizer.workload import load_workload
+    path = Path(__file__).resolve().parents[2] / "examples" / "chat-llama3.1-8b.yaml"
+    assert workload_digest(SolveContext.build(load_workload(str(path))), "tpe") == "fd3c51ac02be19d0"
