@@ -26,6 +26,7 @@ from .files import load_yaml, path_kind, profiles_path, reading
 from .efficiency import IDEAL, PARAM_BOUNDS, Efficiency
 from .engines import ENGINE_NAMES, get_engine
 from .errors import InputError, ProfileDataMissing
+from .hardware import get_gpu
 
 __all__ = ["load_calibration", "find_calibration", "calibration_path", "efficiency_for", "lookup_calibration",
            "CalibrationChoice", "ENGINES"]
@@ -50,8 +51,6 @@ def load_calibration(path: str | Path, gpu: str | None = None) -> Efficiency:
 
 
 def _same_gpu(a: str, b: str) -> bool:
-    from .hardware import get_gpu
-
     def canonical(name: str) -> str:
         try:
             return get_gpu(name).name

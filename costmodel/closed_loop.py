@@ -52,6 +52,7 @@ import numpy as np
 from .engines import REGISTRY
 from .errors import InputError
 from .requests import Requests
+from .simulate import simulate
 
 __all__ = ["CLIENT_STARTS", "STAGGERED_ENGINES", "default_clients", "client_starts_s", "measured_window",
            "run_closed_loop", "ENGINE_ALIASES", "canonical_engine"]
@@ -112,7 +113,6 @@ def run_closed_loop(step, requests: Requests, config, concurrency: int, clients:
     request ``i`` first, at ``client_starts_s``; each client's next request goes when its last one
     completes). Returns the simulator's ``SimResult`` with ``measured`` set to
     ``measured_window`` and ``slo_attainment`` over those requests."""
-    from .simulate import simulate
 
     n = len(requests)
     if isinstance(concurrency, bool) or not isinstance(concurrency, (int, np.integer)) or concurrency < 1:

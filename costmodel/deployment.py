@@ -49,6 +49,7 @@ from .hardware import GPU
 from .requests import Requests
 from .simulate import SimConfig, SimResult, simulate_replica, build_result, default_warmup_frac
 from .step import StepCost, StepModel
+from .goodput import capacity_bound_req_s
 
 __all__ = ["Pool", "KVLink", "kv_link", "DisaggResult", "simulate_disaggregated", "exposed_transfer_s",
            "disaggregated_bound_req_s"]
@@ -266,7 +267,6 @@ def disaggregated_bound_req_s(prefill: Pool, decode: Pool, mean_input_tokens: fl
     prompt tokens it computes: ``mean_uncached_tokens``, the prompt less what the prefix cache
     holds, when the pool caches prefixes) and the decode pool's (``goodput.capacity_bound_req_s``
     per replica; cached prefix tokens held once count as shared)."""
-    from .goodput import capacity_bound_req_s
 
     c = int(prefill.config.chunk_tokens)
     t = prefill.step.step_time_s(0, 0.0, c, StepModel.chunk_pairs(c, 0), 0.0)

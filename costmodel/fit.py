@@ -31,9 +31,11 @@ from .hardware import GPU
 from .memory import GPU_MEM_UTIL
 from .models import get_model
 from .profile_table import ProfileRow
-from .request_log import RequestLog
+from .request_log import RequestLog, read_request_log
 from .requests import Requests
 from .step import StepModel
+from scipy.optimize import least_squares
+from .simulate import SimConfig, simulate
 
 __all__ = ["FIT_PARAMS", "FIT_METRICS", "METRICS", "PERCENTILE_METRICS", "REQUEST_METRICS", "PointFit", "FitResult", "RowPredictor", "measured_metrics", "request_figures", "metric_of", "fit_efficiency", "visible_params",
            "evaluate", "cross_validate", "mape", "Prior", "NothingToFit", "HOLD_SD_RATIO", "PRIOR_FIGURE_SD_LOG", "HeldOutFold", "cv_key",
@@ -241,7 +243,6 @@ class RowPredictor:
         prefill chunks into decode steps); SGLang's admission reserves room for outputs
         (``OUTPUT_RESERVE_ENGINES``); the row's ``kv_pool_tokens``, when recorded, is the pool, and
         its ``chunk_tokens`` the per-step token budget."""
-        from .simulate import SimConfig
 
         engine = canonical_engine(row.engine)
         first = row.scheduler == "prefill_first" if row.scheduler else engine in PREFILL_FIRST_ENGINES
@@ -268,7 +269,6 @@ class RowPredictor:
     def closed_loop_requests(self, row: ProfileRow):
         """The requests a closed-loop row is simulated with: ``max(requests_per_client x C,
         min_requests)`` identical ones."""
-        from .requests import Requests
 
         c, isl, osl = row.concurrency, row.input_tokens, row.output_tokens
         if c is None or isl is None or osl is None:
@@ -276,9 +276,6 @@ class RowPredictor:
         return Requests.uniform(self.simulated_requests(row), isl, osl)
 
     def _simulate(self, sm, row: ProfileRow) -> dict[str, float]:
-        from .requests import Requests
-        from .simulate import simulate
-
         isl, osl = row.input_tokens, row.output_tokens
         if isl is None or osl is None:
             raise InputError(f"row {row.id}: a request row needs input_tokens and output_tokens")
@@ -317,7 +314,6 @@ class RowPredictor:
         if path is not None:
             key = str(path)
             if key not in self._logs:
-                from .request_log import read_request_log
 
                 self._logs[key] = read_request_log(path)
             log = self._logs[key]
@@ -343,7 +339,6 @@ class RowPredictor:
         batch cap (none recorded: no cap below the pool's), its pool, chunk budget and scheduler:
         means and p50/p90 of TTFT and TPOT over the measured requests, throughput, and
         ``attainment`` over the counted ones (not a fitted figure)."""
-        from .simulate import simulate
 
         req, counted, measured = self.open_loop_requests(row)
         res = simulate(sm, req, self.sim_config(row, row.batch_cap or len(req)), arrival="trace", seed=self.seed,
@@ -420,7 +415,6 @@ def _read_log(row: ProfileRow, cache: dict | None = None) -> RequestLog | None:
     path = row.requests_path() if row.open_loop else None
     if path is None:
         return None
-    from .request_log import read_request_log
 
     if cache is None:
         return read_request_log(path)
@@ -611,7 +605,6 @@ def fit_efficiency(rows: Sequence[ProfileRow], gpu: GPU, base: Efficiency,
     def resid_robust(x):
         return resid_with(x, loss)
 
-    from scipy.optimize import least_squares
 
     # Plain least squares first: from a far start (the ideal model misses by 50%+) a robust loss
     # sees every point as an outlier and its gradient vanishes; then the robust loss from there.

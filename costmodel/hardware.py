@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from .files import load_yaml, path_kind, profiles_path, reading
 from .errors import InputError
+from pathlib import Path
 
 __all__ = ["GPU", "get_gpu", "list_gpus", "load_gpu_file", "resolve_gpu"]
 
@@ -115,8 +116,6 @@ def load_gpu_file(path) -> GPU:
 
 
 def _load_gpu_file(path) -> GPU:
-    from pathlib import Path
-
     p = Path(path)
     if not path_kind(p):
         raise InputError(f"hardware file {p}: no such file")

@@ -31,6 +31,8 @@ from .memory import MemoryPlan
 from .models import ModelArch
 from .parallel import Parallel
 from .step import SpecConfig, StepBreakdown, StepCost, StepModel, StepTerms, chunked_prefill_time_s
+from scipy.interpolate import LinearNDInterpolator
+from scipy.spatial import QhullError
 
 __all__ = ["MeasuredStepModel"]
 
@@ -56,8 +58,6 @@ class _Surface:
             self._kind, order = "b", np.argsort(keys[:, 1])
             self._x, self._y = keys[order, 1], t[order]
         else:
-            from scipy.interpolate import LinearNDInterpolator
-            from scipy.spatial import QhullError
             try:
                 self._interp = LinearNDInterpolator(keys, t)
                 self._kind = "2d"

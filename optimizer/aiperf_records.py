@@ -51,6 +51,7 @@ from kvtune.costmodel.files import read_text, reading
 from kvtune.costmodel.traffic import SLO
 
 from .loadgen import OpenLoopPlan, OpenLoopRun, RequestRecord
+from .plan import first_of_plan
 
 __all__ = ["FORMAT", "is_profile_export", "read_profile_export"]
 
@@ -201,7 +202,6 @@ def _alone(recs: list[_Record], model: str) -> OpenLoopRun:
 
 
 def _with_plan(recs: list[_Record], plan: OpenLoopPlan, model: str, shown: str) -> OpenLoopRun:
-    from .plan import first_of_plan
     if recs[-1].session >= len(plan):
         raise InputError(f"{recs[-1].where}: session_num {recs[-1].session} is beyond the plan's {len(plan)} "
                          f"requests: this export is not a replay of that plan")

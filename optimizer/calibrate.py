@@ -32,6 +32,7 @@ from kvtune.costmodel.memory import GPU_MEM_UTIL
 from kvtune.costmodel.models import get_model
 from kvtune.costmodel.step import StepModel
 from kvtune.costmodel.profile_table import ProfileRow, read_table
+from kvtune.optimizer.output import write_atomic
 
 __all__ = ["TableInput", "load_tables", "base_path", "resolve_base", "select_rows", "calibrate",
            "calibration_dict", "calibration_yaml", "fit_shipped"]
@@ -453,7 +454,6 @@ def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None
                 max_nfev: int = 30, cv: bool = True, only: tuple[str, ...] = ()) -> dict[str, dict]:
     """Fit and write the shipped H100 calibrations (used by bench/fit_shipped_calibrations.py);
     ``only`` names the ones to refit (default all)."""
-    from kvtune.optimizer.output import write_atomic
 
     gpu = get_gpu("h100-sxm")
     predict = RowPredictor(gpu, stagger=STAGGERED_ENGINES)
@@ -512,7 +512,6 @@ def refit_fp8_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str]
     """The FP8 stage alone on the shipped files as they are (their other parameters fixed): what
     ``fit_shipped`` does last, without the bf16 stages' half hour of CPU. Rewrites each file's FP8
     params, their uncertainty and ``fit.fp8``; everything else is kept."""
-    from kvtune.optimizer.output import write_atomic
 
     gpu = get_gpu("h100-sxm")
     predict = RowPredictor(gpu, stagger=STAGGERED_ENGINES)

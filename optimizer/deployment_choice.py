@@ -42,6 +42,9 @@ from .result import (AggregatedSummary, Bottleneck, Cost, DeploymentChoice, Disa
                      DisaggregatedRecommendation, DisaggregatedSummary, JsonObject, Predicted, SolveResult)
 from .search import SolveContext
 from .workload import WorkloadSpec
+from .launch import LaunchPick, PlannerTargets, build_pick, disaggregated_launch
+from .launch.context import request_lengths
+import multiprocessing as mp
 
 __all__ = ["combine", "disaggregated_answer", "DisaggregatedAnswer", "deployment_lines", "Beside",
            "may_fork"]
@@ -197,8 +200,6 @@ def _disagg_recommendation(model: str, gpu: str, d: DisaggregatedSummary) -> Dis
 
 def _launch(spec: WorkloadSpec, rec: DisaggregatedRecommendation, ctx: SolveContext,
             per_unit_goodput_req_s: float | None = None) -> dict:
-    from .launch import LaunchPick, PlannerTargets, build_pick, disaggregated_launch
-    from .launch.context import request_lengths
     arch, gpu = ctx.model, ctx.gpu
     n = request_lengths(spec.workload)
 
@@ -240,7 +241,6 @@ def combine(spec: WorkloadSpec, agg: SolveResult, dis: DisaggregatedAnswer | Non
 
 def may_fork() -> bool:
     """A forked process may start others (a pool's daemonic workers may not)."""
-    import multiprocessing as mp
     return not mp.current_process().daemon
 
 
@@ -251,7 +251,6 @@ class Beside:
     an error is raised where it would have been), ``cancel()`` ends it."""
 
     def __init__(self, fn: Callable[[], Any]):
-        import multiprocessing as mp
         mpc = mp.get_context("fork")
         self._recv, send = mpc.Pipe(duplex=False)
 

@@ -35,6 +35,8 @@ from kvtune.costmodel.deployment import Pool, disaggregated_bound_req_s, kv_link
 from kvtune.costmodel.goodput import goodput
 from kvtune.costmodel.simulate import SimConfig
 from kvtune.costmodel.step import StepCost
+import multiprocessing as mp
+import numpy as np
 
 __all__ = ["PoolChoice", "DisaggCandidate", "DisaggSearch", "search_disaggregated", "margin", "DEFAULT_ENGINE",
            "uncached_prompt_tokens", "fork_map", "ForkPool"]
@@ -270,7 +272,6 @@ def _forked_call(i: int):
 def fork_map(fn: Callable[[Any], Any], items: list, jobs: int) -> list:
     """``[fn(x) for x in items]`` on ``jobs`` forked processes (``fn`` and ``items`` reach them by the
     fork, so closures work), results in order; in this process when ``jobs`` or the items are < 2."""
-    import multiprocessing as mp
     global _FORKED
     if jobs < 2 or len(items) < 2:
         return [fn(x) for x in items]
@@ -314,7 +315,6 @@ class ForkPool:
         if self.jobs < 2 or len(xs) < 2:
             return [self.fn(x) for x in xs]
         if self._pool is None:
-            import multiprocessing as mp
             _FORK_FN = self.fn
             self._pool = mp.get_context("fork").Pool(self.jobs)
         return self._pool.map(_fork_fn_call, xs, chunksize=1)
@@ -331,7 +331,6 @@ def uncached_prompt_tokens(req) -> float:
     """Mean prompt tokens a prefill pool computes once the prefix cache is warm: a request of a
     prefix group reads its shared prefix from the cache (steady state: the first request of each
     group per replica is left out, so the bound stays an upper bound)."""
-    import numpy as np
     shared = np.where(req.prefix_group >= 0, req.prefix_tokens, 0)
     return float(np.maximum(req.input_tokens - shared, 0).mean())
 

@@ -27,6 +27,8 @@ from typing import Any, Mapping
 from .disagg import DisaggCandidate, ForkPool, PoolChoice, uncached_prompt_tokens
 from .search import SolveContext
 from .verify import REL_TOL, DrawSet, Draws, draw_seeds, sim_requests
+from kvtune.costmodel.deployment import Pool, kv_link, disaggregated_bound_req_s, simulate_disaggregated
+from kvtune.costmodel.goodput import goodput
 
 __all__ = ["UnitVerification", "verify_unit", "robust_unit", "simulate_unit_at", "unit_rank"]
 
@@ -86,8 +88,6 @@ def unit_rank(ctx: SolveContext, u: UnitVerification) -> tuple:
 
 
 def _pools(ctx: SolveContext, c: DisaggCandidate, kv: str):
-    from kvtune.costmodel.deployment import Pool, kv_link
-
     def pool(p: PoolChoice) -> Pool:
         step = ctx.step(p.tp, kv, 0)
         if isinstance(step, Exception):
@@ -113,7 +113,6 @@ def _maker(ctx: SolveContext):
 def _run_one(ctx: SolveContext, c: DisaggCandidate, kv: str, engine: str):
     """``sim(requests, arrival, warmup_frac)`` of one unit, and its pools' capacity bound (the
     prefill pool computing only the prompt tokens the prefix cache does not hold)."""
-    from kvtune.costmodel.deployment import disaggregated_bound_req_s, simulate_disaggregated
     pp, dp, link = _pools(ctx, c, kv)
     seed = ctx.workload_seed
 
@@ -144,7 +143,6 @@ def _sized(ctx: SolveContext, base: UnitVerification, per_unit: float, units: in
 
 def verify_unit(ctx: SolveContext, c: DisaggCandidate, kv: str, engine: str) -> UnitVerification:
     """The nominal verification of one unit (module docstring)."""
-    from kvtune.costmodel.goodput import goodput
     sim, _, dp, ub = _run_one(ctx, c, kv, engine)
     n = _n_requests(ctx, c, kv)
     guess = c.goodput_req_s if c.goodput_req_s and math.isfinite(c.goodput_req_s) and c.goodput_req_s > 0 else None
@@ -205,7 +203,6 @@ def simulate_unit_at(ctx: SolveContext, c: DisaggCandidate, kv: str, engine: str
                      units: int, n: int, seed: int):
     """One draw of ``units`` units at ``fleet_rate_req_s`` split evenly among them (a random split of
     a Poisson stream: each unit sees ``fleet / units``): ``kvtune simulate``'s disaggregated run."""
-    from kvtune.costmodel.deployment import simulate_disaggregated
     pp, dp, link = _pools(ctx, c, kv)
     req = ctx.spec.requests(int(n), int(seed), rate_req_s=fleet_rate_req_s / units)
     return simulate_disaggregated(pp, dp, req, link, "trace", int(seed), None, engine=engine).result

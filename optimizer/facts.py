@@ -32,6 +32,9 @@ from typing import Any, Mapping
 from .result import (DisaggregatedRecommendation, GpuChoiceRow, JsonObject, ParetoPoint, Recommendation,
                      SolveResult)
 from .workload import WorkloadSpec
+from .recommend import pareto_front
+from .gpu_choice import why_text
+import yaml
 
 __all__ = ["settle", "describe", "disaggregated_points", "other_gpu_points", "pick_point", "pick_params",
            "is_disaggregated", "load_basis", "front_point_text", "manifest_kinds", "launch_footer"]
@@ -142,7 +145,6 @@ def other_gpu_points(r: SolveResult) -> list[ParetoPoint]:
 
 
 def _front(r: SolveResult, max_gpus: int) -> tuple[ParetoPoint, ...] | None:
-    from .recommend import pareto_front
     pick = pick_point(r)
     if pick is None or r.cost is None:
         return r.pareto
@@ -197,7 +199,6 @@ def _kv_note(r: SolveResult, rec: DisaggregatedRecommendation, d: Any, kv_search
 
 def _gpu_rows(r: SolveResult) -> tuple[GpuChoiceRow, ...] | None:
     """The chosen type's row is the pick; the others compare with it (``optimizer.gpu_choice``)."""
-    from .gpu_choice import why_text
     rows, pick, rec = r.gpu_choice, pick_point(r), r.recommendation
     if not rows or pick is None or rec is None:
         return rows
@@ -252,7 +253,6 @@ def front_point_text(r: SolveResult, x: ParetoPoint) -> str:
 def manifest_kinds(launch: Mapping[str, Any]) -> list[str]:
     """The Kubernetes objects the launch's manifest holds (``Deployment``, ``LeaderWorkerSet``, ...),
     in order, each once; [] when there is none."""
-    import yaml
     text = launch.get("k8s")
     if not text or "k8s" in (launch.get("unsupported") or {}):
         return []

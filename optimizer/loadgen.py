@@ -41,14 +41,17 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kvtune.costmodel.errors import InputError, KvtuneError
-from kvtune.costmodel.profile_table import ProfileRow
-from kvtune.costmodel.request_log import RequestLog, met_slo, request_log_csv
+from kvtune.costmodel.profile_table import ProfileRow, config_key
+from kvtune.costmodel.request_log import RequestLog, met_slo, request_log_csv, read_request_log
 from kvtune.costmodel.requests import Requests
 from kvtune.costmodel.traffic import SLO
 
 from .importers import Metadata, latency_summary
 from .profile_run import (Endpoint, LoadRecord, LoadSampler, ServerInfo, completion_payload, count_tokens, load_now,
                           make_prompt, probe_server, stream_completion)
+from statistics import NormalDist
+from scipy.special import stdtrit, stdtr
+from scipy.stats import binomtest
 
 __all__ = ["OpenLoopPlan", "OpenLoopRun", "RequestRecord", "LoadRecord", "Attainment", "run_open_loop",
            "attainment_interval", "drift", "CI_METHODS", "DEFAULT_CI_METHOD", "DRIFT_REL", "load_now"]
@@ -167,9 +170,7 @@ class Attainment:
 def _wilson(k: float, n: float, confidence: float, dof: int | None = None) -> tuple[float, float]:
     """Wilson's score interval for k of n; with ``dof``, Student's t quantile in place of the
     normal one (the variance behind n was estimated from dof + 1 batch means)."""
-    from statistics import NormalDist
 
-    from scipy.special import stdtrit  # Student's t quantile (scipy.special: a fraction of scipy.stats' import)
 
     if n <= 0:
         return 0.0, 1.0
@@ -218,7 +219,6 @@ def attainment_interval(met: Sequence[bool] | np.ndarray, confidence: float = CO
         return 0.0, 1.0, 0.0
     k = int(m_arr.sum())
     if method == "clopper-pearson":
-        from scipy.stats import binomtest
 
         ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
         return float(ci.low), float(ci.high), float(n)
@@ -347,7 +347,6 @@ class OpenLoopRun:
         ``TREND_ALPHA`` and a rise of at least ``TREND_RISE_FRAC`` of the requests' median TTFT
         target. A run whose TTFT rises this way has not reached a steady state: the rate it met is
         not one it holds. None with fewer than 2 requests per batch."""
-        from scipy.special import stdtr  # Student's t CDF
         rs = sorted((r for r in self.measured if r.ttft_ms is not None and r.sent_s is not None),
                     key=lambda r: r.sent_s or 0.0)
         if batches < 3 or len(rs) < 2 * batches:
@@ -644,7 +643,6 @@ def drift(rows: Sequence[ProfileRow], rel: float = DRIFT_REL, z: float = DRIFT_Z
     Beyond noise: both rows have per-request logs and the difference of the means is more than
     ``z`` standard errors (each from batch means over its run, so queueing correlation widens
     it) and more than 10%; else the means differ by more than ``rel`` of the smaller."""
-    from kvtune.costmodel.profile_table import config_key
 
     groups: dict[tuple, list[ProfileRow]] = {}
     for r in rows:
@@ -694,7 +692,6 @@ def _log_values(row: ProfileRow) -> dict[str, tuple[float, float]] | None:
     p = row.requests_path()
     if p is None or not p.is_file():
         return None
-    from kvtune.costmodel.request_log import read_request_log
 
     try:
         log = read_request_log(p)

@@ -62,6 +62,8 @@ from kvtune.costmodel.requests import Requests
 from kvtune.costmodel.traffic import MAX_LENGTH_TOKENS, SLO
 
 from .loadgen import OpenLoopPlan
+from kvtune.costmodel.simulate import default_warmup_frac
+from .traces import read_trace
 
 __all__ = ["PLAN_FORMAT", "DEFAULT_BLOCK_TOKENS", "MIN_BLOCK_TOKENS", "MAX_BLOCKS_PER_REQUEST", "PlanFile",
            "PlanText", "ReadPlan", "solve_plan", "tune_plan", "plan_text", "read_plan", "block_tokens_for",
@@ -129,7 +131,6 @@ class ReadPlan:
 def solve_plan(spec, result) -> tuple[OpenLoopPlan, dict, dict] | None:
     """The requests ``kvtune solve`` printed its pick's figures from (module docstring), with the
     pick and those figures; None when there is no pick or no fresh draw."""
-    from kvtune.costmodel.simulate import default_warmup_frac
 
     p, rec = result.predicted, result.recommendation
     if result.status != "ok" or p is None or rec is None or not p.draws:
@@ -345,7 +346,6 @@ def _read_plan(p: Path, shown: str) -> ReadPlan:
     except (ValueError, RecursionError):
         head = None
     if not (isinstance(head, dict) and isinstance(head.get("kvtune"), dict)):
-        from .traces import read_trace
         tr = read_trace(p, shown)
         n = len(tr.arrival_s)
         req = Requests(arrival_s=tr.arrival_s, input_tokens=tr.input_tokens, output_tokens=tr.output_tokens,

@@ -28,6 +28,7 @@ from .scaleout import StudyRunner
 from .simsearch import LocalRunner, Race, exhaustive, lattice_size, race, ranked_goodput
 from .check import aggregated_command
 from .verify import Verification, sim_requests, verify
+from .launch.context import request_lengths
 
 __all__ = ["solve", "solve_in", "verify", "recommend", "pareto_front", "sim_requests", "VERIFY_TOP", "SolveResult"]
 
@@ -173,7 +174,6 @@ def _ok(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampler
 
 def _lengths(spec) -> dict:
     """The workload's longest prompt and request, which size each engine's context (launch/context.py)."""
-    from .launch.context import request_lengths
     n = request_lengths(spec.workload)
     return {} if n is None else {"max_request_tokens": n.total_tokens, "max_prompt_tokens": n.prompt_tokens}
 

@@ -36,6 +36,12 @@ from .facts import describe, disaggregated_points, front_point_text, is_disaggre
 from .result import DisaggregatedRecommendation, Recommendation, SolveResult
 from .search import SolveContext
 from .workload import WorkloadSpec
+import importlib.util
+from kvtune.costmodel.simulate import simulate
+from .verify import sim_config
+from .deployment_choice import deployment_lines
+from kvtune.costmodel.deployment import Pool, kv_link, simulate_disaggregated
+from .disagg import DEFAULT_ENGINE
 
 __all__ = ["write_report", "latency_sample", "operating_point", "pick_context", "PLOTS"]
 
@@ -49,7 +55,6 @@ REPORT_EXTRA = "pip install 'kvtune[report]'"
 def require_matplotlib(flag: str = "--report") -> None:
     """Before any work: the plots need matplotlib, which is the ``report`` extra (not a dependency of
     ``kvtune solve``). Missing, one ``Error:`` line naming what to install; nothing is written."""
-    import importlib.util
     if importlib.util.find_spec("matplotlib") is None:
         raise InputError(f"{flag}: the report's plots need matplotlib, which is not installed: {REPORT_EXTRA}")
 
@@ -82,17 +87,13 @@ def latency_sample(ctx: SolveContext, result: SolveResult) -> Any:
     ``optimizer.verify.simulate_at`` (aggregated) and ``optimizer.disagg_verify.simulate_unit_at``
     (disaggregated, per unit) run it. Its percentiles are ``predicted``'s (tests/optimizer/test_report.py
     holds them)."""
-    from kvtune.costmodel.simulate import simulate
 
-    from .verify import sim_config
     rec, p = result.recommendation, result.predicted
     assert rec is not None and p is not None and p.draws   # an ok result: verified on fresh draws
     seed, n, load = p.draws["seeds"][0], p.draws["n_requests"], p.draws["load_req_s"]
     req = ctx.spec.requests(n, seed, rate_req_s=load)
     if isinstance(rec, DisaggregatedRecommendation):
-        from kvtune.costmodel.deployment import Pool, kv_link, simulate_disaggregated
 
-        from .disagg import DEFAULT_ENGINE
         units = max(rec.units, 1)
 
         def pool(pc: Any) -> Pool:
@@ -304,7 +305,6 @@ def _launch_lines(launch: Mapping[str, Any]) -> list[str]:
 
 def _context_lines(r: SolveResult) -> list[str]:
     """What the deployment kinds and the GPU types found (both answers have them)."""
-    from .deployment_choice import deployment_lines
     out: list[str] = []
     dl = [ln.strip() for ln in deployment_lines(r)]
     if dl:

@@ -19,6 +19,7 @@ from typing import (TYPE_CHECKING, Any, ClassVar, Mapping, Protocol, TypeVar, ge
                     runtime_checkable)
 
 from .disagg import DisaggCandidate, PoolChoice
+from .plan import PlanFile
 
 if TYPE_CHECKING:
     from .plan import PlanFile
@@ -575,7 +576,6 @@ class SolveResult:
 
 
 def _plan_file(d: Mapping[str, Any]) -> PlanFile:
-    from .plan import PlanFile   # the plan module reads the load driver's records: loaded when a plan is read
     return PlanFile.from_json(d)
 
 

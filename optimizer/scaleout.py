@@ -45,6 +45,9 @@ from optuna.trial import TrialState
 
 from .liveness import identity, owner_alive
 from .simsearch import Work, execute
+import subprocess
+import sys
+from .search import evaluate
 
 __all__ = ["StudyRunner", "sim_study_name", "spawn_workers", "Reaper", "POLL_S", "HEARTBEAT_S", "GRACE_S"]
 
@@ -142,7 +145,6 @@ class StudyRunner:
         self.failed_dead = 0              # trials of dead processes this process marked FAIL
 
     def screen(self, configs):
-        from .search import evaluate
         return [evaluate(self.ctx, p) for p in configs]
 
     def run(self, items: list[Work]) -> list[dict]:
@@ -314,8 +316,6 @@ _DROP = {"--storage": True, "--workers": True, "--jobs": True, "--json": True, "
 def spawn_workers(argv: list[str], storage: str, n: int) -> list:
     """Start ``n`` more ``kvtune solve`` processes from this one's command line (``argv``), on
     ``storage``, with one process each and no output; returns their ``Popen`` objects."""
-    import subprocess
-    import sys
 
     args, skip = [], False
     for a in argv[1:]:

@@ -61,6 +61,9 @@ from .step_factory import StepFactory
 from .layouts import gpus_per_replica, search_layouts
 from .screen import WorkloadStats, screen
 from .workload import WorkloadSpec
+from .storage import check_storage_url, journal_backend
+from .liveness import pid_alive
+from optuna.storages.journal import JournalFileSymlinkLock, JournalStorage
 
 __all__ = ["SolveContext", "Evaluation", "evaluate", "make_storage", "open_study", "run_search", "grid_space", "quiet_optuna",
            "SAMPLERS", "STALE_S", "config_key", "UNLAUNCHABLE"]
@@ -424,12 +427,10 @@ def make_sampler(name: str, ctx: SolveContext, seed: int) -> optuna.samplers.Bas
 # ---- storage and study ------------------------------------------------------------------------
 def make_storage(url: str | None):
     """None: in memory; ``journal:PATH``: a journal file; anything else: an RDB URL (sqlite:///...)."""
-    from .storage import check_storage_url, journal_backend
     check_storage_url(url)  # missing folders, damaged journals and SQLite files: one line, nothing written
     if not url:
         return None
     if url.startswith("journal:"):
-        from optuna.storages.journal import JournalFileSymlinkLock, JournalStorage
         path = url[len("journal:"):]
         if not path:
             raise InputError("--storage journal:PATH needs a file path")
@@ -515,7 +516,6 @@ def open_study(ctx: SolveContext, sampler: str, storage_url: str | None, study_n
 
 
 def _pid_alive(pid: int) -> bool:
-    from .liveness import pid_alive   # a zombie (a killed --workers child not yet reaped) is dead
     return pid_alive(pid)
 
 

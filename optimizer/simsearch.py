@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, ClassVar, Mapping
 
 import numpy as np
@@ -58,6 +58,9 @@ from .objective import MaxGoodput, MinCost, prefers_bf16
 from .search import Evaluation, SolveContext, evaluate, grid_space
 from .verify import (REL_TOL, Verification, config_requests, draw_attainment, robust, robust_config, sim_config,
                      sim_requests, verify_config)
+from kvtune.costmodel.simulate import simulate
+from scipy.special import betaincinv, stdtrit
+import multiprocessing as mp
 
 __all__ = ["Probe", "Outcome", "Race", "race", "candidates", "lattice_size", "exhaustive", "bar_req_s", "rank", "LocalRunner",
            "upper_attainment", "binomial_interval", "ZERO_LOAD_SHARE", "SEEDS", "BATCH", "CAPACITY_SLACK",
@@ -209,7 +212,6 @@ def execute(ctx: SolveContext, w: Work) -> dict:
         return robust_config(ctx, p, w.rate_req_s, w.n_requests).to_json()
     if w.kind == "draw":
         return {"attainment": draw_attainment(ctx, p, w.rate_req_s, w.n_requests, w.seed)}
-    from kvtune.costmodel.simulate import simulate
     sm = _step(ctx, p)
     seed = ctx.workload_seed
     req = ctx.spec.requests(w.n_requests, seed, rate_req_s=w.rate_req_s)
@@ -228,7 +230,6 @@ def execute(ctx: SolveContext, w: Work) -> dict:
 def binomial_interval(met: int, measured: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """Exact (Clopper-Pearson) one-sided bounds, each at ``confidence``, on the share of requests
     meeting the SLOs, from ``met`` of ``measured`` independent requests (at a trickle they are)."""
-    from scipy.special import betaincinv   # the beta quantile (scipy.stats takes seconds to import)
     if measured < 1:
         return 0.0, 1.0
     lo = float(betaincinv(met, measured - met + 1, 1 - confidence)) if met > 0 else 0.0
@@ -244,7 +245,6 @@ def upper_attainment(met_in_arrival_order: np.ndarray, confidence: float = CONFI
     consecutive stretches and their attainments are the samples (batch means; Student's t on
     ``stretches`` - 1 degrees of freedom). A burst shows as stretches far below the rest, widening
     the bounds; a steady overload, as stretches all below the target, does not."""
-    from scipy.special import stdtrit    # Student's t quantile
     met = np.asarray(met_in_arrival_order, dtype=float)
     b = min(int(stretches), met.size)
     if b < 2:
@@ -305,11 +305,8 @@ class LocalRunner:
 
     def _get_pool(self):
         if self._pool is None and self.jobs > 1:
-            import multiprocessing as mp
-
-            # what every probe imports, imported once here so the forked processes inherit it
-            # (scipy.special takes ~0.3 s to import: each process of each pool paid it again)
-            import scipy.special  # noqa: F401
+            # what every probe imports (scipy.special takes ~0.3 s) is imported with this module, so the
+            # forked processes inherit it
             global _POOL_CTX
             _POOL_CTX = self.ctx
             self._pool = mp.get_context("fork").Pool(self.jobs)
@@ -352,7 +349,6 @@ NEVER_FIT_CHECK = 4      # the largest this many (prompt + output) are run alone
 
 
 def _largest_requests(ctx: SolveContext):
-    from dataclasses import replace
     req = ctx.spec.requests(NEVER_FIT_SAMPLE, ctx.workload_seed, rate_req_s=1.0)
     k = min(NEVER_FIT_CHECK, len(req))
     idx = np.sort(np.argsort(req.input_tokens + req.output_tokens, kind="stable")[-k:])
@@ -366,7 +362,6 @@ def never_fit_reason(ctx: SolveContext, params: Mapping) -> str:
     output exceed the whole KV pool, so the engine refuses them), or "" if all fit: the largest
     requests of a ``NEVER_FIT_SAMPLE`` draw, run alone through the simulator. Such a config is
     never recommended, whatever its attainment: a deployment would refuse those requests."""
-    from kvtune.costmodel.simulate import simulate
     params = Aggregated.from_config(params)
     key = ("never_fit", *params.structure)
     cache = ctx.memo

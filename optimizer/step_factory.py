@@ -35,6 +35,7 @@ from kvtune.costmodel.memory import BLOCK_TOKENS, GPU_MEM_UTIL
 from kvtune.costmodel.models import ModelArch
 from kvtune.costmodel.profile_table import ProfileRow, read_table
 from kvtune.costmodel.step import SpecConfig
+from kvtune.costmodel.simulate import SimConfig
 
 __all__ = ["StepFactory", "MeasuredProfile", "step_model_for", "resolve_calibration", "load_profile"]
 
@@ -167,7 +168,6 @@ class StepFactory:
     def sim_config(self, batch_cap: int, chunk_tokens: int, block_tokens: int = BLOCK_TOKENS, prefix_caching: bool = True):
         """The simulator's scheduler for this engine: mixed prefill chunks (as kvtune's launch lines
         configure every engine), with the engine's admission policy (SGLang's output reserve)."""
-        from kvtune.costmodel.simulate import SimConfig
         return SimConfig(int(batch_cap), int(chunk_tokens), int(block_tokens), bool(prefix_caching),
                          output_reserve=self.output_reserve)
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from kvtune.costmodel.files import path_kind
 from kvtune.costmodel.errors import InputError, KvtuneError
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
 __all__ = ["check_storage_url", "check_shared_storage", "check_journal", "check_sqlite", "SQLITE_HEADER",
            "journal_backend", "StorageWriteError"]
@@ -158,7 +159,6 @@ def check_journal(path: Path, url: str) -> None:
         return
     # Another process may be appending right now: look again while holding the journal's lock.
     try:
-        from optuna.storages.journal import JournalFileSymlinkLock
 
         lock = JournalFileSymlinkLock(str(path), grace_period=_LOCK_GRACE_S)
         lock.acquire()
@@ -203,7 +203,6 @@ def check_sqlite(path: Path, url: str) -> None:
 def journal_backend(path: str, lock):
     """optuna's journal file backend whose every append first checks, under the journal's lock,
     that the file ends with a whole record (see the module docstring)."""
-    from optuna.storages.journal import JournalFileBackend
 
     class _CheckedJournalFileBackend(JournalFileBackend):
         def append_logs(self, logs):

@@ -46,7 +46,7 @@ import numpy as np
 
 from kvtune import __version__
 from kvtune.costmodel.errors import Infeasible, InputError, KvtuneError
-from kvtune.costmodel.fit import FitResult
+from kvtune.costmodel.fit import FitResult, RowPredictor
 from kvtune.costmodel.profile_table import ProfileRow, read_table
 from kvtune.costmodel.request_log import read_request_log
 
@@ -58,6 +58,20 @@ from .result import DisaggregatedRecommendation
 from .solve import SolveOptions, solve
 from .tune_records import CONFIG_KEYS, JobRecord, RoundRecord, RunRecord, TuneResult, config_id
 from .tune_store import TuneStore
+from .launch import ENGINES
+from .search import SolveContext, lattice
+from .layouts import gpus_per_replica
+from .verify import verify_config, sim_config
+from .launch.pick import build_pick
+from kvtune.costmodel.hardware import resolve_gpu
+from kvtune.costmodel.models import get_model
+from .profile_run import RunSpec, run_profile
+from kvtune.costmodel.goodput import goodput
+from .loadgen import OpenLoopPlan, run_open_loop, drift
+from kvtune.costmodel.simulate import simulate
+from kvtune.costmodel.closed_loop import STAGGERED_ENGINES
+from .calibrate import calibrate, calibration_dict, calibration_yaml, resolve_base
+from .validate import predictable
 
 __all__ = ["TuneSettings", "Tuner", "tune", "settings_digest", "max_request_tokens", "check_tunable"]
 
@@ -216,7 +230,6 @@ class Tuner:
 
     def __init__(self, spec, adapter: Adapter, settings: TuneSettings, store: TuneStore, workdir: Path,
                  log: Callable[[str], None] = lambda s: None, threads: int | None = None):
-        from .launch import ENGINES
         self.spec, self.adapter, self.s, self.store = spec, adapter, settings, store
         self.workdir = Path(workdir)
         (self.workdir / "requests").mkdir(parents=True, exist_ok=True)
@@ -305,7 +318,6 @@ class Tuner:
         return res
 
     def _context(self):
-        from .search import SolveContext
         return SolveContext.build(self.spec, None, self.calibration or "ideal", self.engine or None)
 
     def _candidates(self, n: int, res, ctx) -> list[tuple[str, dict, float]]:
@@ -313,7 +325,6 @@ class Tuner:
         ranks next (per-replica goodput per GPU) that this adapter can run and no earlier round
         measured. A server you launched (``--url``) runs one config: when it is not the simulator's
         pick, the best verified config it runs is measured as the pick, else its own config."""
-        from .layouts import gpus_per_replica
         rec = res.recommendation
         pick = {k: getattr(rec, k) for k in CONFIG_KEYS}
         ranked = [({k: v.config[k] for k in CONFIG_KEYS}, float(v.per_replica_goodput_req_s))
@@ -365,7 +376,6 @@ class Tuner:
     def _own_config(self, ctx, like: dict) -> tuple[dict, float]:
         """The config a server you launched runs (its slots and chunk budget, the rest as ``like``)
         and its simulated steady-state goodput."""
-        from .verify import verify_config
         rep = getattr(self.adapter, "report", None)
         cfg = dict(like, batch_cap=getattr(rep, "slots", None) or like["batch_cap"],
                    chunk_tokens=getattr(rep, "chunk_tokens", None) or like["chunk_tokens"])
@@ -384,7 +394,6 @@ class Tuner:
         return any(j.config == cfg and 0 < j.round < n and (role is None or j.role == role) for j in self.jobs.values())
 
     def _pick(self, ctx, cfg: dict):
-        from .launch.pick import build_pick
         s = self.spec.speculative
         return build_pick(ctx.model.hf_id or self.spec.model, cfg, 1, self.spec.gpu_mem_util,
                           {"method": s.method, "draft_model": s.draft_model} if s else None, arch=ctx.model,
@@ -497,8 +506,6 @@ class Tuner:
         self.jobs[key] = job
 
     def _meta(self, eng: RunningEngine, cfg: dict, key: str) -> Metadata:
-        from kvtune.costmodel.hardware import resolve_gpu
-        from kvtune.costmodel.models import get_model
         gpu = resolve_gpu(self.spec.hardware.gpu, self.spec.hardware.gpu_file)
         model = get_model(self.spec.model).name
         return Metadata(model=model, gpu=gpu.name, tp=int(cfg["tp"]), engine=self.engine or eng.report.engine or None,
@@ -516,7 +523,6 @@ class Tuner:
         """Concurrency 1, the workload's mean prompt, ``PROBE_OUTPUT_TOKENS`` out: the same point at
         every engine start (no batch cap or pool in its row: one request never meets either), so
         ``loadgen.drift`` sees the machine's speed move."""
-        from .profile_run import RunSpec, run_profile
         self._spend(engine_s, runs_now)
         isl = max(1, int(round(self.spec.workload.mean_input_tokens)))
         t0, load0 = time.monotonic(), _loadavg()
@@ -596,8 +602,6 @@ class Tuner:
         memo = (self.cal_label, config_id(cfg), steady_req_s)   # _candidates asks for the pick's first
         if memo in self._promises:
             return self._promises[memo]
-        from kvtune.costmodel.goodput import goodput
-        from .verify import sim_config
 
         def make(rate: float, n: int, seed: int):
             return self.spec.requests(self._n_requests(rate) if math.isfinite(rate) else self.s.max_requests, seed,
@@ -618,7 +622,6 @@ class Tuner:
 
     def _open(self, key: str, eng: RunningEngine, cfg: dict, mult: float, promise: float, ctx,
               engine_s: float, runs_now: int) -> RunRecord:
-        from .loadgen import OpenLoopPlan, run_open_loop
         self._spend(engine_s, runs_now)
         rate = mult * promise
         secs = self._secs.get(config_id(cfg))
@@ -690,8 +693,6 @@ class Tuner:
 
     def _simulate(self, ctx, cfg: dict, requests, warmup_frac: float | None = None):
         """``cfg`` under the round's calibration on ``requests`` at their own arrival times."""
-        from kvtune.costmodel.simulate import simulate
-        from .verify import sim_config
         return simulate(ctx.fitting_step(cfg), requests, sim_config(ctx, cfg), arrival="trace", seed=self.s.seed,
                         warmup_frac=warmup_frac)
 
@@ -719,8 +720,6 @@ class Tuner:
 
     # ---- the profile grid (no calibration yet) ---------------------------------------------------
     def _grid(self) -> None:
-        from .profile_run import RunSpec, run_profile
-        from .search import lattice
         key = "grid"
         if key in self.jobs or not self.store.claim(key):
             self.store.wait([key])
@@ -800,7 +799,6 @@ class Tuner:
         measured again: where two in a row differ beyond noise (``loadgen.drift``), the fit starts at
         the later one's job. A resumed session's storage holds later rounds too: round n's fit is
         the one it had when it ran, so round n+1 re-solves as it did."""
-        from .loadgen import drift
         order = sorted((j for j in self.jobs.values() if j.round <= upto), key=lambda j: (j.round, j.key))
         job_of = {r.key: j.key for j in order for r in j.runs}
         by_id = {r.id: r for r in rows}
@@ -816,11 +814,6 @@ class Tuner:
         return [r for r in rows if job_of.get(r.id) in keep], lines
 
     def _refit(self, n: int) -> None:
-        from kvtune.costmodel.closed_loop import STAGGERED_ENGINES
-        from kvtune.costmodel.fit import RowPredictor
-        from kvtune.costmodel.hardware import resolve_gpu
-        from .calibrate import calibrate, calibration_dict, calibration_yaml, resolve_base
-        from .validate import predictable
         rows = self.rows()
         if not rows:
             return
@@ -874,7 +867,6 @@ class Tuner:
         that set the machine's speed (RESCALE_PARAMS, as many as the runs can carry), the rest
         kept from the latest fit (the drift moved the speed, not the shape of the cost). None when
         not even one term can be fitted."""
-        from .calibrate import calibrate, resolve_base
         base = resolve_base(self.calibration or "ideal", gpu, self.engine or None)
         for k in range(len(RESCALE_PARAMS), 0, -1):
             try:

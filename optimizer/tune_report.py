@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .tune_records import JobRecord, RunRecord, TuneResult, config_id
+import importlib.util
 
 __all__ = ["round_table", "summary_lines", "write_report"]
 
@@ -106,7 +107,6 @@ def summary_lines(result: TuneResult, out_dir: str) -> list[str]:
 
 
 def _plots(result: TuneResult, out: Path) -> list[str]:
-    import importlib.util
     if importlib.util.find_spec("matplotlib") is None:   # the report extra is not installed: report.md without plots
         return []
     import matplotlib

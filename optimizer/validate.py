@@ -25,6 +25,7 @@ from kvtune.costmodel.hardware import GPU, get_gpu
 from kvtune.costmodel.models import get_model
 from kvtune.costmodel.profile_table import ProfileRow
 from kvtune.costmodel.request_log import met_slo, read_request_log
+from .loadgen import DEFAULT_CI_METHOD, attainment_interval
 
 __all__ = ["MetricSummary", "ValidationGroup", "Validation", "OpenLoopCheck", "validate_rows", "open_loop_check",
            "summarise", "predictable"]
@@ -218,7 +219,6 @@ def open_loop_check(row: ProfileRow, pred: RowPredictor, eff: Efficiency) -> Ope
     """Predict an open-loop row's attainment and percentiles and set them beside the measured
     ones; the measured attainment's interval is ``optimizer.loadgen``'s default (batch-means
     Wilson) over the per-request log, or plain Wilson on ``num_requests`` without one."""
-    from .loadgen import DEFAULT_CI_METHOD, attainment_interval
 
     p = pred.open_loop(pred.step_model(row, eff), row)
     path = row.requests_path()

@@ -28,10 +28,13 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Callable, Mapping
 
+from kvtune.costmodel.goodput import default_n_requests, goodput
+from kvtune.costmodel.simulate import SimConfig, simulate, simulate_fleet
+
 from .deployment import Aggregated
 from .launch import scheduling as launch_scheduling
 from .layouts import gpus_per_replica
-from .search import SolveContext
+from .search import SolveContext, evaluate
 
 __all__ = ["Verification", "Draws", "verify", "verify_config", "robust", "sim_requests", "config_requests",
            "sim_config", "simulate_at", "draw_seeds", "robust_config", "DrawSet", "draw_attainment",
@@ -143,7 +146,6 @@ def sim_config(ctx: SolveContext, params: Mapping):
         if launch_scheduling(ctx.engine.engine, s.method if s else None, params.get("spec_k", 0)) == "prefill_first":
             cfg = dataclasses.replace(cfg, prefill_first=True)
         return cfg
-    from kvtune.costmodel.simulate import SimConfig
     return SimConfig(batch_cap=int(params["batch_cap"]), chunk_tokens=int(params["chunk_tokens"]))
 
 
@@ -158,7 +160,6 @@ def sim_requests(attainment: float, operating_batch: int) -> int:
     """Requests per simulated rate: goodput's default (>= 100 in the allowed-miss tail, and several
     times the concurrency the screen expects: fewer requests than the KV pool holds sequences
     would all be admitted at once and never queue), capped for simulation time."""
-    from kvtune.costmodel.goodput import default_n_requests
     return int(min(default_n_requests(attainment, max_concurrency=operating_batch),
                    MAX_SIM_REQUESTS))
 
@@ -180,7 +181,6 @@ def config_requests(ctx: SolveContext, params: Mapping) -> int:
 def verify_config(ctx: SolveContext, params: Mapping) -> Verification:
     """``verify`` one config the way the search and the oracle both do: ``config_requests``
     requests, the bisection started at the screened goodput."""
-    from .search import evaluate
     ev = evaluate(ctx, params)
     return verify(ctx, params, max(slots(ctx, params), 1), ev.per_replica_goodput_req_s or None)
 
@@ -189,7 +189,6 @@ def verify(ctx: SolveContext, params: Mapping, operating_batch: int, guess_req_s
     """Nominal verification (module docstring): draw 0's simulated per-replica goodput and the
     deployment it sizes to. ``guess_req_s`` (the screened goodput) starts the goodput bracket; it
     does not bias the answer beyond the bisection tolerance."""
-    from kvtune.costmodel.goodput import goodput
 
     sm = ctx.fitting_step(params)
     spec, seed = ctx.spec, ctx.workload_seed
@@ -251,7 +250,6 @@ def draw_seeds(ctx: SolveContext) -> list[int]:
 def simulate_at(ctx: SolveContext, params: Mapping, fleet_rate_req_s: float, replicas: int, n: int, seed: int):
     """One draw of the deployment at its load: exactly what ``kvtune simulate W --replicas R --rate
     F --requests N --seed S`` runs with the config's flags (``costmodel.simulate.simulate_fleet``)."""
-    from kvtune.costmodel.simulate import simulate_fleet
     return simulate_fleet(ctx.fitting_step(params), _maker(ctx), sim_config(ctx, params), int(replicas),
                           fleet_rate_req_s, int(n), "trace", None, int(seed))
 
@@ -359,7 +357,6 @@ class DrawSet:
 
 def draw_attainment(ctx: SolveContext, params: Mapping, rate_req_s: float, n: int, seed: int) -> float:
     """SLO attainment of one replica of ``params`` on draw ``seed`` (``n`` requests at ``rate_req_s``)."""
-    from kvtune.costmodel.simulate import simulate
     res = simulate(ctx.fitting_step(params), ctx.spec.requests(n, seed, rate_req_s=rate_req_s),
                    sim_config(ctx, params), "trace", seed=seed)
     return float(res.slo_attainment)

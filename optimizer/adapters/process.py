@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
+from .errors import InputError, EngineStartError
 
 __all__ = ["EngineProcess", "free_port", "port_in_use", "STOP_GRACE_S"]
 
@@ -89,10 +90,8 @@ class EngineProcess:
                     env=self.env, start_new_session=True,
                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
             except (FileNotFoundError, PermissionError) as exc:   # the user's binary: not there, not runnable
-                from .errors import InputError
                 raise InputError(f"cannot start {self.argv[0]}: {exc.strerror or exc}") from None
             except OSError as exc:
-                from .errors import EngineStartError
                 raise EngineStartError(f"cannot start {self.argv[0]}: {exc.strerror or exc}") from None
         self.started_at = time.monotonic()
         return self

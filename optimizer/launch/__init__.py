@@ -24,7 +24,7 @@ from .disagg import disaggregated_launch as _disaggregated_launch
 from .llamacpp import llamacpp_argv
 from .pick import SPEC_METHODS, LaunchPick, MemoryFacts, Unsupported, build_pick, native_fp8
 from .platforms import PlannerTargets, platform_launch
-from .sglang import sglang_argv, sglang_mixed_chunk
+from .sglang import sglang_argv, sglang_mixed_chunk, DIST_PORT
 from .shell import add_argv, argv_of, command, comment_block
 from .trtllm import trtllm_argv
 from .versions import ENGINE_VERSIONS, ENGINES, FLAGS, ROUTER_VERSIONS, TRTLLM_DISAGG_KEYS, TRTLLM_KEYS
@@ -97,7 +97,6 @@ def _engine_argv(engine: str, p: LaunchPick, node_rank=None, addr=None, nnodes=N
     if engine == "vllm":
         return vllm_argv(p, node_rank, addr, nnodes)
     if engine == "sglang":
-        from .sglang import DIST_PORT
         return sglang_argv(p, node_rank, None if addr is None else f"{addr}:{DIST_PORT}", nnodes)
     if engine == "trtllm":
         argv, _, notes = trtllm_argv(p, config=f"{kubernetes.CONFIG_DIR}/config.yaml")

@@ -16,11 +16,13 @@ from pathlib import Path
 
 from kvtune.costmodel.checkpoints import Checkpoint, native_format, resolve_draft, resolve_weights
 from kvtune.costmodel.engines import CAPABILITIES
-from kvtune.costmodel.errors import InputError
-from kvtune.costmodel.memory import GPU_MEM_UTIL
+from kvtune.costmodel.errors import InputError, KvtuneError
+from kvtune.costmodel.memory import GPU_MEM_UTIL, plan_memory
 from kvtune.costmodel.step import SPEC_METHOD
 
 from ..user_checkpoint import UserCheckpoint
+from kvtune.costmodel.draft import draft_footprint
+from kvtune.costmodel.parallel import Parallel
 
 __all__ = ["LaunchPick", "MemoryFacts", "Unsupported", "SPEC_METHODS", "NGRAM_MATCH_TOKENS",
            "model_reference", "fp8_checkpoint", "build_pick", "native_fp8", "LOADERS", "draft_reference",
@@ -246,10 +248,6 @@ def _memory(arch, gpu, cfg: dict, weights: str, kv_dtype: str, gpu_mem_util: flo
     drafter's weights and KV too (costmodel.draft)."""
     if arch is None or gpu is None:
         return None
-    from kvtune.costmodel.draft import draft_footprint
-    from kvtune.costmodel.errors import KvtuneError
-    from kvtune.costmodel.memory import plan_memory
-    from kvtune.costmodel.parallel import Parallel
     tp = int(cfg["tp"])
     try:
         par = Parallel(tp=tp, pp=int(cfg.get("pp", 1)), ep=int(cfg.get("ep", 1)),

@@ -26,6 +26,7 @@ from kvtune.optimizer.cli import main
 from kvtune.optimizer.loadgen import OpenLoopPlan
 from kvtune.optimizer.plan import (DEFAULT_BLOCK_TOKENS, PlanFile, block_tokens_for, endpoint_of, plan_text,
                                    read_plan)
+from kvtune.optimizer import verify
 from kvtune.optimizer.result import SolveResult
 
 ROOT = Path(__file__).parent.resolve().parent.parent
@@ -76,6 +77,7 @@ def test_solve_plan_is_the_request_list_the_simulator_judged_the_pick_on(workloa
         seen.append((make(rate_req_s / replicas, n_requests, seed), res))   # the one replica's requests
         return res
     monkeypatch.setattr(sim, "simulate_fleet", spy)
+    monkeypatch.setattr(verify, "simulate_fleet", spy)   # where the solve calls it (imported at its top)
     plan, out = tmp_path / "plan.jsonl", tmp_path / "r.json"
     r = _solve(workload, "--plan", str(plan), "--json", str(out))
     assert r.exit_code == 0, r.output

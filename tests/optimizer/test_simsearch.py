@@ -1637,7 +1637,7 @@ def test_a_probe_at_exactly_the_target_meets_and_runs_on_the_workload_seed(monke
     def at_target(step, req, cfg, arrival="trace", concurrency=None, seed=0, warmup_frac=None):
         seen.append((arrival, seed))
         return dataclasses.replace(real(step, req, cfg, arrival, concurrency, seed, warmup_frac), slo_attainment=0.9)
-    monkeypatch.setattr(sim, "simulate", at_target)
+    monkeypatch.setattr(ss, "simulate", at_target)   # where the probe calls it
     pr = ss.Probe.from_json(ss.execute(ctx, Work("probe", Aggregated.from_config(params(1, 64)), 0.5, 100)))
     assert pr.attainment == 0.9 and pr.meets and pr.reason == ""
     assert seen == [("trace", ctx.workload_seed)]

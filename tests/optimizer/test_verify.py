@@ -349,7 +349,6 @@ def test_robust_config_starts_from_the_nominal_goodput(monkeypatch):
 
 # ---- verify: what it asks of the goodput bisection ---------------------------------------------------------------
 def test_verify_bisects_on_draw_0_to_the_tolerance_and_sizes(monkeypatch):
-    import kvtune.costmodel.goodput as gp
     asked = {}
 
     def fake_goodput(step, make, config, attainment, **kw):
@@ -357,7 +356,7 @@ def test_verify_bisects_on_draw_0_to_the_tolerance_and_sizes(monkeypatch):
         req = make(2.0, 10, 7)
         asked["made"] = (len(req.input_tokens), float(req.input_tokens.mean()))
         return SimpleNamespace(goodput_req_s=12.0, iterations=9, reason="")
-    monkeypatch.setattr(gp, "goodput", fake_goodput)
+    monkeypatch.setattr(vf, "goodput", fake_goodput)
     ctx = make_ctx()
     p = params(1, 64)
     v = vf.verify(ctx, p, 64, guess_req_s=11.0)
@@ -368,10 +367,10 @@ def test_verify_bisects_on_draw_0_to_the_tolerance_and_sizes(monkeypatch):
     assert (v.per_replica_goodput_req_s, v.simulations, v.replicas, v.usd_per_hour) == (12.0, 9, 3, 6.0)
     assert v.sim_requests == vf.sim_requests(0.9, 64) and v.nominal_per_replica_goodput_req_s == 12.0
 
-    monkeypatch.setattr(gp, "goodput", lambda *a, **k: SimpleNamespace(goodput_req_s=0.0, iterations=2, reason=""))
+    monkeypatch.setattr(vf, "goodput", lambda *a, **k: SimpleNamespace(goodput_req_s=0.0, iterations=2, reason=""))
     miss = vf.verify(ctx, p, 64)
     assert miss == Verification(p, 0.0, 2, False, "simulated SLO attainment misses the target even at a trickle")
-    monkeypatch.setattr(gp, "goodput", lambda *a, **k: SimpleNamespace(goodput_req_s=0.0, iterations=2, reason="TTFT"))
+    monkeypatch.setattr(vf, "goodput", lambda *a, **k: SimpleNamespace(goodput_req_s=0.0, iterations=2, reason="TTFT"))
     assert vf.verify(ctx, p, 64).reason == "TTFT"
 
 
@@ -522,8 +521,7 @@ def test_robust_config_that_no_draw_sizes_keeps_its_nominal_goodput(monkeypatch)
 def test_verify_sizes_a_goodput_below_one_request_per_second(monkeypatch):
     """0.5 req/s per replica (a slow model) is a goodput like any other: 30 / 0.5 = 60 replicas of TP1, 60 GPUs on
     8 nodes, beyond max_nodes 1, so sized but not feasible (not the unsized miss of a zero goodput)."""
-    import kvtune.costmodel.goodput as gp
-    monkeypatch.setattr(gp, "goodput", lambda *a, **k: SimpleNamespace(goodput_req_s=0.5, iterations=7, reason=""))
+    monkeypatch.setattr(vf, "goodput", lambda *a, **k: SimpleNamespace(goodput_req_s=0.5, iterations=7, reason=""))
     v = vf.verify(make_ctx(), params(1, 64), 64)
     assert (v.per_replica_goodput_req_s, v.replicas, v.gpus, v.nodes, v.feasible) == (0.5, 60, 60, 8, False)
 
