@@ -97,11 +97,12 @@ def _race_fidelity(status: str, reason: str) -> str:
     return "short" if "(at most" in reason else "simulated"
 
 
-def evidence_rows(result: SolveResult) -> list[EvidenceRow]:
-    """Every deployment the simulator judged for ``result`` (module docstring), the pick first."""
+def evidence_rows(result: SolveResult, gpu: str | None = None) -> list[EvidenceRow]:
+    """Every deployment the simulator judged for ``result`` (module docstring), the pick first.
+    ``gpu``: the GPU type the race's rows ran on where the result names none (an infeasible answer
+    names no recommendation): the workload's ``hardware.gpu``."""
     rec = result.recommendation
-    gpu = getattr(rec, "gpu", None) or next((g.gpu for g in result.gpu_choice or () if g.status == "ok"), None) \
-        or (result.gpu_choice[0].gpu if result.gpu_choice else "gpu")
+    gpu = getattr(rec, "gpu", None) or gpu or next((g.gpu for g in result.gpu_choice or ()), None) or "unnamed"
     pick = pick_point(result)
     rows: list[EvidenceRow] = []
     if pick is not None:
@@ -181,15 +182,16 @@ def _trials(rows: list[EvidenceRow]) -> list[FrozenTrial]:
     return out
 
 
-def write_evidence(result: SolveResult, storage_url: str, study_name: str | None = None) -> tuple[str, int] | None:
+def write_evidence(result: SolveResult, storage_url: str, study_name: str | None = None,
+                   gpu: str | None = None) -> tuple[str, int] | None:
     """Record ``result``'s evidence as the study ``evidence_study_name`` in ``storage_url`` (module
     docstring); (its name, the trials it holds), or None where another live process is writing it."""
     with quiet_optuna(), warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)   # set_metric_names, since 3.2
-        return _write(result, storage_url, study_name)
+        return _write(result, storage_url, study_name, gpu)
 
 
-def _write(result: SolveResult, storage_url: str, study_name: str | None) -> tuple[str, int] | None:
+def _write(result: SolveResult, storage_url: str, study_name: str | None, gpu: str | None) -> tuple[str, int] | None:
     name = evidence_study_name(result, study_name)
     storage = make_storage(storage_url)
     digest = result.study_name
@@ -214,7 +216,7 @@ def _write(result: SolveResult, storage_url: str, study_name: str | None) -> tup
                  ("objective", result.objective), ("status", result.status),
                  ("screened_only", sum(1 for o in result.race if o.simulations == 0 and o.status != "verified"))):
         study.set_user_attr(k, v)
-    rows = evidence_rows(result)
+    rows = evidence_rows(result, gpu)
     study.add_trials(_trials(rows))
     study.set_user_attr(_COMPLETE_ATTR, True)
     return name, len(rows)

@@ -208,7 +208,7 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
                                    **({} if verify_top is None else {"verify_top": verify_top}))
             result = solve(spec, options, Progress(on_type=progress.start, on_trial=progress,
                                                    on_stage=progress.stage, on_phase=progress.phase))
-        evidence = _write_evidence(result, storage, study_name)
+        evidence = _write_evidence(result, storage, study_name, spec.hardware.gpu)
         if report_dir:
             progress.phase("report: plots and report.md")
         result, plan_failed = _write_plan(result, spec, plan_path)
@@ -233,7 +233,7 @@ def solve_cmd(workload: str, trials: int | None, seed: int | None, sampler: str,
         raise Infeasible(f"no configuration meets the SLOs: {result.reason}")
 
 
-def _write_evidence(result: SolveResult, storage: str | None, study_name: str | None) -> str | None:
+def _write_evidence(result: SolveResult, storage: str | None, study_name: str | None, gpu: str) -> str | None:
     """``--storage``: the deployments the simulator judged, recorded as their own optuna study beside
     the screen's (``optimizer.evidence``); the line saying where. The answer comes first: a storage
     that fails now is one line, and the answer is still printed and written."""
@@ -241,7 +241,7 @@ def _write_evidence(result: SolveResult, storage: str | None, study_name: str | 
         return None
     from kvtune.optimizer.evidence import write_evidence
     try:
-        got = write_evidence(result, storage, study_name)
+        got = write_evidence(result, storage, study_name, gpu)
     except Exception as exc:   # the database went away after the solve: keep the answer
         return f"  note: the evidence study was not written to {storage}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
     if got is None:

@@ -125,3 +125,16 @@ def test_every_examples_evidence_front_is_its_reported_front(tmp_path_factory, t
         assert sum(1 for t in study.trials if t.user_attrs.get("pick")) == 1
     else:
         assert not study.best_trials
+
+
+def test_an_infeasible_answer_is_recorded_on_its_gpu_with_nothing_on_the_front(tmp_path):
+    wl = tmp_path / "w.yaml"
+    wl.write_text(yaml.safe_dump({**TINY, "slo": {"ttft_ms": 5, "tpot_ms": 1, "attainment": 0.9}}))
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    code, text = kvtune("solve", wl, "--storage", url, "--json", tmp_path / "r.json")
+    assert code == 3, text
+    r = SolveResult.from_json(json.loads((tmp_path / "r.json").read_text()))
+    study = optuna.load_study(study_name=evidence_study_name(r), storage=url)
+    assert study.trials and not study.best_trials and study.user_attrs["status"] == "infeasible"
+    assert {t.params["gpu"] for t in study.trials} == {"h100-sxm"}
+    assert all(t.state == TrialState.PRUNED and t.user_attrs["reason"] for t in study.trials)
