@@ -584,3 +584,15 @@ def test_the_race_rows_keep_each_configs_reason(monkeypatch):
     beaten = [x for x in r.race if x.status == "beaten"]
     assert verified and all(x.reason == "" for x in verified)      # both verified here qualify
     assert len(verified) + len(beaten) == len(KEYS) and all(x.reason for x in beaten)
+
+
+def test_the_race_counts_every_config_of_an_exhausted_lattice_fitting_or_not():
+    """verification.raced: the configs the race covered, those that do not fit in memory included
+    (70B bf16 weights, ~141 GB, fit no single 80 GB GPU): exhaustive, it is the whole lattice."""
+    from tiny_workload import tiny_8b_spec
+    spec = tiny_8b_spec({"tp": [1, 4], "batch_cap": [16, 64], "kv_dtype": ["bf16"], "chunk_tokens": [1024, 4096],
+                         "trials": 6, "seed": 0, "deployment": ["aggregated"]}, model="llama-3.1-70b")
+    r = rc.solve(spec)
+    v = r.verification
+    assert v.searched == "exhaustive" and v.lattice_configs == 18
+    assert len(r.race) == 9 and v.raced == v.lattice_configs   # the 9 TP1 configs never fit, and count
