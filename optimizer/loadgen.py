@@ -50,7 +50,7 @@ from .importers import Metadata, latency_summary
 from .profile_run import (Endpoint, LoadRecord, LoadSampler, ServerInfo, completion_payload, count_tokens, load_now,
                           make_prompt, probe_server, stream_completion)
 from statistics import NormalDist
-from scipy.special import stdtrit, stdtr
+from scipy.special import stdtr, stdtrit   # Student's t CDF and quantile (scipy.special: a fraction of scipy.stats' import)
 from scipy.stats import binomtest
 
 __all__ = ["OpenLoopPlan", "OpenLoopRun", "RequestRecord", "LoadRecord", "Attainment", "run_open_loop",

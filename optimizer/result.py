@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import (TYPE_CHECKING, Any, ClassVar, Mapping, Protocol, TypeVar, get_args, get_origin, get_type_hints,
+from typing import (Any, ClassVar, Mapping, Protocol, TypeVar, get_args, get_origin, get_type_hints,
                     runtime_checkable)
 
 from .disagg import DisaggCandidate, PoolChoice
-from .plan import PlanFile
-
-if TYPE_CHECKING:
-    from .plan import PlanFile
+from .plan import PlanFile   # the plan file a solve wrote (--plan), read back with the result
 
 __all__ = ["SolveResult", "TrialCounts", "VerificationCounts", "Recommendation", "DisaggregatedRecommendation",
            "Predicted", "Screened", "Cost", "StepTerms", "Bottleneck", "ParetoPoint", "VerifiedRow", "RaceRow",

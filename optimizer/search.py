@@ -62,7 +62,7 @@ from .layouts import gpus_per_replica, search_layouts
 from .screen import WorkloadStats, screen
 from .workload import WorkloadSpec
 from .storage import check_storage_url, journal_backend
-from .liveness import pid_alive
+from .liveness import pid_alive   # a zombie (a killed --workers child not yet reaped) is dead
 from optuna.storages.journal import JournalFileSymlinkLock, JournalStorage
 
 __all__ = ["SolveContext", "Evaluation", "evaluate", "make_storage", "open_study", "run_search", "grid_space", "quiet_optuna",
@@ -515,13 +515,9 @@ def open_study(ctx: SolveContext, sampler: str, storage_url: str | None, study_n
     return study
 
 
-def _pid_alive(pid: int) -> bool:
-    return pid_alive(pid)
-
-
 def _is_stale(t) -> bool:
     host, pid = t.user_attrs.get("host"), t.user_attrs.get("pid")
-    if host == socket.gethostname() and pid is not None and pid != os.getpid() and not _pid_alive(pid):
+    if host == socket.gethostname() and pid is not None and pid != os.getpid() and not pid_alive(pid):
         return True
     start = t.datetime_start.timestamp() if t.datetime_start else time.time()
     if pid is None:

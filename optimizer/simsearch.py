@@ -59,7 +59,7 @@ from .search import Evaluation, SolveContext, evaluate, grid_space
 from .verify import (REL_TOL, Verification, config_requests, draw_attainment, robust, robust_config, sim_config,
                      sim_requests, verify_config)
 from kvtune.costmodel.simulate import simulate
-from scipy.special import betaincinv, stdtrit
+from scipy.special import betaincinv, stdtrit   # the beta and Student's t quantiles (scipy.stats takes seconds to import)
 import multiprocessing as mp
 
 __all__ = ["Probe", "Outcome", "Race", "race", "candidates", "lattice_size", "exhaustive", "bar_req_s", "rank", "LocalRunner",
