@@ -468,11 +468,7 @@ def quiet_optuna() -> Iterator[None]:
 
 def workload_digest(ctx: SolveContext, sampler: str) -> str:
     spec = ctx.spec
-    # the race's exhaustive cut-over does not change the screen's trials: left out (the dataclass's own
-    # repr less that field), so a study resumes across it and keeps the name it had before the field
-    search = "SearchSpec(" + ", ".join(f"{f.name}={getattr(spec.search, f.name)!r}" for f in fields(spec.search)
-                                       if f.name != "exhaustive_max_configs") + ")"
-    blob = json.dumps({"spec": repr(spec.hardware) + repr(spec.slo) + search + repr(spec.speculative)
+    blob = json.dumps({"spec": repr(spec.hardware) + repr(spec.slo) + repr(spec.search) + repr(spec.speculative)
                        + repr(spec.objective) + str(spec.model) + str(spec.engine) + str(spec.gpu_mem_util),
                        "stats": [ctx.stats.mean_input_tokens, ctx.stats.mean_output_tokens, ctx.rate_req_s],
                        "sampler": sampler, "seed": ctx.seed, "workload_seed": ctx.workload_seed,

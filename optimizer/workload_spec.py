@@ -108,8 +108,10 @@ class SearchSpec:
     deployment: tuple[str, ...] = DEPLOYMENTS    # which kinds solve searches (optimizer.deployment_choice)
     # the simulator race exhausts a GPU type's lattice up to this many configs; above it, the race covers
     # only the configs the screen's study sampled (``trials`` of them, by ``--sampler`` and ``--seed``).
-    # 5,000: above every shipped workload's (the largest, examples/multinode-deepseek-v3.yaml: 1,624)
-    exhaustive_max_configs: int = 5000
+    # 5,000: above every shipped workload's (the largest, examples/multinode-deepseek-v3.yaml: 1,624).
+    # Out of the repr, which the screen study's name digests (optimizer.search.workload_digest): the
+    # screen's trials are the same either side of the cut-over, so a study resumes across it
+    exhaustive_max_configs: int = field(default=5000, repr=False)
 
     def __post_init__(self) -> None:
         if not self.deployment or any(d not in DEPLOYMENTS for d in self.deployment):
