@@ -39,7 +39,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from .facts import disaggregated_points, pick_point
+from .facts import at_pick_price, disaggregated_points, other_gpu_points, pick_point
 from .liveness import pid_alive
 from .result import SolveResult
 from .search import make_storage, quiet_optuna
@@ -84,10 +84,6 @@ def _params(gpu: str, config: Mapping[str, Any]) -> dict[str, Any]:
     return {"gpu": gpu, "deployment": kind, **_flat({k: v for k, v in config.items() if k not in ("deployment", "gpu")})}
 
 
-def _same_price(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-9 * max(1.0, b)
-
-
 def _race_fidelity(status: str, reason: str) -> str:
     """The highest rung a config the race dropped reached (``optimizer.simsearch``): a zero-load probe
     (``zero_load``; ``pruned``: it passed one, then its bound said it could not beat the best), a
@@ -110,7 +106,7 @@ def evidence_rows(result: SolveResult, gpu: str | None = None) -> list[EvidenceR
                                 (pick.usd_per_hour, pick.goodput_req_s), "pick", attrs={"pick": True, "gpus": pick.gpus}))
 
     def sized(params: dict[str, Any], usd: float, goodput: float, gpus: int, what: str) -> EvidenceRow:
-        if pick is not None and _same_price(usd, pick.usd_per_hour):
+        if pick is not None and at_pick_price(usd, pick.usd_per_hour):
             return EvidenceRow(params, TrialState.PRUNED, "simulated", None, "at_pick_price",
                                f"${usd:.2f}/h, the pick's price: the pick (robust to the request draw) stands for it "
                                f"({goodput:.3g} req/s {what})", {"gpus": gpus, "usd_per_hour": usd, "goodput_req_s": goodput})
@@ -141,14 +137,11 @@ def evidence_rows(result: SolveResult, gpu: str | None = None) -> list[EvidenceR
             if pick_cfg is not None and dict(x.config) == dict(pick_cfg):
                 continue
             rows.append(sized(_params(gpu, x.config), x.usd_per_hour, x.goodput_req_s, x.gpus, "disaggregated"))
+    for x in other_gpu_points(result):   # each other GPU type's best, as the report's front has it
+        rows.append(sized(_params(x.config["gpu"], x.config), x.usd_per_hour, x.goodput_req_s, x.gpus,
+                          f"best on {x.config['gpu']}"))
     for g in result.gpu_choice or ():
-        if g.gpu == gpu:
-            continue
-        if g.status == "ok" and g.usd_per_hour is not None and g.goodput_req_s is not None and g.gpus is not None:
-            rows.append(sized(_params(g.gpu, {**(g.config or {}), **({"deployment": g.deployment} if g.deployment
-                                                                      else {})}),
-                              g.usd_per_hour, g.goodput_req_s, g.gpus, f"best on {g.gpu}"))
-        else:
+        if g.gpu != gpu and g.status != "ok":
             rows.append(EvidenceRow({"gpu": g.gpu}, TrialState.PRUNED, "simulated", None, g.status,
                                     g.reason or g.why))
     return rows
@@ -194,14 +187,14 @@ def write_evidence(result: SolveResult, storage_url: str, study_name: str | None
 def _write(result: SolveResult, storage_url: str, study_name: str | None, gpu: str | None) -> tuple[str, int] | None:
     name = evidence_study_name(result, study_name)
     storage = make_storage(storage_url)
-    digest = result.study_name
+    screen = result.study_name   # the screen's study this evidence belongs to
     try:
         got = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         got = None
     if got is not None:
         a = got.user_attrs
-        if a.get(_COMPLETE_ATTR) and a.get("screen_study") == digest:
+        if a.get(_COMPLETE_ATTR) and a.get("screen_study") == screen:
             return name, len(got.get_trials(deepcopy=False))
         if not a.get(_COMPLETE_ATTR) and a.get("host") == socket.gethostname() and a.get("pid") != os.getpid() \
                 and pid_alive(int(a.get("pid", -1))):
@@ -212,7 +205,7 @@ def _write(result: SolveResult, storage_url: str, study_name: str | None, gpu: s
     except optuna.exceptions.DuplicatedStudyError:
         return None   # another worker made it first
     study.set_metric_names(list(METRICS))
-    for k, v in (("host", socket.gethostname()), ("pid", os.getpid()), ("screen_study", digest),
+    for k, v in (("host", socket.gethostname()), ("pid", os.getpid()), ("screen_study", screen),
                  ("objective", result.objective), ("status", result.status),
                  ("screened_only", sum(1 for o in result.race if o.simulations == 0 and o.status != "verified"))):
         study.set_user_attr(k, v)

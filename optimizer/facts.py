@@ -36,7 +36,7 @@ from .recommend import pareto_front
 from .gpu_choice import why_text
 import yaml
 
-__all__ = ["settle", "describe", "disaggregated_points", "other_gpu_points", "pick_point", "pick_params",
+__all__ = ["settle", "describe", "disaggregated_points", "other_gpu_points", "pick_point", "pick_params", "at_pick_price",
            "is_disaggregated", "load_basis", "front_point_text", "manifest_kinds", "launch_footer"]
 
 
@@ -144,13 +144,17 @@ def other_gpu_points(r: SolveResult) -> list[ParetoPoint]:
     return out
 
 
+def at_pick_price(usd_per_hour: float, pick_usd_per_hour: float) -> bool:
+    """A deployment at the pick's $/h (to a relative 1e-9): on the front the pick stands for that price."""
+    return abs(usd_per_hour - pick_usd_per_hour) <= 1e-9 * max(1.0, pick_usd_per_hour)
+
+
 def _front(r: SolveResult, max_gpus: int) -> tuple[ParetoPoint, ...] | None:
     pick = pick_point(r)
     if pick is None or r.cost is None:
         return r.pareto
     items = list(r.pareto or ()) + disaggregated_points(r, r.cost.usd_per_gpu_hour, max_gpus) + other_gpu_points(r)
-    same = 1e-9 * max(1.0, pick.usd_per_hour)
-    items = [x for x in items if abs(x.usd_per_hour - pick.usd_per_hour) > same]   # the pick stands for its price
+    items = [x for x in items if not at_pick_price(x.usd_per_hour, pick.usd_per_hour)]   # the pick stands for its price
     return tuple(pareto_front(items + [pick]))
 
 

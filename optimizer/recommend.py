@@ -5,8 +5,9 @@ Every number in ``predicted`` comes from the simulator: a config's per-replica g
 highest Poisson rate at which the SLO attainment target holds (``costmodel.goodput``, through
 ``optimizer.verify``); replicas follow from it, and the pick is then simulated once more at its
 real per-replica load (target rate / replicas) for the latency percentiles. The optuna study holds
-the screen's trials (the analytic prior, browsable in optuna-dashboard); which config is
-recommended does not depend on them: the race covers the whole lattice.
+the screen's trials (the analytic prior, browsable in optuna-dashboard); up to
+``search.exhaustive_max_configs`` configs the race covers the whole lattice and which config is
+recommended does not depend on them; above it, the race covers the configs they sampled.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from .launch import PlannerTargets, launch_settings
 from .layouts import gpus_per_replica, layout_params
 from .result import (Bottleneck, Closest, Cost, ParetoPoint, Predicted, ProfileUse, RaceRow, Recommendation, Screened,
                      SolveResult, StepTerms, TrialCounts, VerificationCounts, VerifiedRow)
-from .search import (UNLAUNCHABLE, Evaluation, SolveContext, completed_evals, config_key, evaluate, grid_space,
-                     make_storage, open_study, quiet_optuna, run_search)
+from .search import (UNLAUNCHABLE, Evaluation, SolveContext, completed_evals, config_key, evaluate, make_storage, open_study, quiet_optuna, run_search)
 from .scaleout import StudyRunner
 from .simsearch import LocalRunner, Race, exhaustive, lattice_size, race, ranked_goodput
 from .check import aggregated_command
@@ -269,7 +269,7 @@ def solve_in(ctx: SolveContext, trials: int | None = None, sampler: str = "tpe",
         if trials is None:
             trials = ctx.spec.search.trials
             if sampler == "grid":
-                trials = math.prod(len(v) for v in grid_space(ctx).values())
+                trials = lattice_size(ctx)
         run_search(ctx, study, trials, sampler, on_trial)
         runner: LocalRunner | StudyRunner
         if storage:   # the race's simulations shared with every process on this storage
