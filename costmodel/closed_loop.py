@@ -113,7 +113,6 @@ def run_closed_loop(step, requests: Requests, config, concurrency: int, clients:
     request ``i`` first, at ``client_starts_s``; each client's next request goes when its last one
     completes). Returns the simulator's ``SimResult`` with ``measured`` set to
     ``measured_window`` and ``slo_attainment`` over those requests."""
-
     n = len(requests)
     if isinstance(concurrency, bool) or not isinstance(concurrency, (int, np.integer)) or concurrency < 1:
         raise InputError(f"closed loop: concurrency must be an integer >= 1, got {concurrency!r}")

@@ -267,7 +267,6 @@ def disaggregated_bound_req_s(prefill: Pool, decode: Pool, mean_input_tokens: fl
     prompt tokens it computes: ``mean_uncached_tokens``, the prompt less what the prefix cache
     holds, when the pool caches prefixes) and the decode pool's (``goodput.capacity_bound_req_s``
     per replica; cached prefix tokens held once count as shared)."""
-
     c = int(prefill.config.chunk_tokens)
     t = prefill.step.step_time_s(0, 0.0, c, StepModel.chunk_pairs(c, 0), 0.0)
     todo = mean_input_tokens

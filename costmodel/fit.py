@@ -243,7 +243,6 @@ class RowPredictor:
         prefill chunks into decode steps); SGLang's admission reserves room for outputs
         (``OUTPUT_RESERVE_ENGINES``); the row's ``kv_pool_tokens``, when recorded, is the pool, and
         its ``chunk_tokens`` the per-step token budget."""
-
         engine = canonical_engine(row.engine)
         first = row.scheduler == "prefill_first" if row.scheduler else engine in PREFILL_FIRST_ENGINES
         return SimConfig(batch_cap=cap, chunk_tokens=self.row_chunk_tokens(row), prefill_first=first,
@@ -269,7 +268,6 @@ class RowPredictor:
     def closed_loop_requests(self, row: ProfileRow):
         """The requests a closed-loop row is simulated with: ``max(requests_per_client x C,
         min_requests)`` identical ones."""
-
         c, isl, osl = row.concurrency, row.input_tokens, row.output_tokens
         if c is None or isl is None or osl is None:
             raise InputError(f"row {row.id}: a closed-loop row needs concurrency, input_tokens and output_tokens")
@@ -339,7 +337,6 @@ class RowPredictor:
         batch cap (none recorded: no cap below the pool's), its pool, chunk budget and scheduler:
         means and p50/p90 of TTFT and TPOT over the measured requests, throughput, and
         ``attainment`` over the counted ones (not a fitted figure)."""
-
         req, counted, measured = self.open_loop_requests(row)
         res = simulate(sm, req, self.sim_config(row, row.batch_cap or len(req)), arrival="trace", seed=self.seed,
                        warmup_frac=0.0)

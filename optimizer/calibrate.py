@@ -454,7 +454,6 @@ def fit_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str], None
                 max_nfev: int = 30, cv: bool = True, only: tuple[str, ...] = ()) -> dict[str, dict]:
     """Fit and write the shipped H100 calibrations (used by bench/fit_shipped_calibrations.py);
     ``only`` names the ones to refit (default all)."""
-
     gpu = get_gpu("h100-sxm")
     predict = RowPredictor(gpu, stagger=STAGGERED_ENGINES)
     out = {}
@@ -512,7 +511,6 @@ def refit_fp8_shipped(tables: dict[str, Path], outdir: Path, log: Callable[[str]
     """The FP8 stage alone on the shipped files as they are (their other parameters fixed): what
     ``fit_shipped`` does last, without the bf16 stages' half hour of CPU. Rewrites each file's FP8
     params, their uncertainty and ``fit.fp8``; everything else is kept."""
-
     gpu = get_gpu("h100-sxm")
     predict = RowPredictor(gpu, stagger=STAGGERED_ENGINES)
     out = {}

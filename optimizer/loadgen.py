@@ -171,7 +171,6 @@ def _wilson(k: float, n: float, confidence: float, dof: int | None = None) -> tu
     """Wilson's score interval for k of n; with ``dof``, Student's t quantile in place of the
     normal one (the variance behind n was estimated from dof + 1 batch means)."""
 
-
     if n <= 0:
         return 0.0, 1.0
     q = 0.5 + confidence / 2
@@ -643,7 +642,6 @@ def drift(rows: Sequence[ProfileRow], rel: float = DRIFT_REL, z: float = DRIFT_Z
     Beyond noise: both rows have per-request logs and the difference of the means is more than
     ``z`` standard errors (each from batch means over its run, so queueing correlation widens
     it) and more than 10%; else the means differ by more than ``rel`` of the smaller."""
-
     groups: dict[tuple, list[ProfileRow]] = {}
     for r in rows:
         if r.kind == "request":

@@ -131,7 +131,6 @@ class ReadPlan:
 def solve_plan(spec, result) -> tuple[OpenLoopPlan, dict, dict] | None:
     """The requests ``kvtune solve`` printed its pick's figures from (module docstring), with the
     pick and those figures; None when there is no pick or no fresh draw."""
-
     p, rec = result.predicted, result.recommendation
     if result.status != "ok" or p is None or rec is None or not p.draws:
         return None
@@ -423,7 +422,6 @@ def _read_kvtune(text: str, shown: str) -> ReadPlan:
     if not isinstance(s, dict):
         raise InputError(f"{shown}: key 'kvtune.plan.slo' = {str(s)[:40]!r} must be a mapping "
                          "(ttft_ms, tpot_ms, attainment)")
-
     try:   # SLO checks its own values; the file and key are this reader's to name
         slo = SLO(ttft_ms=s.get("ttft_ms") or math.inf, tpot_ms=s.get("tpot_ms") or math.inf,
                   attainment=s.get("attainment") or SLO().attainment)

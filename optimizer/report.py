@@ -87,7 +87,6 @@ def latency_sample(ctx: SolveContext, result: SolveResult) -> Any:
     ``optimizer.verify.simulate_at`` (aggregated) and ``optimizer.disagg_verify.simulate_unit_at``
     (disaggregated, per unit) run it. Its percentiles are ``predicted``'s (tests/optimizer/test_report.py
     holds them)."""
-
     rec, p = result.recommendation, result.predicted
     assert rec is not None and p is not None and p.draws   # an ok result: verified on fresh draws
     seed, n, load = p.draws["seeds"][0], p.draws["n_requests"], p.draws["load_req_s"]

@@ -316,7 +316,6 @@ _DROP = {"--storage": True, "--workers": True, "--jobs": True, "--json": True, "
 def spawn_workers(argv: list[str], storage: str, n: int) -> list:
     """Start ``n`` more ``kvtune solve`` processes from this one's command line (``argv``), on
     ``storage``, with one process each and no output; returns their ``Popen`` objects."""
-
     args, skip = [], False
     for a in argv[1:]:
         if skip:

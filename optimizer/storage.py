@@ -203,7 +203,6 @@ def check_sqlite(path: Path, url: str) -> None:
 def journal_backend(path: str, lock):
     """optuna's journal file backend whose every append first checks, under the journal's lock,
     that the file ends with a whole record (see the module docstring)."""
-
     class _CheckedJournalFileBackend(JournalFileBackend):
         def append_logs(self, logs):
             lock.acquire()

@@ -219,7 +219,6 @@ def open_loop_check(row: ProfileRow, pred: RowPredictor, eff: Efficiency) -> Ope
     """Predict an open-loop row's attainment and percentiles and set them beside the measured
     ones; the measured attainment's interval is ``optimizer.loadgen``'s default (batch-means
     Wilson) over the per-request log, or plain Wilson on ``num_requests`` without one."""
-
     p = pred.open_loop(pred.step_model(row, eff), row)
     path = row.requests_path()
     lo = hi = att = None

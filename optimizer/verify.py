@@ -189,7 +189,6 @@ def verify(ctx: SolveContext, params: Mapping, operating_batch: int, guess_req_s
     """Nominal verification (module docstring): draw 0's simulated per-replica goodput and the
     deployment it sizes to. ``guess_req_s`` (the screened goodput) starts the goodput bracket; it
     does not bias the answer beyond the bisection tolerance."""
-
     sm = ctx.fitting_step(params)
     spec, seed = ctx.spec, ctx.workload_seed
     n = sim_requests(spec.slo.attainment, operating_batch)

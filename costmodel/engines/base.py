@@ -51,7 +51,6 @@ class Engine:
     def default_calibration(self, gpu: str) -> str:
         """The calibration name ``--engine`` selects on ``gpu`` (``profiles/calibrations/NAME.yaml``):
         the engine's own where one ships, else the GPU's (``calibration.find_calibration``'s order)."""
-
         for name in self.calibration_names(gpu):
             if profiles_path("calibrations", f"{name}.yaml").exists():
                 return name
