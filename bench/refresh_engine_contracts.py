@@ -637,7 +637,7 @@ def main(argv=None) -> None:
             a = download("llama-cpp-python", PINS["llamacpp"][1], dl, sdist=True)
             root = unpack_py(a, work / "llamacpp", suffixes=("common/arg.cpp",))
             arg_cpp = next(root.rglob("vendor/llama.cpp/common/arg.cpp"))
-            commit = "0c1e57098"   # the llama.cpp commit llama-cpp-python 0.3.36 vendors (optimizer/launch/versions.py)
+            commit = "0c1e57098"   # the llama.cpp commit llama-cpp-python 0.3.36 vendors (optimizer/launch/llamacpp.py VERSION)
             write(llamacpp_contract(arg_cpp, source(a, "PyPI sdist (vendor/llama.cpp/common/arg.cpp)"), commit),
                   f"llamacpp-{commit}.json")
         if "trtllm" in only:

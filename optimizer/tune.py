@@ -58,7 +58,7 @@ from .result import DisaggregatedRecommendation
 from .solve import SolveOptions, solve
 from .tune_records import CONFIG_KEYS, JobRecord, RoundRecord, RunRecord, TuneResult, config_id
 from .tune_store import TuneStore
-from .launch import ENGINES
+from .launch import HOMES
 from .search import SolveContext, lattice
 from .layouts import gpus_per_replica
 from .verify import verify_config, sim_config
@@ -234,7 +234,7 @@ class Tuner:
         self.workdir = Path(workdir)
         (self.workdir / "requests").mkdir(parents=True, exist_ok=True)
         self.log, self.threads = log, threads
-        self.engine = adapter.engine if adapter.engine in ENGINES else (spec.engine or "")
+        self.engine = adapter.engine if adapter.engine in HOMES else (spec.engine or "")
         self.jobs: dict[str, JobRecord] = {}
         self.rounds: list[RoundRecord] = []
         self.drift: list[str] = []

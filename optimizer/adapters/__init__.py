@@ -15,12 +15,12 @@ process group on leaving (errors, Ctrl-C, a crash): ``process.EngineProcess``.
 from __future__ import annotations
 
 from .base import Adapter, RunningEngine
-from .engines import KINDS, EnginePlan, EngineReport, model_matches
+from .engines import EnginePlan, EngineReport, kinds, model_matches
 from .errors import EngineCrashed, EngineError, EngineMismatch, EngineStartError, Interrupted
 from .local import TEMPLATE_FIELDS, LocalAdapter, TemplateAdapter
 from .process import EngineProcess, free_port, port_in_use
 from .url import UrlAdapter
 
 __all__ = ["Adapter", "RunningEngine", "LocalAdapter", "TemplateAdapter", "UrlAdapter", "EnginePlan",
-           "EngineReport", "KINDS", "TEMPLATE_FIELDS", "EngineError", "EngineStartError", "EngineCrashed",
+           "EngineReport", "kinds", "TEMPLATE_FIELDS", "EngineError", "EngineStartError", "EngineCrashed",
            "EngineMismatch", "Interrupted", "EngineProcess", "free_port", "port_in_use", "model_matches"]

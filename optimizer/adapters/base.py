@@ -16,7 +16,7 @@ from kvtune.optimizer.profile_run import Endpoint
 
 from .engines import EngineKind, EnginePlan, EngineReport, check
 from .errors import EngineCrashed, EngineMismatch, EngineStartError, InputError
-from .http import ServerRoot, Unreachable
+from kvtune.optimizer.server_http import ServerRoot, Unreachable
 from .process import EngineProcess, free_port, port_in_use
 
 __all__ = ["RunningEngine", "Adapter", "start_engine", "STARTUP_TIMEOUT_S", "PORT_TRIES"]

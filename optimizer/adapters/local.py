@@ -41,7 +41,7 @@ class LocalAdapter(Adapter):
         self.kind: EngineKind = kind_of(kind)
         self.engine = self.kind.name
         self.binary = _binary(binary or self.kind.default_binary)
-        if model and self.kind.name == "llamacpp" and not Path(model).is_file():
+        if model and self.kind.model_is_file and not Path(model).is_file():
             raise InputError(f"--model-file {model}: no such file")
         self.model, self.threads, self.host, self.port = model, threads, host, port
         self.log_dir, self.env, self.timeout_s = Path(log_dir), env, startup_timeout_s

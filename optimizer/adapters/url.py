@@ -18,7 +18,7 @@ from kvtune.optimizer.profile_run import refused
 from .base import Adapter, RunningEngine
 from .engines import EngineKind, EngineReport, detect_kind, model_matches, served_models
 from .errors import EngineCrashed, InputError
-from .http import ServerRoot, Unreachable, get, root_of
+from kvtune.optimizer.server_http import ServerRoot, Unreachable, get, root_of
 
 __all__ = ["UrlAdapter"]
 

@@ -1,15 +1,15 @@
 """Launch settings users can paste, for one recommended deployment: vLLM, SGLang and
 TensorRT-LLM commands, a llama.cpp ``llama-server`` command, and a Kubernetes manifest.
 
-Each targets one named engine version (``versions.ENGINE_VERSIONS``; every flag or config key it
-emits is in ``versions.FLAGS`` / ``versions.TRTLLM_KEYS`` with the source file and section it was
-read from) and is set so that the engine does what kvtune simulated: batch cap, chunk budget and
-mixed prefill/decode steps, the KV pool (memory share converted per engine), KV dtype, prefix
-caching, speculation by the same method and draft length, FP8 weights from an FP8 checkpoint or
-online quantization. Where an engine cannot run the pick, its entry says why instead of giving a
-command (``unsupported``).
+Each targets one named engine version (``ENGINE_VERSIONS``; every flag or config key it emits is in
+``FLAGS`` / ``TRTLLM_KEYS`` with the source file and section it was read from) and is set so that
+the engine does what kvtune simulated: batch cap, chunk budget and mixed prefill/decode steps, the
+KV pool (memory share converted per engine), KV dtype, prefix caching, speculation by the same
+method and draft length, FP8 weights from an FP8 checkpoint or online quantization. Where an engine
+cannot run the pick, its entry says why instead of giving a command (``unsupported``).
 
-Per engine: ``vllm.py``, ``sglang.py``, ``trtllm.py``, ``llamacpp.py``; ``kubernetes.py`` wraps the
+One home module per engine (``vllm.py``, ``sglang.py``, ``trtllm.py``, ``llamacpp.py``: its version,
+flags, launch line and tune adapter), registered once in ``registry.py``; ``kubernetes.py`` wraps the
 chosen engine in a Deployment or, for a replica spanning nodes, a LeaderWorkerSet; ``disagg.py``
 gives a disaggregated pick's prefill and decode pools, router and manifest for every engine;
 ``context.py`` sizes each engine's context (vLLM ``--max-model-len``, SGLang ``--context-length``,
@@ -21,29 +21,25 @@ from __future__ import annotations
 
 from . import kubernetes
 from .disagg import disaggregated_launch as _disaggregated_launch
-from .llamacpp import llamacpp_argv
 from .pick import SPEC_METHODS, LaunchPick, MemoryFacts, Unsupported, build_pick, native_fp8
 from .platforms import PlannerTargets, platform_launch
-from .sglang import sglang_argv, sglang_mixed_chunk, DIST_PORT
+from .registry import ENGINE_VERSIONS, FLAGS, HOMES, TRTLLM_DISAGG_KEYS, TRTLLM_KEYS, home
+from .serving import EngineHome
 from .shell import add_argv, argv_of, command, comment_block
-from .trtllm import trtllm_argv
-from .versions import ENGINE_VERSIONS, ENGINES, FLAGS, ROUTER_VERSIONS, TRTLLM_DISAGG_KEYS, TRTLLM_KEYS
-from .vllm import vllm_argv
+from .versions import ROUTER_VERSIONS
 
 __all__ = ["launch_settings", "launch_for_pick", "disaggregated_launch", "ROUTER_VERSIONS", "TRTLLM_DISAGG_KEYS", "build_pick", "scheduling", "CHECKED", "ENGINE_VERSIONS",
-           "ENGINES", "FLAGS", "TRTLLM_KEYS", "LaunchPick", "MemoryFacts", "Unsupported", "SPEC_METHODS", "argv_of", "PlannerTargets"]
+           "FLAGS", "HOMES", "TRTLLM_KEYS", "LaunchPick", "MemoryFacts", "Unsupported", "SPEC_METHODS", "argv_of", "PlannerTargets"]
 
 CHECKED = ("flags read from the engines' own sources: " +
            "; ".join(f"{v.label}" for v in ENGINE_VERSIONS.values()) +
-           " (optimizer/launch/versions.py lists each flag with its file and section)")
+           " (each engine's module in optimizer/launch/ lists each flag with its file and section)")
 
 
 def scheduling(engine: str | None, spec_method: str | None, spec_k: int) -> str:
     """How the engine schedules prompts next to decodes with these launch settings: 'mixed'
     (chunks ride in decode steps) or 'prefill_first' (SGLang under NGRAM/STANDALONE speculation)."""
-    if engine == "sglang" and not sglang_mixed_chunk(spec_method, spec_k):
-        return "prefill_first"
-    return "mixed"
+    return HOMES[engine].scheduling(spec_method, spec_k) if engine in HOMES else "mixed"
 
 
 def _gb(x: float) -> str:
@@ -83,25 +79,11 @@ def _unsupported(engine: str, reason: str) -> str:
     return f"# {ENGINE_VERSIONS[engine].label} cannot run this pick: {reason}"
 
 
-def _multi_node_note(engine: str, p: LaunchPick) -> list[str]:
+def _multi_node_note(h: EngineHome, p: LaunchPick) -> list[str]:
     if not p.multi_node:
         return []
-    if engine == "vllm":
-        return [f"one replica spans {p.nodes} nodes: this is node 0; on node r = 1..{p.nodes - 1} run the same "
-                f"with --node-rank r --headless (the Kubernetes manifest does this with a LeaderWorkerSet)"]
     return [f"one replica spans {p.nodes} nodes: this is node 0; on node r = 1..{p.nodes - 1} run the same "
-            f"with --node-rank r (the Kubernetes manifest does this with a LeaderWorkerSet)"]
-
-
-def _engine_argv(engine: str, p: LaunchPick, node_rank=None, addr=None, nnodes=None):
-    if engine == "vllm":
-        return vllm_argv(p, node_rank, addr, nnodes)
-    if engine == "sglang":
-        return sglang_argv(p, node_rank, None if addr is None else f"{addr}:{DIST_PORT}", nnodes)
-    if engine == "trtllm":
-        argv, _, notes = trtllm_argv(p, config=f"{kubernetes.CONFIG_DIR}/config.yaml")
-        return argv, notes
-    return llamacpp_argv(p)
+            f"with {h.worker_flags} (the Kubernetes manifest does this with a LeaderWorkerSet)"]
 
 
 def launch_for_pick(p: LaunchPick, name: str = "kvtune-llm", engine: str | None = None,
@@ -110,26 +92,21 @@ def launch_for_pick(p: LaunchPick, name: str = "kvtune-llm", engine: str | None 
     ``platforms``: Dynamo, llm-d and KServe (platforms.py; ``targets``: their SLOs)."""
     safe = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:50].strip("-") or "kvtune-llm"
     out: dict = {"versions": {e: v.to_json() for e, v in ENGINE_VERSIONS.items()}, "unsupported": {}, "notes": {},
-                 "scheduling": {e: scheduling(e, p.spec_method, p.spec_k) for e in ENGINES}}
-    for e in ("vllm", "sglang", "llamacpp"):
+                 "scheduling": {e: scheduling(e, p.spec_method, p.spec_k) for e in HOMES}}
+    for e, h in HOMES.items():
         try:
-            rank0 = "0" if p.multi_node and e != "llamacpp" else None
-            argv, notes = _engine_argv(e, p, rank0)
-            notes = notes + _multi_node_note(e, p)
-            out[e] = _header(e, p, notes) + "\n" + command(argv, head=3 if e == "sglang" else 0)
+            line = h.serve_line(p, "0" if p.multi_node else None)
+            notes = line.notes + _multi_node_note(h, p)
+            text = _header(e, p, notes) + "\n" + command(line.argv, head=h.head)
+            out[e] = text if h.config_file is None else \
+                {"command": text, "config_yaml": kubernetes.dump_yaml([line.config or {}])}
             out["notes"][e] = notes
         except Unsupported as exc:
-            out[e] = _unsupported(e, str(exc))
+            out[e] = _unsupported(e, str(exc)) if h.config_file is None else \
+                {"command": _unsupported(e, str(exc)), "config_yaml": ""}
             out["unsupported"][e] = str(exc)
-    try:
-        argv, api, notes = trtllm_argv(p)
-        out["trtllm"] = {"command": _header("trtllm", p, notes) + "\n" + command(argv),
-                         "config_yaml": kubernetes.dump_yaml([api])}
-        out["notes"]["trtllm"] = notes
-    except Unsupported as exc:
-        out["trtllm"] = {"command": _unsupported("trtllm", str(exc)), "config_yaml": ""}
-        out["unsupported"]["trtllm"] = str(exc)
-    k8s_engine = engine if engine in ENGINES else "vllm"
+    k8s_engine = engine if engine in HOMES else "vllm"
+    k8s = home(k8s_engine)
     out["k8s_engine"] = k8s_engine
     try:
         if k8s_engine in out["unsupported"]:
@@ -141,12 +118,12 @@ def launch_for_pick(p: LaunchPick, name: str = "kvtune-llm", engine: str | None 
                 "model cache: a ReadWriteMany PersistentVolumeClaim (needs a storage class that offers it)"]
         if p.model_note:
             head.append(p.model_note)
-        if k8s_engine == "trtllm":
-            head.append(f"config.yaml (--extra_llm_api_options): the ConfigMap {safe}-config, mounted at "
+        if k8s.config_file is not None:
+            head.append(f"{k8s.config_file} ({k8s.config_flag}): the ConfigMap {safe}-config, mounted at "
                         f"{kubernetes.CONFIG_DIR}")
-        body = kubernetes.manifest(p, safe, ENGINE_VERSIONS[k8s_engine],
-                                   lambda r, a, n: _engine_argv(k8s_engine, p, r, a, n)[0],
-                                   {"config.yaml": out["trtllm"]["config_yaml"]} if k8s_engine == "trtllm" else None)
+        body = kubernetes.manifest(p, safe, k8s.version,
+                                   lambda r, a, n: k8s.serve_line(p, r, a, n, kubernetes.CONFIG_DIR).argv,
+                                   {k8s.config_file: out[k8s_engine]["config_yaml"]} if k8s.config_file else None)
         out["k8s"] = comment_block(head) + "\n" + body
     except Unsupported as exc:
         out["k8s"] = _unsupported(k8s_engine, str(exc))
@@ -155,7 +132,7 @@ def launch_for_pick(p: LaunchPick, name: str = "kvtune-llm", engine: str | None 
                                                    "gpu_mem_util": p.gpu_mem_util}
     out["checked"] = CHECKED
     out["platforms"] = platform_launch(safe, engine, serve=p, targets=targets)
-    return add_argv(out)
+    return add_argv(out, HOMES)
 
 
 def disaggregated_launch(prefill: LaunchPick, decode: LaunchPick, name: str = "kvtune-llm",

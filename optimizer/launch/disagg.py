@@ -16,8 +16,9 @@ simulated in ``costmodel.deployment``, as each engine runs it.
   router (or TensorRT-LLM's disaggregated server) as a Deployment with a pinned image that already
   holds it, probes and resources, behind the Service users call.
 
-Every flag is in ``versions.FLAGS`` (the routers under their own names) and every TensorRT-LLM
-key in ``versions.TRTLLM_KEYS`` / ``versions.TRTLLM_DISAGG_KEYS``, with where it was read.
+Every flag is in ``registry.FLAGS`` (each engine's home module; the routers under their own names,
+``versions.ROUTER_FLAGS``) and every TensorRT-LLM key in ``trtllm.TRTLLM_KEYS`` /
+``trtllm.TRTLLM_DISAGG_KEYS``, with where it was read.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from .sglang import PORT as SGLANG_PORT
 from .sglang import sglang_argv
 from .shell import add_argv, command, comment_block
 from .trtllm import trtllm_argv
-from .versions import ENGINE_VERSIONS, ROUTER_IMAGES, ROUTER_VERSIONS
+from .registry import ENGINE_VERSIONS, HOMES
+from .versions import ROUTER_IMAGES, ROUTER_VERSIONS
 from .vllm import vllm_argv
 
 __all__ = ["disaggregated_launch", "ROUTER_PORT", "SGLANG_BOOTSTRAP_PORT", "VLLM_CONNECTOR", "SGLANG_BACKEND",
@@ -289,7 +291,7 @@ def disaggregated_launch(prefill: LaunchPick, decode: LaunchPick, name: str = "k
         for e in ("vllm", "sglang", "trtllm", "k8s"):
             out["unsupported"][e] = str(exc)
             out[e] = f"# disaggregated launch: {exc}"
-        return add_argv(out)
+        return add_argv(out, HOMES)
     for e, fn in (("vllm", _vllm), ("sglang", _sglang)):
         try:
             text, notes = fn(prefill, decode)
@@ -304,11 +306,11 @@ def disaggregated_launch(prefill: LaunchPick, decode: LaunchPick, name: str = "k
     except Unsupported as exc:
         out["trtllm"] = {"command": f"# {ENGINE_VERSIONS['trtllm'].label} cannot run this pick disaggregated: {exc}"}
         out["unsupported"]["trtllm"] = str(exc)
-    k8s_engine = engine if engine in ENGINE_VERSIONS else "vllm"
+    k8s_engine = engine if engine is not None and engine in ENGINE_VERSIONS else "vllm"
     out["k8s_engine"] = k8s_engine
     try:
         out["k8s"] = _k8s(prefill, decode, safe, k8s_engine)
     except Unsupported as exc:
         out["k8s"] = f"# disaggregated Kubernetes manifest: {exc}"
         out["unsupported"]["k8s"] = str(exc)
-    return add_argv(out)
+    return add_argv(out, HOMES)

@@ -53,7 +53,7 @@ WORKERS = {"vllm": {"prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker"
            "sglang": {"prefill": "prefill", "decode": "decode"},
            "trtllm": {"prefill": "TRTLLMPrefillWorker", "decode": "TRTLLMDecodeWorker"}}
 # the engine each runtime image bundles (pyproject.toml extras at v0.5.1); kvtune's flags are
-# checked against its own pinned engine versions (versions.py), not these
+# checked against its own pinned engine versions (each engine's VERSION), not these
 BUNDLED_ENGINES = {"vllm": "0.10.1.1", "sglang": "0.5.0rc2", "trtllm": "1.1.0rc5"}
 # the examples' envFromSecret: every key of the Secret becomes an environment variable (HF_TOKEN)
 HF_SECRET = "hf-token-secret"

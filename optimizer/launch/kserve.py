@@ -8,7 +8,7 @@ after the preset's own flags, and the prefill/decode presets add the NixlConnect
 ``--kv-transfer-config`` themselves. So the args are kvtune's vLLM flags (vllm.py) less those the
 preset sets; replicas and tensor parallelism are the resource's own fields (``spec.replicas``,
 ``spec.parallelism``, ``spec.prefill``); the model is ``hf://<checkpoint>``, pulled by KServe's
-storage initializer. The image is kvtune's pinned vLLM (versions.py), the one its flags are
+storage initializer. The image is kvtune's pinned vLLM (vllm.VERSION), the one its flags are
 checked against (the preset's own image bundles another vLLM build).
 
 The presets' multi-node form (``spec.worker``, a LeaderWorkerSet) is data-parallel vLLM
@@ -26,7 +26,7 @@ from __future__ import annotations
 from . import kubernetes
 from .pick import LaunchPick, Unsupported, local_folder
 from .platform_argv import PlatformVersion, data_parallel_nodes, safe_name, without_flags
-from .versions import ENGINE_VERSIONS
+from .registry import ENGINE_VERSIONS
 from .vllm import vllm_argv
 
 __all__ = ["KSERVE", "API_VERSION", "PRESET_SETS", "llm_inference_service"]

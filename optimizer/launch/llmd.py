@@ -8,7 +8,7 @@ container with ``modelCommand: vllmServe``, for which the chart writes ``vllm se
 itself (templates/_helpers.tpl ``vllmServeModelCommand``) and appends the container's ``args``:
 kvtune's vLLM flags (vllm.py) less the ones the chart sets. A disaggregated pick adds vLLM's
 NixlConnector on both pools and turns on the chart's routing sidecar (``routing.proxy``, connector
-``nixlv2``) in front of the decode pods. The image is kvtune's pinned vLLM (versions.py), the one
+``nixlv2``) in front of the decode pods. The image is kvtune's pinned vLLM (vllm.VERSION), the one
 its flags are checked against.
 
 The chart's multi-node form (``multinode: true``, a LeaderWorkerSet of ``parallelism.workers``
@@ -30,7 +30,7 @@ import shlex
 from .disagg import VLLM_CONNECTOR
 from .pick import LaunchPick, Unsupported, local_folder
 from .platform_argv import PlatformVersion, data_parallel_nodes, without_flags
-from .versions import ENGINE_VERSIONS
+from .registry import ENGINE_VERSIONS
 from .vllm import vllm_argv
 
 __all__ = ["LLMD", "HF_SECRET", "llmd_values", "CHART_SETS"]

@@ -25,7 +25,7 @@ from kvtune.costmodel.draft import draft_footprint
 from kvtune.costmodel.parallel import Parallel
 
 __all__ = ["LaunchPick", "MemoryFacts", "Unsupported", "SPEC_METHODS", "NGRAM_MATCH_TOKENS",
-           "model_reference", "fp8_checkpoint", "build_pick", "native_fp8", "LOADERS", "draft_reference",
+           "model_reference", "fp8_checkpoint", "build_pick", "native_fp8", "draft_reference",
            "local_folder"]
 
 # speculative.method values kvtune's launch knows (optimizer/workload.py SpeculativeSpec lists them)
@@ -37,10 +37,6 @@ PLACEHOLDER = "<hf-org/model-or-local-folder>"
 
 # Hugging Face organisations whose models need the licence accepted and a token (gated repositories)
 _GATED_ORGS = ("meta-llama/", "mistralai/", "google/")
-
-# which checkpoints each engine's launch loads (costmodel.checkpoints: published FP8 and GGUF ids
-# live in the model catalog, profiles/models.yaml, with their sources)
-LOADERS = {"vllm": "hf", "sglang": "hf", "trtllm": "modelopt", "llamacpp": "gguf"}
 
 
 class Unsupported(Exception):
@@ -143,7 +139,7 @@ class LaunchPick:
         when ``engine``'s version cannot launch these weights, this KV dtype or this speculation."""
         caps = CAPABILITIES[engine]
         ck = self.user_checkpoint
-        if ck is not None and ck.gguf and engine != "llamacpp":
+        if ck is not None and ck.gguf and caps.loader != "gguf":
             raise Unsupported(f"the workload's checkpoint {ck.load.id} is GGUF, which kvtune launches on llama.cpp only")
         why = caps.weights_error(self.weights) or caps.kv_error(self.kv_dtype) \
             or (caps.spec_error(self.spec_method) if self.speculating and self.spec_method else None)
@@ -170,7 +166,7 @@ class LaunchPick:
         ck = self.user_checkpoint
         if ck is not None and ck.gguf:
             return ck.load if ck.load.weights == self.weights else None
-        return resolve_weights(self.model, self.weights, LOADERS[engine])
+        return resolve_weights(self.model, self.weights, CAPABILITIES[engine].loader)
 
 
 def fp8_checkpoint(model: str, kind: str = "any") -> str:

@@ -20,7 +20,7 @@ from .llmd import LLMD, llmd_values
 from .pick import LaunchPick, Unsupported
 from .platform_argv import safe_name
 from .shell import comment_block
-from .versions import ENGINE_VERSIONS
+from .registry import ENGINE_VERSIONS
 
 __all__ = ["platform_launch", "PLATFORMS", "PlannerTargets"]
 
@@ -31,7 +31,7 @@ def _engine_note(platform: str, engine: str | None, runs: str) -> list[str]:
     if (engine or "vllm") == runs:
         return []
     return [f"{PLATFORMS[platform].label} runs {ENGINE_VERSIONS[runs].name} here; kvtune simulated this pick on "
-            f"{ENGINE_VERSIONS[engine].name if engine in ENGINE_VERSIONS else engine}, whose scheduling may differ"]
+            f"{ENGINE_VERSIONS[engine].name if engine is not None and engine in ENGINE_VERSIONS else engine}, whose scheduling may differ"]
 
 
 def _entry(doc: dict, head: list[str], key: str = "manifest") -> dict:

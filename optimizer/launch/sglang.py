@@ -1,4 +1,5 @@
-"""``python -m sglang.launch_server`` for SGLang 0.5.23 (flags: versions.FLAGS["sglang"]).
+"""SGLang's home: ``python -m sglang.launch_server`` for SGLang 0.5.23 (its flags: ``FLAGS`` below), and how
+``kvtune tune`` starts it and reads it back (``Sglang``).
 
 Scheduling: SGLang's default runs a waiting prompt in a prefill-only batch while the decodes wait;
 kvtune simulates steps that mix prefill chunks with decodes, which SGLang does with
@@ -11,10 +12,17 @@ is not emitted and kvtune simulates SGLang's prefill-first scheduling (``schedul
 
 from __future__ import annotations
 
+import sys
+
+from kvtune.optimizer.server_http import get_json
+
 from .context import sglang_context_length
 from .pick import LaunchPick, Unsupported
+from .serving import EngineHome, EngineKind, EnginePlan, EngineReport, ServeLine, served_models, set_flag, whole
+from .versions import EngineVersion
 
-__all__ = ["sglang_argv", "sglang_algorithm", "sglang_mixed_chunk", "PORT", "DIST_PORT"]
+__all__ = ["sglang_argv", "sglang_algorithm", "sglang_mixed_chunk", "PORT", "DIST_PORT", "VERSION", "FLAGS", "Sglang",
+           "HOME"]
 
 PORT = 8000           # set explicitly (SGLang's default is 30000) so every engine serves on one port
 DIST_PORT = 20000     # --dist-init-addr port of the LeaderWorkerSet example (kubernetes-sigs/lws docs/examples/sglang)
@@ -104,3 +112,75 @@ def sglang_argv(p: LaunchPick, node_rank: str | None = None, dist_addr: str | No
                  "--dist-init-addr", dist_addr or f"<leader-address>:{DIST_PORT}"]
     argv += ["--host", "0.0.0.0", "--port", str(PORT)]
     return argv, notes
+
+
+# ---- the release this launch line was read from, and where it defines each flag ----
+_S = "sglang/srt/arg_groups/fields"
+VERSION = EngineVersion(
+    "sglang", "SGLang", "0.5.23",
+    "sglang 0.5.23 wheel (PyPI): python/sglang/srt/server_args.py, srt/arg_groups/fields/{model,parallel,"
+    "schedule,memory,spec,serving}.py, srt/arg_groups/speculative_hook.py, srt/speculative/spec_info.py",
+    "lmsysorg/sglang:v0.5.23")
+FLAGS: dict[str, str] = {
+    "--model-path": f"{_S}/model.py model_path",
+    "--tp-size": f"{_S}/parallel.py tp_size",
+    "--pp-size": f"{_S}/parallel.py pp_size",
+    "--ep-size": f"{_S}/parallel.py ep_size (--enable-ep-moe is gone in 0.5.23)",
+    "--attn-dp-size": f"{_S}/parallel.py attn_dp_size (server_args.py: --enable-dp-attention is deprecated for it)",
+    "--nnodes": f"{_S}/parallel.py nnodes",
+    "--node-rank": f"{_S}/parallel.py node_rank",
+    "--dist-init-addr": f"{_S}/parallel.py dist_init_addr",
+    "--context-length": f"{_S}/model.py context_length (srt/managers/tp_worker.py caps requests at the pool)",
+    "--max-running-requests": f"{_S}/schedule.py max_running_requests",
+    "--chunked-prefill-size": f"{_S}/schedule.py chunked_prefill_size",
+    "--max-prefill-tokens": f"{_S}/schedule.py max_prefill_tokens",
+    "--enable-mixed-chunk": f"{_S}/schedule.py enable_mixed_chunk",
+    "--mem-fraction-static": f"{_S}/schedule.py mem_fraction_static",
+    "--kv-cache-dtype": f"{_S}/model.py kv_cache_dtype (choices include fp8_e4m3)",
+    "--quantization": f"{_S}/model.py quantization; arg_groups/choices.py QUANTIZATION_CHOICES (fp8: online)",
+    "--disable-radix-cache": f"{_S}/memory.py disable_radix_cache",
+    "--speculative-algorithm": f"{_S}/spec.py speculative_algorithm; srt/speculative/spec_info.py SpeculativeAlgorithm",
+    "--speculative-draft-model-path": f"{_S}/spec.py speculative_draft_model_path",
+    "--speculative-num-steps": f"{_S}/spec.py speculative_num_steps",
+    "--speculative-eagle-topk": f"{_S}/spec.py speculative_eagle_topk",
+    "--speculative-num-draft-tokens": f"{_S}/spec.py speculative_num_draft_tokens",
+    "--speculative-ngram-max-bfs-breadth": f"{_S}/spec.py speculative_ngram_max_bfs_breadth",
+    "--disaggregation-mode": f"{_S}/disagg.py disaggregation_mode (null, prefill, decode)",
+    "--disaggregation-transfer-backend": f"{_S}/disagg.py disaggregation_transfer_backend (default mooncake)",
+    "--disaggregation-bootstrap-port": f"{_S}/disagg.py disaggregation_bootstrap_port (default 8998)",
+    "--host": f"{_S}/serving.py host",
+    "--port": f"{_S}/serving.py port (default 30000)",
+}
+
+
+# ---- kvtune tune: how it starts this engine and reads it back (optimizer.adapters) ----
+class Sglang(EngineKind):
+    name, label, default_binary = "sglang", "SGLang", sys.executable
+    probe = ("/get_server_info", "version")
+
+    def plan(self, pick, *, binary, model, host, port, threads):
+        argv, notes = sglang_argv(pick)
+        argv = [binary] + argv[1:]                            # python -m sglang.launch_server
+        if model:
+            argv = set_flag(argv, "--model-path", model)
+        argv = set_flag(set_flag(argv, "--host", host), "--port", str(port))
+        return EnginePlan(self.name, tuple(argv), pick.batch_cap, pick.chunk_tokens, None, None,
+                          argv[argv.index("--model-path") + 1], tuple(notes), head=3)
+
+    def read_back(self, root, log_text="", timeout_s=5.0):
+        st, d = get_json(root, "/get_server_info", timeout_s)
+        d = d if st == 200 and isinstance(d, dict) else {}
+        models = served_models(root, timeout_s)
+        return EngineReport(engine=self.name, version=str(d.get("version", "")),
+                            served_model=models[0] if models else "", model_path=str(d.get("model_path", "")),
+                            slots=whole(d.get("max_running_requests")), pool_tokens=whole(d.get("max_total_num_tokens")),
+                            chunk_tokens=whole(d.get("chunked_prefill_size")))
+
+
+def serve_line(p: LaunchPick, node_rank: str | None = None, addr: str | None = None, nnodes: str | None = None,
+               config_dir: str | None = None) -> ServeLine:
+    """``python -m sglang.launch_server`` for ``p`` (``EngineHome.serve_line``)."""
+    return ServeLine(*sglang_argv(p, node_rank, None if addr is None else f"{addr}:{DIST_PORT}", nnodes))
+
+
+HOME = EngineHome("sglang", VERSION, FLAGS, serve_line, head=3, mixed_chunks=sglang_mixed_chunk, adapter=Sglang())

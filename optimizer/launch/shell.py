@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
 
 __all__ = ["command", "comment_block", "argv_of", "commands_of", "add_argv"]
 
@@ -34,8 +35,6 @@ def argv_of(text: str) -> list[str]:
 
 
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
-# the engines whose launch entry is shell text (a string, or TensorRT-LLM's {"command": ...})
-_ENGINE_KEYS = ("vllm", "sglang", "trtllm", "llamacpp")
 
 
 def commands_of(text: str) -> list[dict]:
@@ -54,15 +53,17 @@ def commands_of(text: str) -> list[dict]:
     return out
 
 
-def add_argv(launch: dict) -> dict:
+def add_argv(launch: dict, engines: Iterable[str]) -> dict:
     """``launch`` with ``argv`` and ``env`` beside each engine's shell text, for tools that start a
     process without a shell: ``argv[engine]`` is a list of argv lists (one per process to start: one
     for an aggregated pick; each pool's server and the router for a disaggregated one) and
     ``env[engine]`` the environment each needs (parallel lists). An engine that cannot run the pick
-    (``unsupported``) gets empty lists. The shell text keeps its keys: it is the contract."""
+    (``unsupported``) gets empty lists. The shell text keeps its keys: it is the contract.
+    ``engines``: the registered engines' names (``registry.HOMES``), each entry shell text (a
+    string, or TensorRT-LLM's ``{"command": ...}``)."""
     argv: dict[str, list[list[str]]] = {}
     env: dict[str, list[dict[str, str]]] = {}
-    for e in _ENGINE_KEYS:
+    for e in engines:
         entry = launch.get(e)
         text = entry.get("command") if isinstance(entry, dict) else entry
         cmds = [] if not isinstance(text, str) or e in launch.get("unsupported", {}) else commands_of(text)

@@ -1,7 +1,7 @@
-"""``trtllm-serve`` and its ``--extra_llm_api_options`` YAML for TensorRT-LLM 1.0.0 (PyTorch
+"""TensorRT-LLM's home: ``trtllm-serve`` and its ``--extra_llm_api_options`` YAML for TensorRT-LLM 1.0.0 (PyTorch
 backend). Every flag and key is one of 1.0's own definitions: serve.py's click options and
 llm_args.py's pydantic classes, extracted into tests/contracts/tensorrt-llm-1.0.0.json, which CI
-checks each emitted line and YAML against (versions.FLAGS / TRTLLM_KEYS say where each is read).
+checks each emitted line and YAML against (FLAGS / TRTLLM_KEYS below say where each is read).
 
 Memory: ``kv_cache_config.free_gpu_memory_fraction`` is a share of the memory *left free after the
 model is loaded* (KvCacheConfig), not vLLM's share of all memory. kvtune's pool per GPU is
@@ -16,8 +16,11 @@ import math
 
 from .context import trtllm_max_seq_len
 from .pick import NGRAM_MATCH_TOKENS, LaunchPick, Unsupported
+from .serving import EngineHome, ServeLine
+from .versions import EngineVersion
 
-__all__ = ["trtllm_api", "trtllm_argv", "free_fraction", "PORT"]
+__all__ = ["trtllm_api", "trtllm_argv", "free_fraction", "PORT", "VERSION", "FLAGS", "TRTLLM_KEYS",
+           "TRTLLM_DISAGG_KEYS", "HOME"]
 
 PORT = 8000
 
@@ -119,3 +122,83 @@ def trtllm_argv(p: LaunchPick, role: str = "serve", config: str = "config.yaml")
     argv += ["--max_batch_size", str(p.batch_cap), "--max_num_tokens", str(p.chunk_tokens),
              "--extra_llm_api_options", config, "--host", "0.0.0.0", "--port", str(PORT)]
     return argv, api, ([qnote] if qnote else []) + notes
+
+
+# ---- the release this launch line was read from, and where it defines each flag ----
+VERSION = EngineVersion(
+    "trtllm", "TensorRT-LLM", "1.0.0",
+    "NVIDIA/TensorRT-LLM sources of the 1.0 line (tag v1.0.0 = ae8270b7): tensorrt_llm/commands/serve.py "
+    "(click options, revision 4c05a748) and tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs, KvCacheConfig, "
+    "CacheTransceiverConfig, DecodingBaseConfig subclasses, a 1.0.0rc revision), as extracted into "
+    "tests/contracts/tensorrt-llm-1.0.0.json",
+    "nvcr.io/nvidia/tensorrt-llm/release:1.0.0")
+FLAGS: dict[str, str] = {
+    "--tp_size": "commands/trtllm-serve (Options)",
+    "--pp_size": "commands/trtllm-serve (Options)",
+    "--ep_size": "commands/trtllm-serve (Options)",
+    "--max_batch_size": "commands/trtllm-serve (Options)",
+    "--max_num_tokens": "commands/trtllm-serve (Options)",
+    "--extra_llm_api_options": "commands/trtllm-serve (Options): a YAML of LlmArgs keys",
+    "--host": "commands/trtllm-serve (Options)",
+    "--port": "commands/trtllm-serve (Options, default 8000)",
+    "-c": "commands/trtllm-serve disaggregated (-c, --config_file: the disaggregated server's YAML; "
+          "examples/disaggregated/README.md)",
+}
+
+# TensorRT-LLM 1.0.0 LLM-API keys of the --extra_llm_api_options YAML: dotted path -> where it is defined.
+# A reader's table: CI checks every emitted YAML against the classes themselves
+# (tests/contracts/tensorrt-llm-1.0.0.json, tests/engine_contracts.py check_trtllm_api).
+TRTLLM_KEYS: dict[str, str] = {
+    "tensor_parallel_size": "llm-api/reference LlmArgs",
+    "pipeline_parallel_size": "llm-api/reference LlmArgs",
+    "moe_expert_parallel_size": "llm-api/reference LlmArgs",
+    "enable_attention_dp": "llm-api/reference TorchLlmArgs",
+    "max_batch_size": "llm-api/reference LlmArgs",
+    "max_num_tokens": "llm-api/reference LlmArgs",
+    "enable_chunked_prefill": "llm-api/reference LlmArgs (off by default)",
+    "max_seq_len": "llm-api/reference LlmArgs (prompt + output; context.py sizes it in whole KV blocks)",
+    "kv_cache_config": "llm-api/reference LlmArgs -> KvCacheConfig",
+    "kv_cache_config.dtype": "llm-api/reference KvCacheConfig",
+    "kv_cache_config.free_gpu_memory_fraction": "llm-api/reference KvCacheConfig (share of the memory free after the "
+                                                "model is loaded)",
+    "kv_cache_config.max_tokens": "llm-api/reference KvCacheConfig (the smaller of this and the fraction wins)",
+    "kv_cache_config.enable_block_reuse": "llm-api/reference KvCacheConfig",
+    "speculative_config": "llm-api/reference TorchLlmArgs.speculative_config (decoding_type selects the class)",
+    "speculative_config.decoding_type": "DecodingBaseConfig.from_dict: Eagle, MTP, NGram, DraftTarget",
+    "speculative_config.max_draft_len": "DecodingBaseConfig",
+    "speculative_config.speculative_model_dir": "EagleDecodingConfig / DraftTargetDecodingConfig (1.0 name)",
+    "speculative_config.eagle3_one_model": "EagleDecodingConfig (examples/llm_speculative_decoding.py)",
+    "speculative_config.num_nextn_predict_layers": "MTPDecodingConfig",
+    "speculative_config.max_matching_ngram_size": "NGramDecodingConfig",
+    # disaggregated workers (examples/disaggregated/README.md of the 1.0 line; llm-api/reference)
+    "disable_overlap_scheduler": "TorchLlmArgs; off on context servers (examples/disaggregated/README.md: the "
+                                 "overlap scheduler is not supported there)",
+    "cache_transceiver_config": "TorchLlmArgs -> CacheTransceiverConfig",
+    "cache_transceiver_config.backend": "CacheTransceiverConfig: 1.0.0's Literal DEFAULT, UCX, NIXL, MPI (the "
+                                        "1.0.0 release candidates took them lower case)",
+    "cache_transceiver_config.max_tokens_in_buffer": "CacheTransceiverConfig (>= the longest prompt, README)",
+}
+
+# keys of the disaggregated server's YAML (trtllm-serve disaggregated -c; examples/disaggregated/README.md)
+TRTLLM_DISAGG_KEYS: dict[str, str] = {
+    "hostname": "disagg_config.yaml: the server's bind address",
+    "port": "disagg_config.yaml: the server's port",
+    "backend": "disagg_config.yaml: pytorch",
+    "context_servers": "disagg_config.yaml", "context_servers.num_instances": "disagg_config.yaml",
+    "context_servers.urls": "disagg_config.yaml (host:port per context server)",
+    "generation_servers": "disagg_config.yaml", "generation_servers.num_instances": "disagg_config.yaml",
+    "generation_servers.urls": "disagg_config.yaml (host:port per generation server)",
+}
+
+
+def serve_line(p: LaunchPick, node_rank: str | None = None, addr: str | None = None, nnodes: str | None = None,
+               config_dir: str | None = None) -> ServeLine:
+    """``trtllm-serve`` for ``p`` and its ``--extra_llm_api_options`` YAML (``EngineHome.serve_line``)."""
+    argv, api, notes = trtllm_argv(p, config="config.yaml" if config_dir is None else f"{config_dir}/config.yaml")
+    return ServeLine(argv, notes, api)
+
+
+# kvtune tune does not start trtllm-serve (no adapter): it needs an NVIDIA GPU, and kvtune tune --url
+# measures one you started
+HOME = EngineHome("trtllm", VERSION, FLAGS, serve_line, config_file="config.yaml",
+                  config_flag="--extra_llm_api_options", config_keys=TRTLLM_KEYS)

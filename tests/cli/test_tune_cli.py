@@ -66,7 +66,7 @@ def test_the_wrong_model_at_the_url_is_one_line(fake, tmp_path, monkeypatch):
     proc = subprocess.Popen([fake["llama-server"], "-m", fake["gguf"], "-np", "4", "-c", "512", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        from kvtune.optimizer.adapters.http import Unreachable, get
+        from kvtune.optimizer.server_http import Unreachable, get
         for _ in range(100):
             try:
                 get(f"http://127.0.0.1:{port}", "/health")
@@ -233,7 +233,7 @@ def test_two_processes_on_one_storage_measure_different_configs_of_one_study(fak
 @pytest.mark.slow
 def test_a_url_you_launched_is_measured_as_it_runs(fake, tmp_path):
     from kvtune.optimizer.adapters import free_port
-    from kvtune.optimizer.adapters.http import Unreachable, get
+    from kvtune.optimizer.server_http import Unreachable, get
     port = free_port()
     proc = subprocess.Popen([fake["llama-server"], "-m", fake["gguf"], "-np", "2", "-c", "512", "-kvu", "-t", "1",
                              "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

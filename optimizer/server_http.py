@@ -1,4 +1,4 @@
-"""The few HTTP calls an adapter makes (standard library only): a GET that returns the status, the
+"""The few HTTP calls kvtune makes to a serving engine (standard library only): a GET that returns the status, the
 headers and the JSON body, and the server root of a ``.../v1`` URL."""
 
 from __future__ import annotations
