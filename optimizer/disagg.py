@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from kvtune.costmodel.deployment import Pool, disaggregated_bound_req_s, kv_link, simulate_disaggregated
+from kvtune.costmodel.engines import DEFAULT_ENGINE   # whose disaggregation rules apply when none is named
 from kvtune.costmodel.goodput import goodput
 from kvtune.costmodel.simulate import SimConfig
 from kvtune.costmodel.step import StepCost
@@ -41,7 +42,6 @@ import numpy as np
 __all__ = ["PoolChoice", "DisaggCandidate", "DisaggSearch", "search_disaggregated", "margin", "DEFAULT_ENGINE",
            "uncached_prompt_tokens", "fork_map", "ForkPool"]
 
-DEFAULT_ENGINE = "vllm"     # the engine whose disaggregation rules apply when the workload names none
 PREFILL_CHUNKS = (2048, 8192)
 PREFILL_CAPS = (16,)        # concurrent prompts in a prefill replica (its chunk budget is what limits it)
 DECODE_CAPS = (64, 128, 256, 512)

@@ -30,10 +30,7 @@ from kvtune.costmodel.models import ModelArch
 
 from .workload_spec import WorkloadSpec
 
-__all__ = ["for_engine", "LOADER"]
-
-# which checkpoints each engine's launch loads (costmodel.checkpoints.LOADERS)
-LOADER = {"vllm": "hf", "sglang": "hf", "trtllm": "modelopt", "llamacpp": "gguf"}
+__all__ = ["for_engine"]
 
 Bad = Callable[[str, Any, str], KvtuneError]   # (key, value, why) -> the workload reader's one-line error
 BadKey = Callable[[str, str], KvtuneError]     # (key, why): the same for a key that is missing
@@ -48,11 +45,11 @@ def _weights(spec: WorkloadSpec, arch: ModelArch, caps: Capabilities, named: boo
         _checkpoint(spec, caps, named, bad)
     err = caps.weights_error(spec.weights)
     if err:
-        hint = "; llama.cpp (engine: llamacpp) loads GGUF" if caps.engine != "llamacpp" else ""
+        hint = "; llama.cpp (engine: llamacpp) loads GGUF" if caps.loader != "gguf" else ""
         raise bad("weights", spec.weights, err + hint + _who(caps, named))
     if spec.checkpoint is not None:
         return
-    if spec.weights == "fp8" and LOADER[caps.engine] == "modelopt" \
+    if spec.weights == "fp8" and caps.loader == "modelopt" \
             and resolve_weights(arch.hf_id or arch.name, "fp8", "modelopt") is None:
         raise bad("weights", spec.weights, f"{caps.label} loads FP8 weights from a pre-quantized ModelOpt checkpoint "
                                            f"and kvtune's catalog knows none for {arch.name}: quantize it with "
@@ -65,10 +62,10 @@ def _checkpoint(spec: WorkloadSpec, caps: Capabilities, named: bool, bad: Bad) -
     from a config.json quantization_config nor by quantizing bf16 while loading."""
     ck = spec.checkpoint
     assert ck is not None
-    if ck.gguf and caps.engine != "llamacpp":
+    if ck.gguf and caps.loader != "gguf":
         raise bad(ck.key, ck.given, "a GGUF checkpoint, and kvtune launches GGUF on llama.cpp only "
                                           "(engine: llamacpp)" + _who(caps, named))
-    if spec.weights == "fp8" and LOADER[caps.engine] == "modelopt" and not ck.holds("fp8", "modelopt"):
+    if spec.weights == "fp8" and caps.loader == "modelopt" and not ck.holds("fp8", "modelopt"):
         d = ck.declared
         held = f"{d.declared} in {d.source}" if d is not None else "not read"
         raise bad(ck.key, ck.given, f"{caps.label} loads FP8 weights from a pre-quantized ModelOpt checkpoint "

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from kvtune.costmodel.engines import REGISTRY as ENGINE_POLICIES
 from kvtune.costmodel.errors import InputError
 
 from .facts import describe, disaggregated_points, front_point_text, is_disaggregated, launch_footer, load_basis, \
@@ -265,16 +266,13 @@ def _latency(ctx: SolveContext, result: SolveResult, res: Any, path: Path) -> No
 
 
 # ---- report.md ---------------------------------------------------------------------------------------
-_ENGINE_LABELS = (("vllm", "vLLM"), ("sglang", "SGLang"), ("trtllm", "TensorRT-LLM"),
-                  ("llamacpp", "llama.cpp llama-server"))
-
-
 def _launch_lines(launch: Mapping[str, Any]) -> list[str]:
     """The launch settings as markdown, whatever shape each engine's entry has (``optimizer.launch``:
     a command line, or a command and its config files, ``*_yaml``, as a disaggregated pick has
     several); engines absent from ``launch`` are left out."""
     out: list[str] = []
-    for key, label in _ENGINE_LABELS:
+    for key, policy in ENGINE_POLICIES.items():   # each registered engine under its display name
+        label = policy.display_name
         entry = launch.get(key)
         if not entry:
             continue

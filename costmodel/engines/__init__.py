@@ -6,7 +6,11 @@ the simulator's replica asks: ``costmodel.engines.policies``) and how ``kvtune c
 rows, and what kvtune can launch on the engine version its launch settings target
 (``capabilities``: KV dtypes, speculative methods, weight formats, deployment kinds, multi-node;
 one table in ``capabilities.py``). The step models, ``fit``, ``calibrate``, ``optimizer.step_factory`` and the CLI read this
-registry; to add an engine, add a module beside ``vllm.py`` and list it in ``_ALL``.
+registry; to add an engine, add a module beside ``vllm.py`` and list it in ``_ALL`` (its launch
+line, version and tune adapter: one module in ``optimizer.launch``, registered in
+``optimizer.launch.registry``). ``register`` adds one at run time (the tests' toy engine); names
+taken from the registry when a module loads (``ENGINE_NAMES``, ``closed_loop.STAGGERED_ENGINES``)
+hold the built-in engines only.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from .sglang import SGLANG
 from .trtllm import TRTLLM
 from .vllm import VLLM
 
-__all__ = ["Engine", "Capabilities", "CAPABILITIES", "DEFAULT_ENGINE", "capabilities_for", "REGISTRY", "ENGINE_NAMES", "get_engine", "scheduling_for", "admission_for",
+__all__ = ["Engine", "Capabilities", "CAPABILITIES", "DEFAULT_ENGINE", "capabilities_for", "REGISTRY", "ENGINE_NAMES", "get_engine",
+           "register", "unregister", "scheduling_for", "admission_for",
            "Scheduling", "Admission", "MixedChunkedPrefill", "PrefillFirst", "PromptAdmission",
            "OutputReserveAdmission"]
 
@@ -38,7 +43,26 @@ def get_engine(name: str) -> Engine:
     try:
         return REGISTRY[name]
     except (KeyError, TypeError):
-        raise InputError(f"engine must be one of {', '.join(ENGINE_NAMES)}, got {name!r}") from None
+        raise InputError(f"engine must be one of {', '.join(REGISTRY)}, got {name!r}") from None
+
+
+def register(engine: Engine) -> Engine:
+    """Add ``engine`` (with its ``capabilities``) to the registry and the capability table."""
+    if engine.capabilities is None or engine.capabilities.engine != engine.name:
+        raise ValueError(f"engine {engine.name!r}: its capabilities must be given and name it")
+    if engine.name in REGISTRY and REGISTRY[engine.name] is not engine:
+        raise ValueError(f"engine {engine.name!r} is registered already")
+    REGISTRY[engine.name] = engine
+    CAPABILITIES[engine.name] = engine.capabilities
+    return engine
+
+
+def unregister(name: str) -> None:
+    """Remove an engine ``register`` added (the built-in ones stay)."""
+    if name in ENGINE_NAMES:
+        raise ValueError(f"engine {name!r} is built in")
+    REGISTRY.pop(name, None)
+    CAPABILITIES.pop(name, None)
 
 
 def scheduling_for(prefill_first: bool) -> Scheduling:

@@ -61,6 +61,7 @@ class Capabilities:
     deployments: tuple[str, ...]
     max_gpus_per_replica: int | None   # None: as many as the layout needs
     multi_node: bool                   # a replica may span nodes
+    loader: str = "hf"                 # the checkpoints its launch loads (costmodel.checkpoints.LOADERS)
     sources: Mapping[str, str] = field(default_factory=dict)
     not_launched: Mapping[str, str] = field(default_factory=dict)
 
@@ -167,7 +168,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         kv_dtypes=("bf16", "fp8"),
         spec_methods=("eagle3", "mtp", "ngram", "draft"),
         weight_formats=("bf16", "fp16", "fp8"),
-        deployments=DEPLOYMENT_KINDS, max_gpus_per_replica=None, multi_node=False,
+        deployments=DEPLOYMENT_KINDS, max_gpus_per_replica=None, multi_node=False, loader="modelopt",
         sources={
             "kv_dtypes": f"{_TRT}: llm-api/reference KvCacheConfig.dtype (auto, fp8)",
             "spec_methods": f"{_TRT}: llm-api/reference TorchLlmArgs.speculative_config (EagleDecodingConfig with "
@@ -192,7 +193,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         kv_dtypes=("fp32", "fp16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
         spec_methods=("eagle3", "mtp", "ngram", "draft"),
         weight_formats=GGUF_FORMATS,
-        deployments=("aggregated",), max_gpus_per_replica=1, multi_node=False,
+        deployments=("aggregated",), max_gpus_per_replica=1, multi_node=False, loader="gguf",
         sources={
             "kv_dtypes": f"{_LCPP}: common/arg.cpp kv_cache_types (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, "
                          "q5_1); a quantized V cache turns flash attention on (src/llama-context.cpp)",

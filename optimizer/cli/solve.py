@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvtune.costmodel.engines import ENGINE_NAMES
+from kvtune.costmodel.engines import REGISTRY as ENGINE_POLICIES
 from kvtune.costmodel.errors import Infeasible, InputError
 from kvtune.optimizer.storage import check_shared_storage
 
@@ -416,7 +417,7 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
     launch = (r.launch or {}).get(eng)
     if isinstance(launch, dict):  # TensorRT-LLM: a command and its config file
         launch = launch.get("command")
-    lines.append(f"Launch ({_ENGINE_LABEL.get(eng, eng)}):")
+    lines.append(f"Launch ({ENGINE_POLICIES[eng].display_name if eng in ENGINE_POLICIES else eng}):")
     if launch:
         lines.append("  " + launch.replace("\n", "\n  "))
         lines.append(f"  ({launch_footer(r.launch or {})})")
@@ -427,9 +428,6 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
     if r.report:
         lines.append(f"  report: {r.report}")
     return "\n".join(lines)
-
-
-_ENGINE_LABEL = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp llama-server"}
 
 
 def _cfg(p: dict[str, Any]) -> str:
