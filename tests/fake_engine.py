@@ -61,7 +61,8 @@ FAKE_GPU_TOKENS = 200_000  # vLLM/SGLang: KV pool tokens at --gpu-memory-utiliza
 
 # ---- the command lines ---------------------------------------------------------------------------
 def _parser(style: str) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog={"llamacpp": "llama-server", "vllm": "vllm", "sglang": "sglang"}[style],
+    ap = argparse.ArgumentParser(prog={"llamacpp": "llama-server", "vllm": "vllm", "sglang": "sglang",
+                                       "toy": "toy-serve"}[style],
                                  allow_abbrev=False)
     ap.add_argument("--host", default="127.0.0.1")
     if style == "llamacpp":
@@ -73,6 +74,8 @@ def _parser(style: str) -> argparse.ArgumentParser:
         ap.add_argument("-b", dest="batch", type=int, default=2048)
         ap.add_argument("-ub", dest="ubatch", type=int, default=512)
         ap.add_argument("-ngl", dest="ngl", default="auto")
+        ap.add_argument("-ctk", dest="cache_type_k", default="f16")
+        ap.add_argument("-ctv", dest="cache_type_v", default="f16")
         for f in ("-kvu", "-cb", "--cache-prompt", "--no-cache-prompt"):
             ap.add_argument(f, action="store_true")
         ap.add_argument("--port", type=int, default=8080)
@@ -87,6 +90,12 @@ def _parser(style: str) -> argparse.ArgumentParser:
         ap.add_argument("--max-model-len", dest="ctx", type=int, default=N_CTX_TRAIN)
         for f in ("--enable-chunked-prefill", "--enable-prefix-caching", "--no-enable-prefix-caching"):
             ap.add_argument(f, action="store_true")
+        ap.add_argument("--port", type=int, default=8000)
+    elif style == "toy":   # the shared engine suite's toy engine (tests/toy_home.py)
+        ap.add_argument("--model", dest="model", required=True)
+        ap.add_argument("--max-seqs", dest="slots", type=int, default=8)
+        ap.add_argument("--step-tokens", dest="batch", type=int, default=2048)
+        ap.add_argument("--kv-tokens", dest="kv_tokens", type=int, default=65536)
         ap.add_argument("--port", type=int, default=8000)
     else:
         ap.add_argument("--model-path", dest="model", required=True)
@@ -281,6 +290,8 @@ class Handler(BaseHTTPRequestHandler):
             text = (f'vllm:cache_config_info{{block_size="16",cache_dtype="{a.kv_cache_dtype}",'
                     f'num_gpu_blocks="{S.pool // 16}"}} 1.0\n')
             self._send(200, text.encode(), "text/plain")
+        elif S.style == "toy" and path == "/toy/config":
+            self._send(200, {"version": "1.0+fake", "max_seqs": a.slots, "step_tokens": a.batch, "kv_tokens": S.pool})
         elif S.style == "sglang" and path == "/get_server_info":
             self._send(200, {"version": "0.5.23+fake", "model_path": a.model, "max_running_requests": a.slots,
                              "chunked_prefill_size": a.batch, "max_total_num_tokens": S.pool})
@@ -436,6 +447,8 @@ def main(argv: list[str], style: str) -> int:
         n_ctx_slot = min(n_ctx_seq, N_CTX_TRAIN)
         print(f"0.01.745.963 I srv    load_model: initializing, n_slots = {a.slots}, n_ctx_slot = {n_ctx_slot}, "
               f"kv_unified = '{'true' if a.kvu else 'false'}'", flush=True)
+    elif style == "toy":
+        S.pool, batch, S.served = a.kv_tokens, a.batch, a.model
     else:
         S.pool = int(a.mem * FAKE_GPU_TOKENS)
         batch = a.batch
@@ -457,7 +470,7 @@ def main(argv: list[str], style: str) -> int:
 
 
 def write_shims(folder: Path) -> dict[str, Path]:
-    """``llama-server`` and ``vllm`` executables and an importable ``sglang.launch_server`` in
+    """``llama-server``, ``vllm`` and ``toy-serve`` executables and an importable ``sglang.launch_server`` in
     ``folder``, each running this fake engine under the interpreter running the tests. Put
     ``folder`` first on PATH (and on PYTHONPATH for SGLang's ``python -m``)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -465,7 +478,7 @@ def write_shims(folder: Path) -> dict[str, Path]:
     run = (f"import sys\nsys.path.insert(0, {str(me.parent)!r})\nimport fake_engine\n"
            "sys.exit(fake_engine.main(sys.argv[1:], {style!r}))\n")
     out = {}
-    for name, style in (("llama-server", "llamacpp"), ("vllm", "vllm")):
+    for name, style in (("llama-server", "llamacpp"), ("vllm", "vllm"), ("toy-serve", "toy")):
         p = folder / name
         p.write_text(f"#!{sys.executable}\n" + run.format(style=style))
         p.chmod(0o755)
