@@ -47,6 +47,7 @@ from pathlib import Path
 from kvtune.costmodel import get_gpu, get_model
 from kvtune.costmodel.files import MAX_YAML_BYTES, parse_yaml, path_kind, printable, profiles_path, read_text, reading
 from kvtune.costmodel.calibration import ENGINES, efficiency_for
+from kvtune.costmodel.engines import capabilities_for
 from kvtune.costmodel.errors import InputError, KvtuneError
 from kvtune.costmodel.hardware import load_gpu_file
 from kvtune.costmodel.memory import GPU_MEM_UTIL
@@ -378,16 +379,12 @@ def _speculative(r: _Reader, v) -> SpeculativeSpec:
     )
 
 
-# defaults a llama.cpp target changes: its server runs a few slots (-np), so its batch caps start at
-# 1; its KV is fp16 (--cache-type-k f16, the server's default); it has no FP8 KV cache at all
-SMALL_BATCH_ENGINES = ("llamacpp",)
-
-
 def _search_defaults(hw: HardwareSpec, engine: str | None) -> SearchSpec:
-    kv: tuple[str, ...] = KV_DTYPES
-    if engine == "llamacpp":
-        kv = ("fp16",)   # llama-server's default cache type (f16); it has no fp8 (engines.capabilities)
-    lo = 1 if engine in SMALL_BATCH_ENGINES else SearchSpec().batch_cap[0]
+    """The search space where the workload gives none, as the engine's capability row shapes it
+    (llama.cpp: a few slots, f16 KV; ``Capabilities.search_kv_dtypes`` / ``min_batch_cap``)."""
+    caps = capabilities_for(engine)
+    kv: tuple[str, ...] = caps.search_kv_dtypes or KV_DTYPES
+    lo = caps.min_batch_cap or SearchSpec().batch_cap[0]
     return SearchSpec(kv_dtype=kv, batch_cap=(lo, SearchSpec().batch_cap[1]))
 
 

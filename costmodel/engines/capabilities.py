@@ -62,6 +62,10 @@ class Capabilities:
     max_gpus_per_replica: int | None   # None: as many as the layout needs
     multi_node: bool                   # a replica may span nodes
     loader: str = "hf"                 # the checkpoints its launch loads (costmodel.checkpoints.LOADERS)
+    # the search's defaults where the workload gives none (optimizer.workload): the KV dtypes to try
+    # (None: every one kvtune models) and the smallest batch cap (None: the search's own)
+    search_kv_dtypes: tuple[str, ...] | None = None
+    min_batch_cap: int | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
     not_launched: Mapping[str, str] = field(default_factory=dict)
 
@@ -194,6 +198,9 @@ CAPABILITIES: dict[str, Capabilities] = {
         spec_methods=("eagle3", "mtp", "ngram", "draft"),
         weight_formats=GGUF_FORMATS,
         deployments=("aggregated",), max_gpus_per_replica=1, multi_node=False, loader="gguf",
+        # llama-server runs a few slots (-np), so its batch caps start at 1; its cache is f16 by
+        # default (--cache-type-k f16) and it has no fp8 (common/arg.cpp kv_cache_types)
+        search_kv_dtypes=("fp16",), min_batch_cap=1,
         sources={
             "kv_dtypes": f"{_LCPP}: common/arg.cpp kv_cache_types (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, "
                          "q5_1); a quantized V cache turns flash attention on (src/llama-context.cpp)",
