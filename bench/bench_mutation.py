@@ -85,8 +85,10 @@ MODULES: dict[str, list[str]] = {
     "optimizer/deployment_choice.py": ["tests/optimizer/test_deployment_choice.py"],
     "optimizer/gpu_choice.py": ["tests/optimizer/test_gpu_choice.py",
                                 "tests/optimizer/test_deployment_choice.py"],
+    # with each engine's home (its adapter and read-back): the shared engine suite and the adapters' tests
     "optimizer/launch": ["tests/engines/test_launch.py", "tests/engines/test_launch_disagg.py", "tests/engines/test_launch_contracts.py",
-                         "tests/engines/test_capabilities.py", "tests/engines/test_launch_units.py"],
+                         "tests/engines/test_capabilities.py", "tests/engines/test_launch_units.py",
+                         "tests/engines/test_engine_suite.py", "tests/engines/test_tune_adapters.py"],
 }
 # Never selected: the golden runs (tests/costmodel/test_sim_golden.py) kill any change by its hash without
 # saying what is wrong; a mutant counts as killed only by a test that checks a property or a value.
