@@ -18,7 +18,11 @@ and ``optuna.visualization.plot_pareto_front`` show the cost/goodput front the r
 Configs the race dropped without a simulation (a capacity bound, memory) stay out: the screen decided
 those, and their count is a study attribute. Each trial's ``fidelity`` user attr names the highest
 rung of evidence behind it: ``simulated`` (a full run on the workload's requests), ``robust`` (every
-fresh draw met; the pick), ``short`` (a short run's confidence bound), ``zero_load``.
+fresh draw met; the pick), ``short`` (a short run's confidence bound), ``zero_load``. A trial's
+intermediate values are the race's rungs on that config (``simsearch.Rung``): step i is the SLO
+attainment the i-th simulation reached, and user attr ``rungs`` says what each was
+(fidelity, per-replica rate in req/s, requests), so optuna-dashboard's intermediate-value plot
+shows where each config was dropped against the attainment target.
 
 Params: ``gpu`` and ``deployment`` (aggregated | disaggregated), then the kind's config flattened
 (``prefill_tp``, ``decode_batch_cap``...), categorical over the values seen, integers over their range.
@@ -28,6 +32,7 @@ with the same digest holds this answer and is left as it is.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import warnings
@@ -39,6 +44,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from .deployment import Aggregated
 from .facts import at_pick_price, disaggregated_points, other_gpu_points, pick_point
 from .liveness import pid_alive
 from .result import SolveResult
@@ -62,6 +68,7 @@ class EvidenceRow:
     status: str = ""
     reason: str = ""
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    rungs: tuple = ()   # simsearch.Rung's JSON per simulation the race ran on it: the intermediate values
 
 
 def evidence_study_name(result: SolveResult, study_name: str | None = None) -> str:
@@ -113,6 +120,9 @@ def evidence_rows(result: SolveResult, gpu: str | None = None) -> list[EvidenceR
         return EvidenceRow(params, TrialState.COMPLETE, "simulated", (usd, goodput), what, attrs={"gpus": gpus})
 
     pick_cfg = pick.config if pick is not None else None
+    rungs = {Aggregated.from_config(o.config).key: tuple(o.rungs or ()) for o in result.race}
+    if pick is not None and rows[0].params.get("deployment") == "aggregated":   # the pick: its config's rungs
+        rows[0] = dataclasses.replace(rows[0], rungs=rungs.get(Aggregated.from_config(pick.config).key, ()))
     for v in result.verified:
         cfg = dict(v.config)
         if v.feasible and v.usd_per_hour is not None and v.goodput_req_s is not None:
@@ -121,16 +131,17 @@ def evidence_rows(result: SolveResult, gpu: str | None = None) -> list[EvidenceR
             if pick_cfg is not None and dict(full) == dict(pick_cfg):
                 continue   # the pick itself, recorded above with its robust figures
             gpus = int(round(v.usd_per_hour / result.cost.usd_per_gpu_hour)) if result.cost else 0
-            rows.append(sized(_params(gpu, full), v.usd_per_hour, v.goodput_req_s, gpus, "verified"))
+            rows.append(dataclasses.replace(sized(_params(gpu, full), v.usd_per_hour, v.goodput_req_s, gpus, "verified"),
+                                            rungs=rungs.get(Aggregated.from_config(cfg).key, ())))
         else:
             rows.append(EvidenceRow(_params(gpu, cfg), TrialState.PRUNED, "simulated", None, "infeasible",
                                     v.reason or "simulated SLO attainment misses the target",
-                                    {"simulations": v.simulations}))
+                                    {"simulations": v.simulations}, rungs.get(Aggregated.from_config(cfg).key, ())))
     for o in result.race:
         if o.status == "verified" or o.simulations == 0:
             continue   # verified: above; no simulation: the screen's verdict, not the simulator's
         rows.append(EvidenceRow(_params(gpu, o.config), TrialState.PRUNED, _race_fidelity(o.status, o.reason), None,
-                                o.status, o.reason, {"simulations": o.simulations}))
+                                o.status, o.reason, {"simulations": o.simulations}, tuple(o.rungs or ())))
     if result.cost is not None:
         h = result.cost.usd_per_gpu_hour
         for x in disaggregated_points(result, h, 1 << 30):
@@ -169,9 +180,12 @@ def _trials(rows: list[EvidenceRow]) -> list[FrozenTrial]:
         attrs = {"fidelity": r.fidelity, "status": r.status, "evidence": "simulated", **r.attrs}
         if r.reason:
             attrs["reason"] = r.reason
+        if r.rungs:   # step i: the i-th simulation's SLO attainment; what each step was, beside it
+            attrs["rungs"] = [[g["fidelity"], round(g["rate_req_s"], 6), g["n_requests"]] for g in r.rungs]
         out.append(optuna.trial.create_trial(
             state=r.state, values=list(r.values) if r.values is not None else None,
-            params=dict(r.params), distributions={k: dist[k] for k in r.params}, user_attrs=attrs))
+            params=dict(r.params), distributions={k: dist[k] for k in r.params}, user_attrs=attrs,
+            intermediate_values={i: float(g["attainment"]) for i, g in enumerate(r.rungs)}))
     return out
 
 

@@ -109,8 +109,8 @@ def _base(ctx: SolveContext, study: optuna.Study, evals: list[Evaluation], sampl
                                                raced=len(r.outcomes) + len(r.no_fit),
                                                searched="exhaustive" if exhaustive(ctx) else "sampled"),
             "verified": tuple(_verified_row(v) for v in r.verified),
-            "race": tuple(RaceRow(config=o.config, status=o.status, reason=o.reason, simulations=o.simulations)
-                          for o in r.outcomes),
+            "race": tuple(RaceRow(config=o.config, status=o.status, reason=o.reason, simulations=o.simulations,
+                                  rungs=tuple(g.to_json() for g in o.rungs)) for o in r.outcomes),
             "engine": ctx.engine.engine}   # the engine whose launch line is printed (None: vLLM's)
 
 

@@ -133,12 +133,17 @@ class VerifiedRow(_Flat):
 
 @dataclass(frozen=True)
 class RaceRow(_Flat):
-    """What the race concluded about one config (``optimizer.simsearch.Outcome``)."""
+    """What the race concluded about one config (``optimizer.simsearch.Outcome``); ``rungs``: the
+    simulations behind it (``simsearch.Rung``: fidelity, per-replica rate, requests, SLO attainment;
+    None in a result written before they were kept)."""
+
+    _OMIT_NONE = ("rungs",)
 
     config: JsonObject
     status: str
     reason: str
     simulations: int
+    rungs: tuple[JsonObject, ...] | None = None
 
 
 # ---- the answer ----------------------------------------------------------------------------------

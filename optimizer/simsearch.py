@@ -62,7 +62,7 @@ from kvtune.costmodel.simulate import simulate
 from scipy.special import betaincinv, stdtrit   # the beta and Student's t quantiles (scipy.stats takes seconds to import)
 import multiprocessing as mp
 
-__all__ = ["Probe", "Outcome", "Race", "race", "candidates", "lattice_size", "exhaustive", "bar_req_s", "rank", "LocalRunner",
+__all__ = ["Probe", "Rung", "Outcome", "Race", "race", "candidates", "lattice_size", "exhaustive", "bar_req_s", "rank", "LocalRunner",
            "upper_attainment", "binomial_interval", "ZERO_LOAD_SHARE", "SEEDS", "BATCH", "CAPACITY_SLACK",
            "SHORT_SHARE", "CONFIDENCE", "STRETCHES", "CLOSEST", "EQUAL_COST_MARGIN", "OVERLOAD"]
 
@@ -109,18 +109,40 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Rung:
+    """One rung of evidence the race put a config through: a simulation at ``rate_req_s`` per
+    replica of ``n_requests`` requests and the SLO attainment it reached. ``fidelity``: ``zero_load``
+    (its group's probe alone on the machine; the largest batch cap stands for the group), ``short``
+    (a short run's), ``simulated`` (a full run's at the rate it needed), ``verified`` (the
+    verification's, at the load it was sized for)."""
+
+    fidelity: str
+    rate_req_s: float
+    n_requests: int
+    attainment: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Rung":
+        return cls(**d)
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What the race concluded about one config: ``verified`` (``verification`` holds
     ``optimizer.verify.verify``'s record), or out with a reason: ``never_fits`` (some requests exceed its whole KV pool),
     ``zero_load`` (misses even alone),
     ``pruned`` (cannot beat the best, by its capacity bound or its TP), ``beaten`` (misses the
-    rate it would need, simulated)."""
+    rate it would need, simulated). ``rungs``: the simulations behind it, in the order run."""
 
     params: Aggregated   # the config (one replica)
     status: str
     reason: str
     simulations: int
     verification: Verification | None = None
+    rungs: tuple = ()    # Rung per simulation (the evidence study's intermediate values)
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, Aggregated):
@@ -133,13 +155,15 @@ class Outcome:
     def to_json(self) -> dict:
         return {"config": self.config, "status": self.status, "reason": self.reason,
                 "simulations": self.simulations,
-                "verification": self.verification.to_json() if self.verification is not None else None}
+                "verification": self.verification.to_json() if self.verification is not None else None,
+                "rungs": [r.to_json() for r in self.rungs]}
 
     @classmethod
     def from_json(cls, d: dict) -> "Outcome":
         v = d.get("verification")
         return cls(Aggregated.from_config(d["config"]), d["status"], d["reason"], d["simulations"],
-                   Verification.from_json(v) if v is not None else None)
+                   Verification.from_json(v) if v is not None else None,
+                   tuple(Rung.from_json(r) for r in d.get("rungs", ())))
 
 
 @dataclass(frozen=True)
@@ -615,6 +639,7 @@ class _State:
         self.zl: list[Probe] = []
         self.best: Verification | None = None
         self.spent: dict[str, int] = {}
+        self.rungs: dict[str, list[Rung]] = {}   # each config's simulations, in order (Outcome.rungs)
         self.a = ctx.spec.slo.attainment
         self.keys: set[str] = set()
         self.misses: dict[int, int] = {}   # fresh draw seed -> robust checks it missed (hardest first)
@@ -628,18 +653,26 @@ class _State:
         self.keys.update(w.key for w in work)
         return self.runner.run(work)
 
-    def probe(self, items: list[tuple[Aggregated, float, int]]) -> list[Probe]:
+    def probe(self, items: list[tuple[Aggregated, float, int]], fidelity: str | list[str]) -> list[Probe]:
+        """Each item's simulation (config, per-replica rate, requests), its rung recorded at
+        ``fidelity`` (one for all, or one per item)."""
         res = [Probe.from_json(r) for r in self._run([Work("probe", Aggregated.from_config(p), rate, n) for p, rate, n in items])]
         self.sims += len(res)
-        for p, _, _ in items:
+        fids = [fidelity] * len(items) if isinstance(fidelity, str) else fidelity
+        for (p, rate, _), pr, f in zip(items, res, fids):
             self.spent[p.key] = self.spent.get(p.key, 0) + 1
+            self.rungs.setdefault(p.key, []).append(Rung(f, rate, pr.n_requests, pr.attainment))
         return res
 
     def _record(self, params: Aggregated, v: Verification, sims: int) -> None:
         k = params.key
         self.sims += sims
         self.spent[k] = self.spent.get(k, 0) + sims
-        self.outcomes[k] = Outcome(Aggregated.from_config(params), "verified", "" if v.feasible else v.reason, self.spent[k], v)
+        if v.slo_attainment is not None:
+            self.rungs.setdefault(k, []).append(Rung("verified", v.load_per_replica_req_s or v.per_replica_goodput_req_s,
+                                                     v.sim_requests or 0, v.slo_attainment))
+        self.outcomes[k] = Outcome(Aggregated.from_config(params), "verified", "" if v.feasible else v.reason, self.spent[k], v,
+                                   tuple(self.rungs.get(k, ())))
 
     def verify(self, evs: list[Evaluation]) -> list[Verification]:
         res = [Verification.from_json(d) for d in self._run([Work("verify", Aggregated.from_config(ev.params)) for ev in evs])]
@@ -703,7 +736,8 @@ class _State:
 
     def out(self, ev: Evaluation, status: str, reason: str) -> None:
         k = ev.params.key
-        self.outcomes[k] = Outcome(Aggregated.from_config(ev.params), status, reason, self.spent.get(k, 0))
+        self.outcomes[k] = Outcome(Aggregated.from_config(ev.params), status, reason, self.spent.get(k, 0),
+                                   rungs=tuple(self.rungs.get(k, ())))
 
     # 1. zero load, per (tp, kv, k, chunk) group: the largest batch cap stands for the group
     def zero_load(self, fit: list[Evaluation]) -> list[Evaluation]:
@@ -722,15 +756,17 @@ class _State:
         reps = [max(g, key=lambda e: e.params.knobs.batch_cap).params for g in groups.values()]
         rates = [ZERO_LOAD_SHARE * _capacity(ctx, p) for p in reps]
         self.stage("zero load", len(reps))
-        zl = self.probe([(p, r, n_short) for p, r in zip(reps, rates)])
+        zl = self.probe([(p, r, n_short) for p, r in zip(reps, rates)], "zero_load")
         again = [i for i, pr in enumerate(zl) if pr.lower < a <= pr.upper and n_short < n_zl]
-        for i, pr in zip(again, self.probe([(reps[i], rates[i], n_zl) for i in again])):
+        for i, pr in zip(again, self.probe([(reps[i], rates[i], n_zl) for i in again], "zero_load")):
             zl[i] = pr
         self.zl = zl
         alive = []
-        for g, pr in zip(groups.values(), zl):
+        for g, pr, rep in zip(groups.values(), zl, reps):
             ok = pr.meets if pr.n_requests >= n_zl else pr.lower >= a   # a short probe decides only when clear
             for ev in g:
+                if ev.params.key != rep.key:   # the group's probe stands for it
+                    self.rungs.setdefault(ev.params.key, []).extend(self.rungs.get(rep.key, ()))
                 if ok:
                     alive.append(ev)
                 else:
@@ -760,7 +796,8 @@ class _State:
         run's upper confidence bound reaches the target): those that meet."""
         ctx, a = self.ctx, self.a
         ns = [max(SHORT_MIN, int(SHORT_SHARE * _n(ctx, ev))) for ev, _, _, _ in cands]
-        short = self.probe([(ev.params, bar, n) for (ev, bar, _, _), n in zip(cands, ns)])
+        short = self.probe([(ev.params, bar, n) for (ev, bar, _, _), n in zip(cands, ns)],
+                           ["simulated" if n >= _n(ctx, ev) else "short" for (ev, _, _, _), n in zip(cands, ns)])
         full, done = [], {}
         for c, pr, n in zip(cands, short, ns):
             ev, bar, _, why = c
@@ -772,7 +809,8 @@ class _State:
                 continue
             else:
                 full.append(c)
-        for (ev, _, _, _), pr in zip(full, self.probe([(ev.params, bar, _n(ctx, ev)) for ev, bar, _, _ in full])):
+        for (ev, _, _, _), pr in zip(full, self.probe([(ev.params, bar, _n(ctx, ev)) for ev, bar, _, _ in full],
+                                                                        "simulated")):
             done[ev.params.key] = pr
         winners = []
         for c in cands:
@@ -846,7 +884,7 @@ class _CostRace(_State):
                     continue
                 if bar2 > bar:                        # ... so it must serve more per replica
                     self._probe_ahead(winners[j:])
-                    pr = self.probe([(p, bar2, _n(ctx, ev))])[0]
+                    pr = self.probe([(p, bar2, _n(ctx, ev))], "simulated")[0]
                     if not _meets(pr):
                         self.out(ev, "beaten", _beaten(pr, bar2, why2))
                         continue

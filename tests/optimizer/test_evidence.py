@@ -67,6 +67,32 @@ def test_every_simulated_config_is_a_trial_with_why_it_is_out(solved):
     assert study.user_attrs["complete"] is True
 
 
+def test_each_simulated_trial_carries_its_rungs_as_intermediate_values(solved):
+    """The evidence ladder per trial: step i is the SLO attainment of the i-th simulation the race ran
+    on the config (user attr ``rungs``: what each was). A config dropped at zero load or beaten on
+    attainment ended on a rung below the target (one beaten as overloaded may meet it while its queue
+    grows); each has the rungs of its race row."""
+    url, _, r, _ = solved
+    study = optuna.load_study(study_name=evidence_study_name(r), storage=url)
+    target = TINY["slo"]["attainment"]
+    laddered = [t for t in study.trials if t.intermediate_values]
+    assert laddered
+    for t in laddered:
+        rungs = t.user_attrs["rungs"]
+        assert sorted(t.intermediate_values) == list(range(len(rungs)))
+        assert {f for f, _, _ in rungs} <= {"zero_load", "short", "simulated", "verified"}
+        assert all(0.0 <= v <= 1.0 for v in t.intermediate_values.values())
+        if t.user_attrs["status"] == "zero_load":
+            assert all(f == "zero_load" for f, _, _ in rungs)
+    dropped = [t for t in laddered if t.user_attrs["status"] in ("zero_load", "beaten")]
+    assert dropped and all(t.intermediate_values[max(t.intermediate_values)] < target for t in dropped
+                           if not t.user_attrs["reason"].startswith("overloaded"))
+    by_reason = {o.reason: o for o in r.race if o.status in ("zero_load", "beaten")}
+    for t in dropped:
+        o = by_reason[t.user_attrs["reason"]]
+        assert len(t.user_attrs["rungs"]) == len(o.rungs) and o.simulations >= 1
+
+
 def test_written_once_per_answer(solved):
     url, _, r, _ = solved
     name = evidence_study_name(r)

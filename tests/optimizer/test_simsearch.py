@@ -12,7 +12,7 @@ import pytest
 import random
 from kvtune.optimizer.recommend import solve
 from kvtune.optimizer.search import Evaluation, SolveContext, config_key, evaluate
-from kvtune.optimizer.simsearch import EQUAL_COST_MARGIN, Outcome, Probe, Work, LocalRunner, bar_req_s, lattice_configs, race, rank, ranked_goodput, CAPACITY_SLACK, CLOSEST, OVERLOAD, Race
+from kvtune.optimizer.simsearch import EQUAL_COST_MARGIN, Outcome, Probe, Rung, Work, LocalRunner, bar_req_s, lattice_configs, race, rank, ranked_goodput, CAPACITY_SLACK, CLOSEST, OVERLOAD, Race
 from kvtune.optimizer.verify import REL_TOL, Verification, verify_config, DRAWS, config_requests, sim_requests
 from tiny_workload import tiny_8b_spec
 from types import SimpleNamespace
@@ -540,9 +540,13 @@ def test_out_records_the_simulations_spent_on_the_config():
     ctx = make_ctx()
     st, _ = _state(ctx)
     ev = evaluate(ctx, params(1, 16))
-    st.probe([(ev.params, 1.0, 300), (ev.params, 2.0, 300), (params(2), 1.0, 300)])
+    st.probe([(ev.params, 1.0, 300), (ev.params, 2.0, 300), (params(2), 1.0, 300)], ["short", "simulated", "short"])
     st.out(ev, "beaten", "why")
-    assert st.outcomes["tp1-b16-bf16-k0-c1024"] == Outcome(Aggregated.from_config(ev.params), "beaten", "why", 2)
+    o = st.outcomes["tp1-b16-bf16-k0-c1024"]
+    assert (o.params, o.status, o.reason, o.simulations) == (Aggregated.from_config(ev.params), "beaten", "why", 2)
+    # each simulation a rung, in order: its fidelity, rate, requests and the attainment it reached
+    assert [(g.fidelity, g.rate_req_s, g.n_requests) for g in o.rungs] == [("short", 1.0, 300), ("simulated", 2.0, 300)]
+    assert all(0.0 <= g.attainment <= 1.0 for g in o.rungs)
     st.out(evaluate(ctx, params(1, 32)), "pruned", "no")
     assert st.outcomes["tp1-b32-bf16-k0-c1024"].simulations == 0
     assert st.sims == 3 and st.spent == {"tp1-b16-bf16-k0-c1024": 2, "tp2-b16-bf16-k0-c1024": 1}
@@ -552,12 +556,13 @@ def test_verify_records_its_simulations_and_a_miss_keeps_its_reason():
     ctx = make_ctx()
     st, _ = _state(ctx, {**G, "tp1-b16-bf16-k0-c1024": 0.0})
     evs = [evaluate(ctx, params(1, 16)), evaluate(ctx, params(1, 64))]
-    st.probe([(evs[1].params, 1.0, 300)])
+    st.probe([(evs[1].params, 1.0, 300)], "zero_load")
     res = st.verify(evs)
     assert [v.feasible for v in res] == [False, True]
     o0, o1 = st.outcomes["tp1-b16-bf16-k0-c1024"], st.outcomes["tp1-b64-bf16-k0-c1024"]
     assert (o0.status, o0.reason, o0.simulations) == ("verified", "misses at a trickle", 5)
     assert (o1.status, o1.reason, o1.simulations) == ("verified", "", 6) and o1.verification == res[1]
+    assert o1.rungs[0].fidelity == "zero_load" and o1.rungs[0].rate_req_s == 1.0
     assert st.sims == 11
 
 
@@ -736,8 +741,11 @@ def test_work_keys_and_records():
     v = Verification(params(), 1.0, 2, True)
     o = Outcome(Aggregated.from_config(params()), "verified", "", 4, v)
     assert o.to_json() == {"config": params(), "status": "verified", "reason": "", "simulations": 4,
-                           "verification": v.to_json()}
+                           "verification": v.to_json(), "rungs": []}
     assert Outcome.from_json(o.to_json()) == o
+    laddered = dataclasses.replace(o, rungs=(Rung("zero_load", 0.5, 100, 1.0), Rung("short", 2.0, 300, 0.93)))
+    assert laddered.to_json()["rungs"][1] == {"fidelity": "short", "rate_req_s": 2.0, "n_requests": 300, "attainment": 0.93}
+    assert Outcome.from_json(laddered.to_json()) == laddered
     bare = Outcome(Aggregated.from_config(params()), "pruned", "r", 0)
     assert bare.to_json()["verification"] is None and Outcome.from_json(bare.to_json()) == bare
     race = Race((o, bare, Outcome(Aggregated.from_config(params(2)), "pruned", "r", 1)), 5, ())
