@@ -48,6 +48,10 @@ def main() -> int:
         for t in study["trials"]:
             states[t["state"]] = states.get(t["state"], 0) + 1
         print(f"study {name}: {len(study['trials'])} trials {states}")
+        # the rungs of evidence (optimizer.evidence): each simulated trial's intermediate values
+        steps = [len(t.get("intermediate_values") or ()) for t in study["trials"]]
+        print(f"trials with intermediate values (the race's rungs): {sum(1 for n in steps if n)}, "
+              f"{sum(steps)} values, at most {max(steps, default=0)} on one trial")
         print("dashboard front (usd_per_hour, goodput_req_s):", [(round(u, 2), round(g, 3)) for u, g in shown])
         print("report front    (usd_per_hour, goodput_req_s):", [(round(u, 2), round(g, 3)) for u, g in report])
         same = len(shown) == len(report) and all(abs(a - c) < 1e-9 and abs(b - d) < 1e-9
