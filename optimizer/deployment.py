@@ -12,8 +12,8 @@ Two kinds, each frozen, each with ``to_json``/``from_json``:
 type at its price), never stored beside it. ``key`` names a deployment's config (not its replica
 count) everywhere a config is named: the race's rows, work items, the study's trials.
 
-A new search knob is one field on ``Knobs`` with its range in ``optimizer.space``: the record's
-JSON, its key, the lattice and the study's parameters all read ``Knobs``' fields.
+A new search knob is one field on ``Knobs`` with its range in ``optimizer.space`` (that module's
+docstring): the record's JSON, its key, the lattice and the study's parameters all read them.
 
 ``Aggregated`` also reads as the read-only mapping of its search config (``tp``, the knobs'
 fields and, for a multi-node layout, ``layout``, ``pp``, ``ep``, ``dp_attention``): the ``config``
@@ -27,6 +27,8 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from . import space
 
 __all__ = ["Knobs", "Layout", "Offer", "Aggregated", "Pool", "Disaggregated", "Deployment", "deployment_from_json",
            "KNOB_NAMES"]
@@ -47,6 +49,14 @@ class Knobs:
 
 
 KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Knobs))
+_KNOB_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Knobs)}
+
+
+def _key_suffix(k: Knobs) -> str:
+    """What ``optimizer.space``'s axes add to a config key: ``-<tag><value>`` for each knob off its
+    default, so the key of a config that does not turn them is what it was before they existed."""
+    return "".join(f"-{a.tag}{getattr(k, a.name)}" for a in space.AXES
+                   if getattr(k, a.name) != _KNOB_DEFAULTS[a.name])
 
 
 @dataclass(frozen=True)
@@ -127,9 +137,10 @@ class Aggregated(Mapping):
     # ---- what the record implies ----
     @property
     def key(self) -> str:
-        """The config's name: ``tp2-b64-bf16-k0-c8192`` (+ ``-<layout>``); the replica count is not part of it."""
+        """The config's name: ``tp2-b64-bf16-k0-c8192`` (+ ``-<tag><value>`` for each of ``optimizer.space``'s
+        knobs off its default, + ``-<layout>``); the replica count is not part of it."""
         k = self.knobs
-        key = f"tp{self.layout.tp}-b{k.batch_cap}-{k.kv_dtype}-k{k.spec_k}-c{k.chunk_tokens}"
+        key = f"tp{self.layout.tp}-b{k.batch_cap}-{k.kv_dtype}-k{k.spec_k}-c{k.chunk_tokens}" + _key_suffix(k)
         return key + (f"-{self.layout.name}" if self.layout.name else "")
 
     @property

@@ -326,7 +326,8 @@ def _recommendation_lines(r: SolveResult) -> list[str]:
     per = f", {rec.nodes_per_replica} per replica" if isinstance(rec, Recommendation) and rec.nodes_per_replica > 1 else ""
     out = ["## Recommendation", "",
            f"**{describe(rec)}** {rec.model} on {rec.gpus} {rec.gpu} ({rec.nodes} node{'s' if rec.nodes > 1 else ''}{per}): "
-           f"batch cap {rec.batch_cap}, chunk {rec.chunk_tokens} tokens, KV {rec.kv_dtype}, speculative k {rec.spec_k}.",
+           f"batch cap {rec.batch_cap}, chunk {rec.chunk_tokens} tokens, KV {rec.kv_dtype}, speculative k {rec.spec_k}"
+           + "".join(f", {k} {v}" for k, v in (getattr(rec, "knobs", None) or {}).items()) + ".",
            ""]
     if isinstance(rec, DisaggregatedRecommendation):
         q, d = rec.prefill, rec.decode

@@ -152,7 +152,7 @@ class Recommendation(_Flat):
     """An aggregated deployment: ``replicas`` replicas of one config (its parallel layout filled in,
     ``optimizer.layouts.layout_params``; ``layout`` only for a multi-node layout)."""
 
-    _OMIT_NONE = ("layout",)
+    _OMIT_NONE = ("layout", "knobs")
 
     tp: int
     batch_cap: int
@@ -170,6 +170,7 @@ class Recommendation(_Flat):
     nodes: int
     gpu: str
     model: str
+    knobs: JsonObject | None = None   # optimizer.space's searched knobs, by name (None: it searched none)
 
 
 @dataclass(frozen=True)

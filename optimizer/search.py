@@ -47,7 +47,7 @@ from optuna.trial import TrialState
 from kvtune.costmodel import SpecConfig, get_model
 from kvtune.costmodel.draft import DraftFootprint
 from kvtune.costmodel.efficiency import Efficiency
-from kvtune.costmodel.engines import capabilities_for
+from kvtune.costmodel.engines import DEFAULT_ENGINE, capabilities_for
 from kvtune.costmodel.errors import DoesNotFit, InputError
 from kvtune.costmodel.hardware import GPU, resolve_gpu
 from kvtune.costmodel.models import ModelArch
@@ -55,9 +55,11 @@ from kvtune.costmodel.models import ModelArch
 from kvtune.costmodel.parallel import Parallel
 from kvtune.costmodel.step import StepCost
 
+from . import space as knob_space
 from .deployment import Aggregated, Offer
 from .objective import MinCost, Objective, objective_for
 from .step_factory import StepFactory
+from .launch.registry import home
 from .layouts import gpus_per_replica, search_layouts
 from .screen import WorkloadStats, screen
 from .workload import WorkloadSpec
@@ -144,6 +146,16 @@ class SolveContext:
     @property
     def weight_dtype(self) -> str:
         return self.spec.weights or "bf16"
+
+    @property
+    def knob_axes(self) -> list[knob_space.KnobAxis]:
+        """``optimizer.space``'s axes this solve searches: those its engine has a flag for."""
+        return knob_space.searched(home(self.engine.engine or DEFAULT_ENGINE).knob_flags)
+
+    def knob_values(self) -> dict[str, list[int]]:
+        """Each searched axis's values under the workload's ranges."""
+        ranges = self.spec.search.knob_ranges
+        return {a.name: knob_space.values(a, ranges) for a in self.knob_axes}
 
     @property
     def offer(self) -> Offer:
@@ -345,7 +357,7 @@ def grid_space(ctx: SolveContext) -> dict:
              "batch_cap": lattice(*s.batch_cap), "chunk_tokens": lattice(*s.chunk_tokens)}
     if ctx.spec.speculative is not None:
         space["spec_k"] = list(range(s.spec_k[0], s.spec_k[1] + 1))
-    return space
+    return space | ctx.knob_values()
 
 
 def seed_trials(ctx: SolveContext, n_trials: int) -> list[dict]:
@@ -356,7 +368,7 @@ def seed_trials(ctx: SolveContext, n_trials: int) -> list[dict]:
     eight configs once gave TP 2 six times), and what it never screens it never verifies."""
     space = grid_space(ctx)
     spec_ks = space.get("spec_k", [0])
-    mid = {k: space[k][len(space[k]) // 2] for k in ("batch_cap", "chunk_tokens")}
+    mid = {k: space[k][len(space[k]) // 2] for k in ("batch_cap", "chunk_tokens", *ctx.knob_values())}
     out = []
     for ks in (spec_ks, sorted({spec_ks[0], spec_ks[len(spec_ks) // 2], spec_ks[-1]}), [spec_ks[len(spec_ks) // 2]]):
         tp_key = "layout" if "layout" in space else "tp"
@@ -378,7 +390,8 @@ def _suggest(trial: optuna.Trial, ctx: SolveContext, nsga2: bool) -> tuple[dict,
          "batch_cap": trial.suggest_categorical("batch_cap", lattice(*s.batch_cap)),
          "kv_dtype": trial.suggest_categorical("kv_dtype", list(s.kv_dtype)),
          "spec_k": trial.suggest_int("spec_k", s.spec_k[0], s.spec_k[1]) if ctx.spec.speculative is not None else 0,
-         "chunk_tokens": trial.suggest_categorical("chunk_tokens", lattice(*s.chunk_tokens))}
+         "chunk_tokens": trial.suggest_categorical("chunk_tokens", lattice(*s.chunk_tokens)),
+         **{k: trial.suggest_categorical(k, v) for k, v in ctx.knob_values().items()}}
     nodes = trial.suggest_int("nodes", 1, ctx.spec.hardware.max_nodes) if nsga2 else None
     return p, nodes
 
@@ -469,7 +482,8 @@ def quiet_optuna() -> Iterator[None]:
 def workload_digest(ctx: SolveContext, sampler: str) -> str:
     spec = ctx.spec
     blob = json.dumps({"spec": repr(spec.hardware) + repr(spec.slo) + repr(spec.search) + repr(spec.speculative)
-                       + repr(spec.objective) + str(spec.model) + str(spec.engine) + str(spec.gpu_mem_util),
+                       + repr(spec.objective) + str(spec.model) + str(spec.engine) + str(spec.gpu_mem_util)
+                       + (repr(spec.search.knobs) if spec.search.knobs else ""),
                        "stats": [ctx.stats.mean_input_tokens, ctx.stats.mean_output_tokens, ctx.rate_req_s],
                        "sampler": sampler, "seed": ctx.seed, "workload_seed": ctx.workload_seed,
                        "source": ctx.eff.source,

@@ -55,6 +55,7 @@ from kvtune.costmodel.models import ModelArch, catalog_entry, list_models
 from kvtune.costmodel.step import DRAFT_COST, SPEC_METHOD
 from kvtune.costmodel.traffic import DISTS, MAX_LENGTH_TOKENS, SLO, SLO_ATTAINMENT, LengthDist, RequestClass, Workload
 
+from . import space
 from .engine_space import for_engine
 from .hf_cache import HubFile, hub_cache_dir, hub_file, looks_like_hub_id
 from .traces import read_trace
@@ -391,7 +392,7 @@ def _search_defaults(hw: HardwareSpec, engine: str | None) -> SearchSpec:
 def _search(r: _Reader, v, hw: HardwareSpec, speculative: SpeculativeSpec | None, engine: str | None = None) -> SearchSpec:
     s = r.mapping({} if v is None else v, "search",
                   ("tp", "batch_cap", "kv_dtype", "spec_k", "chunk_tokens", "trials", "seed", "deployment",
-                   "exhaustive_max_configs"))
+                   "exhaustive_max_configs", *(a.name for a in space.AXES)))
     d = _search_defaults(hw, engine)
     if "tp" in s:
         tps = s["tp"] if isinstance(s["tp"], list) else [s["tp"]]
@@ -425,6 +426,8 @@ def _search(r: _Reader, v, hw: HardwareSpec, speculative: SpeculativeSpec | None
         deployment=_deployment(r, s["deployment"]) if "deployment" in s else d.deployment,
         exhaustive_max_configs=(r.int_(s["exhaustive_max_configs"], "search.exhaustive_max_configs", 0)
                                 if "exhaustive_max_configs" in s else d.exhaustive_max_configs),
+        knobs=tuple((a.name, r.range_(s[a.name], f"search.{a.name}", a.lo_min, a.hi_max))
+                    for a in space.AXES if a.name in s),
     )
 
 

@@ -112,6 +112,15 @@ class SearchSpec:
     # Out of the repr, which the screen study's name digests (optimizer.search.workload_digest): the
     # screen's trials are the same either side of the cut-over, so a study resumes across it
     exhaustive_max_configs: int = field(default=5000, repr=False)
+    # the workload's ranges for optimizer.space's axes (search.<name>: [lo, hi]), as (name, (lo, hi)) pairs;
+    # an axis it does not name takes its default range. Out of the repr while empty (workload_digest adds
+    # it when not), so the screen study of a workload without one keeps its name
+    knobs: tuple[tuple[str, tuple[int, int]], ...] = field(default=(), repr=False)
+
+    @property
+    def knob_ranges(self) -> dict[str, tuple[int, int]]:
+        """The workload's ranges for ``optimizer.space``'s axes, by knob name."""
+        return dict(self.knobs)
 
     def __post_init__(self) -> None:
         if not self.deployment or any(d not in DEPLOYMENTS for d in self.deployment):
@@ -124,6 +133,9 @@ class SearchSpec:
                 raise InputError(f"search {f} must be [lo, hi] whole numbers with {lo_min} <= lo <= hi, got {r!r}")
         if not self.kv_dtype or any(k not in FORMATS for k in self.kv_dtype):
             raise InputError(f"search kv_dtype must be drawn from {', '.join(FORMATS)}, got {self.kv_dtype!r}")
+        for name, (lo, hi) in self.knobs:
+            if not (_is_int(lo) and _is_int(hi) and lo <= hi):
+                raise InputError(f"search {name} must be [lo, hi] whole numbers with lo <= hi, got {(lo, hi)!r}")
         if not _is_int(self.trials) or self.trials < 1:
             raise InputError(f"search trials must be a whole number >= 1, got {self.trials!r}")
         if not _is_int(self.seed) or self.seed < 0:

@@ -17,6 +17,7 @@ import click
 from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.engines import REGISTRY as ENGINE_POLICIES
 from kvtune.costmodel.errors import Infeasible, InputError
+from kvtune.optimizer import space
 from kvtune.optimizer.storage import check_shared_storage
 
 from ._common import MAX_SEED, STDOUT, Choice, check_json_dest, check_output_folder, dumps, json_document, \
@@ -379,7 +380,8 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
                  + (f", {rec.nodes_per_replica} per replica" if isinstance(rec, Recommendation)
                     and rec.nodes_per_replica > 1 else "") + ")")
     lines.append(f"  batch cap {rec.batch_cap}  chunk {rec.chunk_tokens} tokens  KV {rec.kv_dtype}  "
-                 f"speculative k {rec.spec_k}")
+                 f"speculative k {rec.spec_k}"
+                 + "".join(f"  {k} {v}" for k, v in (getattr(rec, "knobs", None) or {}).items()))
     lines.append(f"  cost ${c.usd_per_hour:.2f}/h  ${c.usd_per_million_output_tokens:.3f} per 1M output tokens"
                  f" (at the {c.priced_at})")
     lines.append(f"  predicted (simulated at {p.load_per_replica_req_s:.2f} req/s {load_basis(r)}): "
@@ -431,7 +433,8 @@ def summary_text(r: SolveResult, storage: str | None) -> str:
 
 
 def _cfg(p: dict[str, Any]) -> str:
-    return f"{p.get('layout') or 'TP' + str(p['tp'])} batch {p['batch_cap']} KV {p['kv_dtype']} k {p['spec_k']} chunk {p['chunk_tokens']}"
+    return (f"{p.get('layout') or 'TP' + str(p['tp'])} batch {p['batch_cap']} KV {p['kv_dtype']} k {p['spec_k']} "
+            f"chunk {p['chunk_tokens']}" + "".join(f" {a.name} {p[a.name]}" for a in space.AXES if a.name in p))
 
 
 COMMANDS = [solve_cmd]

@@ -22,6 +22,7 @@ from kvtune.costmodel.checkpoints import GGUF_TYPES, Checkpoint, gguf_file, loca
 from kvtune.costmodel.errors import InputError
 from kvtune.optimizer.server_http import get_json
 
+from ..space import knob_argv
 from .pick import NGRAM_MATCH_TOKENS, LaunchPick, Unsupported
 from .serving import EngineHome, EngineKind, EnginePlan, EngineReport, ServeLine, served_models, set_flag, whole
 from .versions import EngineVersion
@@ -122,7 +123,7 @@ def llamacpp_argv(p: LaunchPick, *, threads: int | None = None,
     argv = ["llama-server", *model_argv, "-np", str(slots), "-c", str(ctx), *threads_argv,
             "-kvu", "-b", str(p.chunk_tokens), "-ub", str(p.chunk_tokens), "-cb", "-ngl", "all", *kv,
             "--cache-prompt" if p.prefix_caching else "--no-cache-prompt", *spec_argv,
-            "--host", "0.0.0.0", "--port", str(PORT)]
+            *knob_argv(KNOB_FLAGS, p.knob_values), "--host", "0.0.0.0", "--port", str(PORT)]
     notes[:0] = model_notes + spec_notes
     notes.append(f"context: -c {ctx} = {slots} slots x {per_slot} tokens per slot{capped}"
                  + (f", rounded to a multiple of {CTX_PAD_TOKENS} as llama.cpp pads it" if ctx != slots * per_slot else ""))
@@ -165,6 +166,11 @@ FLAGS: dict[str, str] = {
     "--host": f"{_L} (--host HOST)",
     "--port": f"{_L} (--port PORT, default 8080)",
 }
+
+# optimizer.space's knobs llama.cpp sets: knob -> (its flag, where this release defines it); none of the
+# shipped axes yet. Its flags join FLAGS, its launch line sets them (space.knob_argv)
+KNOB_FLAGS: dict[str, tuple[str, str]] = {}
+FLAGS |= dict(KNOB_FLAGS.values())
 
 
 # ---- kvtune tune: how it starts this engine and reads it back (optimizer.adapters) ----
@@ -241,4 +247,4 @@ def serve_line(p: LaunchPick, node_rank: str | None = None, addr: str | None = N
     return ServeLine(*llamacpp_argv(p))
 
 
-HOME = EngineHome("llamacpp", VERSION, FLAGS, serve_line, adapter=LlamaCpp())
+HOME = EngineHome("llamacpp", VERSION, FLAGS, serve_line, knob_flags=KNOB_FLAGS, adapter=LlamaCpp())

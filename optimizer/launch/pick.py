@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvtune.costmodel.checkpoints import Checkpoint, native_format, resolve_draft, resolve_weights
 from kvtune.costmodel.engines import CAPABILITIES
@@ -20,6 +21,7 @@ from kvtune.costmodel.errors import InputError, KvtuneError
 from kvtune.costmodel.memory import GPU_MEM_UTIL, plan_memory
 from kvtune.costmodel.step import SPEC_METHOD
 
+from .. import space
 from ..user_checkpoint import UserCheckpoint
 from kvtune.costmodel.draft import draft_footprint
 from kvtune.costmodel.parallel import Parallel
@@ -104,6 +106,11 @@ class LaunchPick:
     notes: tuple[str, ...] = field(default=())
     # the workload's checkpoint: (optimizer.user_checkpoint); ``model`` is then its id
     user_checkpoint: UserCheckpoint | None = None
+    knobs: tuple[tuple[str, Any], ...] = ()     # optimizer.space's knobs of the config, (name, value)
+
+    @property
+    def knob_values(self) -> dict[str, Any]:
+        return dict(self.knobs)
 
     @property
     def speculating(self) -> bool:
@@ -293,4 +300,4 @@ def build_pick(model: str, cfg: dict, replicas: int, gpu_mem_util: float, specul
                        float(gpu_mem_util), activation_reserve_bytes, speculative),
         max_request_tokens=max_request_tokens, max_prompt_tokens=max_prompt_tokens,
         model_context_tokens=int(getattr(arch, "max_context_tokens", 0) or 0) if arch is not None else 0,
-        user_checkpoint=checkpoint)
+        user_checkpoint=checkpoint, knobs=tuple((a.name, cfg[a.name]) for a in space.AXES if a.name in cfg))

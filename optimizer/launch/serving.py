@@ -60,6 +60,8 @@ class EngineHome:
     mixed_chunks: Callable[[str | None, int], bool] | None = None
     adapter: EngineKind | None = None     # how kvtune tune starts and reads it back (None: tune refuses)
     config_keys: Mapping[str, str] = field(default_factory=dict)   # config-file keys -> where defined
+    # optimizer.space's knobs it sets: knob -> (flag, where defined); the search holds the others at their default
+    knob_flags: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def policy(self) -> Engine:

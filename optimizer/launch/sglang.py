@@ -17,6 +17,7 @@ import sys
 from kvtune.optimizer.server_http import get_json
 
 from .context import sglang_context_length
+from ..space import knob_argv
 from .pick import LaunchPick, Unsupported
 from .serving import EngineHome, EngineKind, EnginePlan, EngineReport, ServeLine, served_models, set_flag, whole
 from .versions import EngineVersion
@@ -110,6 +111,7 @@ def sglang_argv(p: LaunchPick, node_rank: str | None = None, dist_addr: str | No
     if node_rank is not None:
         argv += ["--nnodes", nnodes or str(p.nodes), "--node-rank", node_rank,
                  "--dist-init-addr", dist_addr or f"<leader-address>:{DIST_PORT}"]
+    argv += knob_argv(KNOB_FLAGS, p.knob_values)
     argv += ["--host", "0.0.0.0", "--port", str(PORT)]
     return argv, notes
 
@@ -152,6 +154,11 @@ FLAGS: dict[str, str] = {
     "--port": f"{_S}/serving.py port (default 30000)",
 }
 
+# optimizer.space's knobs SGLang sets: knob -> (its flag, where this release defines it); none of the
+# shipped axes yet. Its flags join FLAGS, its launch line sets them (space.knob_argv)
+KNOB_FLAGS: dict[str, tuple[str, str]] = {}
+FLAGS |= dict(KNOB_FLAGS.values())
+
 
 # ---- kvtune tune: how it starts this engine and reads it back (optimizer.adapters) ----
 class Sglang(EngineKind):
@@ -183,4 +190,4 @@ def serve_line(p: LaunchPick, node_rank: str | None = None, addr: str | None = N
     return ServeLine(*sglang_argv(p, node_rank, None if addr is None else f"{addr}:{DIST_PORT}", nnodes))
 
 
-HOME = EngineHome("sglang", VERSION, FLAGS, serve_line, head=3, mixed_chunks=sglang_mixed_chunk, adapter=Sglang())
+HOME = EngineHome("sglang", VERSION, FLAGS, serve_line, knob_flags=KNOB_FLAGS, head=3, mixed_chunks=sglang_mixed_chunk, adapter=Sglang())

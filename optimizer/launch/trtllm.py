@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 from .context import trtllm_max_seq_len
+from ..space import knob_argv
 from .pick import NGRAM_MATCH_TOKENS, LaunchPick, Unsupported
 from .serving import EngineHome, ServeLine
 from .versions import EngineVersion
@@ -120,6 +121,7 @@ def trtllm_argv(p: LaunchPick, role: str = "serve", config: str = "config.yaml")
     if p.ep > 1:
         argv += ["--ep_size", str(p.ep)]
     argv += ["--max_batch_size", str(p.batch_cap), "--max_num_tokens", str(p.chunk_tokens),
+             *knob_argv(KNOB_FLAGS, p.knob_values),
              "--extra_llm_api_options", config, "--host", "0.0.0.0", "--port", str(PORT)]
     return argv, api, ([qnote] if qnote else []) + notes
 
@@ -144,6 +146,11 @@ FLAGS: dict[str, str] = {
     "-c": "commands/trtllm-serve disaggregated (-c, --config_file: the disaggregated server's YAML; "
           "examples/disaggregated/README.md)",
 }
+
+# optimizer.space's knobs TensorRT-LLM sets: knob -> (its flag, where this release defines it); none of the
+# shipped axes yet. Its flags join FLAGS, its launch line sets them (space.knob_argv)
+KNOB_FLAGS: dict[str, tuple[str, str]] = {}
+FLAGS |= dict(KNOB_FLAGS.values())
 
 # TensorRT-LLM 1.0.0 LLM-API keys of the --extra_llm_api_options YAML: dotted path -> where it is defined.
 # A reader's table: CI checks every emitted YAML against the classes themselves
@@ -200,5 +207,5 @@ def serve_line(p: LaunchPick, node_rank: str | None = None, addr: str | None = N
 
 # kvtune tune does not start trtllm-serve (no adapter): it needs an NVIDIA GPU, and kvtune tune --url
 # measures one you started
-HOME = EngineHome("trtllm", VERSION, FLAGS, serve_line, config_file="config.yaml",
+HOME = EngineHome("trtllm", VERSION, FLAGS, serve_line, knob_flags=KNOB_FLAGS, config_file="config.yaml",
                   config_flag="--extra_llm_api_options", config_keys=TRTLLM_KEYS)

@@ -16,6 +16,7 @@ import re
 from kvtune.optimizer.server_http import Unreachable, get, get_json
 
 from .context import vllm_max_model_len
+from ..space import knob_argv
 from .pick import NGRAM_MATCH_TOKENS, LaunchPick, Unsupported
 from .serving import EngineHome, EngineKind, EnginePlan, EngineReport, ServeLine, served_models, set_flag, whole
 from .versions import EngineVersion
@@ -110,6 +111,7 @@ def vllm_argv(p: LaunchPick, node_rank: str | None = None, master_addr: str | No
                  "--master-addr", master_addr or "<leader-address>", "--master-port", str(MASTER_PORT)]
         if node_rank != "0":
             argv.append("--headless")
+    argv += knob_argv(KNOB_FLAGS, p.knob_values)
     argv += ["--host", "0.0.0.0", "--port", str(PORT)]
     notes = ([qnote] if qnote else []) + ([ctx.note] if ctx.note else [])
     return argv, notes
@@ -150,6 +152,11 @@ FLAGS: dict[str, str] = {
     "--host": "vllm/entrypoints/common/cli_args.py (host)",
     "--port": "vllm/entrypoints/common/cli_args.py (port, default 8000)",
 }
+
+# optimizer.space's knobs vLLM sets: knob -> (its flag, where this release defines it); none of the
+# shipped axes yet. Its flags join FLAGS, its launch line sets them (space.knob_argv)
+KNOB_FLAGS: dict[str, tuple[str, str]] = {}
+FLAGS |= dict(KNOB_FLAGS.values())
 
 
 # ---- kvtune tune: how it starts this engine and reads it back (optimizer.adapters) ----
@@ -201,4 +208,4 @@ def serve_line(p: LaunchPick, node_rank: str | None = None, addr: str | None = N
     return ServeLine(*vllm_argv(p, node_rank, addr, nnodes))
 
 
-HOME = EngineHome("vllm", VERSION, FLAGS, serve_line, worker_flags="--node-rank r --headless", adapter=Vllm())
+HOME = EngineHome("vllm", VERSION, FLAGS, serve_line, knob_flags=KNOB_FLAGS, worker_flags="--node-rank r --headless", adapter=Vllm())

@@ -21,7 +21,9 @@ from kvtune.optimizer.cli import main
 from kvtune.optimizer.cli.solve import _Progress
 from kvtune.optimizer.launch import launch_settings
 from kvtune.optimizer.launch.shell import argv_of, commands_of
+from kvtune.costmodel.errors import InputError
 from kvtune.optimizer.output import SCHEMA_VERSION
+from kvtune.optimizer.workload import load_workload_dict
 
 ROOT = Path(__file__).parent.resolve().parent.parent
 SCHEMAS = ROOT / "profiles" / "schemas"
@@ -60,6 +62,18 @@ def test_the_workload_schema_flags_a_typo_an_editor_should_underline():
     doc["objective"] = "cheapest"
     errs = _errors(_validator("workload.schema.json"), doc)
     assert any("tpot_msec" in e for e in errs) and any("cheapest" in e for e in errs), errs
+
+
+def test_the_workload_schema_lists_every_search_key_the_reader_takes():
+    """A search knob added to optimizer.space is read as search.<name>; an editor's schema that does
+    not list it would underline a valid file."""
+    doc = yaml.safe_load(CHAT.read_text())
+    doc["search"] = {"no_such_key": 1}
+    with pytest.raises(InputError) as exc:
+        load_workload_dict(doc, "<test>")
+    allowed = set(str(exc.value).split("allowed: ", 1)[1].split(", "))
+    schema = json.loads((SCHEMAS / "workload.schema.json").read_text())
+    assert allowed == set(schema["properties"]["search"]["properties"])
 
 
 def test_solve_json_dash_is_json_only_on_stdout_valid_under_the_result_schema():
