@@ -24,7 +24,7 @@ import optuna
 import pytest
 import yaml
 
-from tests.tiny_workload import tiny_8b
+from tiny_workload import tiny_8b
 
 ROOT = Path(__file__).resolve().parents[2]
 
