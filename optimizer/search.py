@@ -345,8 +345,9 @@ def evaluate(ctx: SolveContext, params: Mapping, nodes_pick: int | None = None) 
 def lattice(lo: int, hi: int) -> list[int]:
     """The values a batch cap or chunk budget takes between its bounds: the powers of 2, plus the
     bounds themselves. Goodput moves by about a percent between neighbours of a x2 lattice, which
-    is the simulator's own resolution, so a finer step would only rank noise."""
-    return sorted({lo, hi, *(1 << i for i in range(0, 31) if lo <= (1 << i) <= hi)})
+    is the simulator's own resolution, so a finer step would only rank noise (``optimizer.space.lattice``,
+    which a doubling knob axis steps by too)."""
+    return knob_space.lattice(lo, hi, doubling=True)
 
 
 def grid_space(ctx: SolveContext) -> dict:

@@ -59,7 +59,7 @@ AXES: tuple[KnobAxis, ...] = ()
 
 def lattice(lo: int, hi: int, doubling: bool) -> list[int]:
     """The values an axis takes in [lo, hi]: every whole number, or (``doubling``) the powers of 2
-    plus the bounds (optimizer.search.lattice's rule for batch caps and chunk budgets)."""
+    plus the bounds, the batch caps' and chunk budgets' rule (``optimizer.search.lattice`` says why)."""
     if not doubling:
         return list(range(lo, hi + 1))
     return sorted({lo, hi, *(1 << i for i in range(0, 31) if lo <= (1 << i) <= hi)})
