@@ -53,7 +53,8 @@ def _weights(spec: WorkloadSpec, arch: ModelArch, caps: Capabilities, named: boo
             and resolve_weights(arch.hf_id or arch.name, "fp8", "modelopt") is None:
         raise bad("weights", spec.weights, f"{caps.label} loads FP8 weights from a pre-quantized ModelOpt checkpoint "
                                            f"and kvtune's catalog knows none for {arch.name}: quantize it with "
-                                           f"NVIDIA ModelOpt and serve that folder, or choose another engine")
+                                           f"NVIDIA ModelOpt and name that folder in checkpoint:, or choose "
+                                           f"another engine")
 
 
 def _checkpoint(spec: WorkloadSpec, caps: Capabilities, named: bool, bad: Bad) -> None:

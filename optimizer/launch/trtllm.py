@@ -69,7 +69,7 @@ def _checkpoint(p: LaunchPick) -> tuple[str, str]:
     if not ckpt:
         raise Unsupported(f"FP8 weights: TensorRT-LLM 1.0.0's PyTorch backend loads FP8 from a pre-quantized "
                           f"(ModelOpt) checkpoint and kvtune knows none for {p.model}: quantize it with ModelOpt "
-                          f"and serve that folder")
+                          f"and name that folder in the workload's checkpoint:")
     return ckpt, f"FP8 weights: the pre-quantized checkpoint {ckpt} (its hf_quant_config sets the FP8 GEMMs)"
 
 

@@ -226,6 +226,7 @@ def test_fp8_weights_without_a_known_checkpoint_quantize_online_or_refuse():
     assert v[2] == mistral.hf_id and _flag(v, "--quantization") == "fp8_per_tensor"   # fp8 refuses online in 0.33
     assert _flag(argv_of(r["sglang"]), "--quantization") == "fp8"
     assert "ModelOpt" in r["unsupported"]["trtllm"]
+    assert "checkpoint:" in r["unsupported"]["trtllm"]   # the workload key that names such a folder
     assert "GGUF has no FP8" in r["unsupported"]["llamacpp"]
 
 

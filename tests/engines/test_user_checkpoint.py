@@ -119,8 +119,8 @@ def _solve(tmp_path: Path, data: dict) -> dict:
 
 def test_llama2_70b_fp8_on_trtllm_solves_from_a_modelopt_folder_and_launches_it(tmp_path):
     ck = _folder(tmp_path, "llama-2-70b-fp8", _llama2_70b(), MODELOPT_FP8)
-    # without the key: the catalog knows no ModelOpt checkpoint (as before)
-    _refused(tmp_path, _wl(weights="fp8"), "catalog knows none for llama-2-70b")
+    # without the key: the catalog knows no ModelOpt checkpoint (as before), and the line names the key
+    _refused(tmp_path, _wl(weights="fp8"), "catalog knows none for llama-2-70b", "name that folder in checkpoint:")
     r = _solve(tmp_path, _wl(checkpoint="llama-2-70b-fp8"))     # relative to the workload's folder
     assert r["status"] == "ok" and r["recommendation"]["model"] == "llama-2-70b"
     assert any(n.startswith("weights: not given; fp8, as the checkpoint declares (quant_algo FP8") for n in r["notes"])
