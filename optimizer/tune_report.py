@@ -17,6 +17,14 @@ import importlib.util
 
 __all__ = ["round_table", "summary_lines", "write_report"]
 
+# the plots need matplotlib, the report extra (optimizer/report.py REPORT_EXTRA for solve --report); tune
+# writes report.md without them and its summary says so (its runs, not the plots, are what it was asked for)
+NO_PLOTS = "no plots: matplotlib is not installed: pip install 'kvtune[report]'"
+
+
+def _can_plot() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
 
 def _f(x: Any, fmt: str = ".3f") -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
@@ -101,13 +109,14 @@ def summary_lines(result: TuneResult, out_dir: str) -> list[str]:
         lines.append(f"  {d}")
     for n in r.notes:
         lines.append(f"  note: {n}")
-    lines.append(f"  wrote {out_dir}/: tune.json, report.md (plots), measured.csv + requests/, "
+    lines.append(f"  wrote {out_dir}/: tune.json, report.md ({'plots' if _can_plot() else NO_PLOTS}), "
+                 f"measured.csv + requests/, "
                  + (f"{r.calibration_file} (fitted to this session's runs)" if r.calibration_file else "no calibration"))
     return lines
 
 
 def _plots(result: TuneResult, out: Path) -> list[str]:
-    if importlib.util.find_spec("matplotlib") is None:   # the report extra is not installed: report.md without plots
+    if not _can_plot():   # the report extra is not installed: report.md without plots, and a line saying so
         return []
     import matplotlib
     matplotlib.use("Agg")

@@ -186,6 +186,23 @@ def test_report_without_matplotlib_names_the_extra_and_writes_nothing(tmp_path, 
     assert not dest.exists() and not (tmp_path / "r.json").exists()
 
 
+def test_tune_without_matplotlib_writes_its_report_and_says_the_plots_need_the_extra(tmp_path, monkeypatch):
+    """kvtune tune measures whether or not the plots can be drawn, so it does not refuse; its summary
+    (printed, and in report.md) must not claim plots it did not draw, and names what to install."""
+    from kvtune.optimizer.tune_records import TuneResult
+    from kvtune.optimizer.tune_report import summary_lines, write_report
+    result = TuneResult(status="converged", reason="", workload="w.yaml", engine="llamacpp", target_attainment=0.9,
+                        check_multiplier=1.3, pick=None, promise_req_s=None, evidence="simulated",
+                        attainment_at_promise=None, attainment_at_check=None, launch_line="", calibration_file="",
+                        runs=0, engine_s=0.0)
+    assert "report.md (plots)" in summary_lines(result, "out")[-1]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # importlib.util.find_spec then says: not installed
+    last = summary_lines(result, "out")[-1]
+    assert "report.md (plots)" not in last and "pip install 'kvtune[report]'" in last, last
+    page = write_report(result, tmp_path).read_text()
+    assert "pip install 'kvtune[report]'" in page and not list(tmp_path.glob("*.png"))
+
+
 # ---- the progress line ---------------------------------------------------------------------------
 
 def test_progress_line_is_clipped_to_the_terminal_width(monkeypatch):
