@@ -21,7 +21,7 @@ from ._common import Choice, echo_table, emit_json, json_option, parse_int_list
 @click.option("--gpu", default="h100-sxm", show_default=True)
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (GPUs per replica).")
 @click.option("--context", type=int, default=4096, show_default=True, help="Tokens of context per sequence.")
-@click.option("--batch", "batch", default="1,8,32,64,128,256", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--batch", "batch", default="1,8,32,64,128,256", show_default=True, metavar="INTEGER,...", help="Comma-separated batch sizes.")
 @click.option("--weight-dtype", type=Choice(["bf16", "fp8"]), default="bf16", show_default=True)
 @click.option("--kv-dtype", type=Choice(["bf16", "fp8"]), default="bf16", show_default=True)
 @click.option("--mode", type=Choice(["ideal", "calibrated"]), default="calibrated", show_default=True)

@@ -205,9 +205,9 @@ def _predicted_line(pred: dict) -> str:
 @profile_group.command("run")
 @click.option("--url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1.")
 @click.option("--model", "model", required=True, help="Model name: sent as 'model' and written to the table.")
-@click.option("--concurrency", default="1,4,16", show_default=True, help="Closed-loop client counts.")
-@click.option("--isl", default="256,2048", show_default=True, help="Prompt lengths in tokens.")
-@click.option("--osl", default="128", show_default=True, help="Output lengths in tokens (ignore_eos).")
+@click.option("--concurrency", default="1,4,16", show_default=True, metavar="INTEGER,...", help="Closed-loop client counts.")
+@click.option("--isl", default="256,2048", show_default=True, metavar="INTEGER,...", help="Prompt lengths in tokens.")
+@click.option("--osl", default="128", show_default=True, metavar="INTEGER,...", help="Output lengths in tokens (ignore_eos).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--requests-per-point", type=int, default=16, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the synthetic prompts.")
@@ -258,7 +258,7 @@ def run_cmd(url: str, model: str, concurrency: str, isl: str, osl: str, output: 
 @click.argument("workload", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1.")
 @click.option("--model", "model", required=True, help="Model name: sent as 'model' and written to the table.")
-@click.option("--rate", "rates", required=True, help="Arrival rates, req/s, comma-separated: one run each.")
+@click.option("--rate", "rates", required=True, metavar="FLOAT,...", help="Arrival rates, req/s, comma-separated: one run each.")
 @click.option("--requests", "n_requests", type=int, default=330, show_default=True,
               help="Requests per run (the workload's own draw for this rate and seed).")
 @click.option("--warmup", type=int, default=30, show_default=True,

@@ -155,6 +155,39 @@ def test_tune_help_shows_no_text_for_a_number():
     assert "[vllm|sglang|trtllm|llamacpp]" in r.output   # --engine is a choice
 
 
+def _number_list(text) -> bool:
+    try:
+        return bool(text) and all(float(x) == float(x) for x in str(text).split(","))
+    except ValueError:
+        return False
+
+
+def test_no_help_shows_text_for_a_number_or_a_list_of_numbers():
+    """Every command, not only tune: a text option that takes numbers (its default a number or a
+    comma list of them, or --rate) names what it takes (INTEGER,... / FLOAT,...) in --help."""
+    import click
+
+    def walk(cmd, path):
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, path + [name])
+        else:
+            yield path, cmd
+
+    checked = 0
+    for path, cmd in walk(main, []):
+        flags = [p.opts[-1] for p in cmd.params if isinstance(p, click.Option) and p.type.name == "text"
+                 and (_number_list(p.default) or p.opts[-1] == "--rate")]
+        if not flags:
+            continue
+        out = CliRunner().invoke(main, [*path, "--help"], terminal_width=200).output
+        for flag in flags:
+            line = next(ln for ln in out.splitlines() if re.search(rf"(^|\s){flag}\s", ln))
+            assert " TEXT" not in line, (path, line)
+            checked += 1
+    assert checked >= 5   # estimate --batch; profile run --concurrency, --isl, --osl; profile open-loop --rate
+
+
 def test_solve_sampler_and_engine_are_choices():
     # choices in --help (above), refused in kvtune's one line, as before they were choices
     r = CliRunner().invoke(main, ["solve", str(CHAT), "--sampler", "random"])
