@@ -11,8 +11,9 @@ values.schema.json is applied as published, as ``helm install`` applies it. CEL 
 (``x-kubernetes-validations``) are not evaluated here.
 
 The default suite builds the picks directly (tests/launch_picks.py's way: ``build_pick`` on the
-catalog's model and GPU); the slow test solves one example and checks what ``kvtune solve --json``
-wrote."""
+catalog's model and GPU); the slow suite checks what ``kvtune solve --json`` wrote for every shipped
+example (the solves tests/example_solves.py shares with the report and result-schema tests) and for
+the chat example solved disaggregated."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import pytest
 import yaml
 
 from engine_contracts import check_argv, check_trtllm_api
+from example_solves import solve_example
 from helpers import kvtune
 from kvtune.costmodel import get_gpu, get_model
 from kvtune.optimizer.facts import launch_footer
@@ -459,3 +461,19 @@ def test_a_solved_example_writes_schema_valid_platform_output(tmp_path):
     assert float(argv[argv.index("--itl") + 1]) == w["slo"]["tpot_ms"] / 1000
     assert planner["targets"]["per_replica_goodput_req_s"] == r["predicted"]["per_replica_goodput_req_s"]
     assert int(argv[argv.index("--max-gpu-budget") + 1]) == r["recommendation"]["gpus"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_solved_example_writes_schema_valid_platform_output(name, tmp_path_factory):
+    """What ``kvtune solve examples/NAME.yaml --json`` wrote under launch.platforms (and
+    launch_aggregated.platforms for a disaggregated pick), not a pick built here: the solved
+    configuration (its KV dtype, batch cap, speculation, deployment) is the one a user deploys."""
+    s = solve_example(tmp_path_factory, name)   # solved once per session, shared with the schema and report tests
+    assert s.code == 0, s.text[-2000:]
+    r = s.result
+    launches = [r["launch"]] + ([r["launch_aggregated"]] if r.get("launch_aggregated") else [])
+    for launch in launches:
+        plat = launch["platforms"]
+        assert platform_errors(plat) == [], name   # each platform's output valid, or its reason
+        assert "dynamo" in plat, plat["unsupported"]
