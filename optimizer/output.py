@@ -119,6 +119,9 @@ def check_output_path(path: str | Path, flag: str = "") -> None:
     nothing."""
     path = Path(path)
     where = _where(path, flag)
+    if str(path) == STDOUT:   # the commands that can write to stdout handle '-' before this check
+        raise InputError(f"{where}: '-' (stdout) cannot take this output, a file kvtune writes whole; give a file "
+                         f"path (a file named '-': its full path)")
     if "\x00" in str(path):
         raise InputError(f"{where}: a path cannot hold a NUL character")
     if len(path.name.encode()) > 255:  # NAME_MAX of Linux and macOS file systems
@@ -205,6 +208,8 @@ def check_output_folder(path: str | Path, flag: str = "") -> None:
     nearest folder that exists on its way can be written."""
     path = Path(path)
     where = _where(path, flag)
+    if str(path) == STDOUT:
+        raise InputError(f"{where}: '-' (stdout) cannot take a folder of files; give a folder path")
     if "\x00" in str(path):
         raise InputError(f"{where}: a path cannot hold a NUL character")
     if any(len(part.encode()) > 255 for part in path.parts):

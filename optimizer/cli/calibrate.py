@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from kvtune.costmodel.fit import CV_KINDS, FIT_METRICS, RowPredictor, held_out_m
 from kvtune.optimizer.calibrate_held_out import IF_WORSE
 from kvtune.costmodel.profile_table import contradictions
 
-from ._common import Choice, check_json_dest, check_output_path, echo_table, emit_json, json_option, save_or_show
+from ._common import STDOUT, Choice, check_json_dest, check_output_path, echo_table, emit_json, json_option, save_or_show
 
 
 @click.command("calibrate")
@@ -37,7 +38,8 @@ from ._common import Choice, check_json_dest, check_output_path, echo_table, emi
                    "vLLM and TensorRT-LLM, whose mixed steps let a burst drift apart; burst for SGLang and llama.cpp, "
                    "whose runs stay in lock-step; see costmodel/closed_loop.py), or one rule for every row.")
 @click.option("--max-nfev", type=int, default=60, show_default=True, help="Most model evaluations of the solver.")
-@click.option("-o", "--output", required=True, help="Calibration YAML to write (e.g. profiles/calibrations/NAME.yaml).")
+@click.option("-o", "--output", required=True, help="Calibration YAML to write (e.g. profiles/calibrations/NAME.yaml); "
+              "- for stdout (the text then goes to stderr; give --name).")
 @click.option("--name", default=None, help="Calibration name (default: the output file's stem).")
 @json_option()
 @click.option("--cv", "cv", type=Choice(list(CV_KINDS)), default="auto", show_default=True,
@@ -62,9 +64,16 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
     from kvtune.optimizer.calibrate_held_out import calibrate_checked, prior_for
 
     out = Path(output)
-    if not out.parent.exists():
-        raise InputError(f"-o {output}: folder {out.parent} does not exist")
-    check_output_path(out, "-o")
+    to_stdout = output == STDOUT   # the YAML alone on stdout, the human text on stderr
+    if to_stdout:
+        if as_json == STDOUT:
+            raise InputError("-o - and --json -: both cannot take stdout; give one of them a file")
+        if not name:
+            raise InputError("-o -: give --name (a calibration is named after its file's stem by default)")
+    else:
+        if not out.parent.exists():
+            raise InputError(f"-o {output}: folder {out.parent} does not exist")
+        check_output_path(out, "-o")
     check_json_dest(as_json)
     names = [p.strip() for p in params.split(",") if p.strip()] if params else None
     if params is not None and not names:
@@ -96,7 +105,10 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
     extra = {"held_out": checked.to_json_summary(), **({"warnings": warnings} if warnings else {})}
     d = calibration_dict(res, name, g, engine, inputs, base, notes, wall_s=wall, extra=extra,
                          cross_validation=checked.fold_records())
-    save_or_show(out, calibration_yaml(d), "-o")
+    if to_stdout:
+        click.echo(calibration_yaml(d), nl=False)
+    else:
+        save_or_show(out, calibration_yaml(d), "-o")
     if as_json:
         dj = dict(d, output=str(out),
                  points_detail=[{"id": p.id, "metric": p.metric, "measured": p.measured, "before": p.before,
@@ -107,31 +119,37 @@ def calibrate_cmd(tables, gpu, engine, base, params, fit_metrics, chunk_tokens, 
             for w in warnings:
                 click.echo(f"warning: {w}", err=True)
             return
-    click.echo(f"calibrate {g.name}{' engine ' + engine if engine else ''}: {len(res.points)} measured figures "
-               f"from {len(rows)} rows, base {base}, {res.nfev} model evaluations, {wall:.1f} s")
-    click.echo(f"prior: {prior.source if prior else 'none (base ideal: not regularised)'}")
-    echo_held_out(checked)
-    click.echo("in-sample (the rows the fit saw; before = base, after = fit):")
+    text_out = sys.stderr if to_stdout else None   # the human text: stderr when the YAML took stdout
+
+    def say(line: str) -> None:
+        click.echo(line, err=to_stdout)
+
+    say(f"calibrate {g.name}{' engine ' + engine if engine else ''}: {len(res.points)} measured figures "
+        f"from {len(rows)} rows, base {base}, {res.nfev} model evaluations, {wall:.1f} s")
+    say(f"prior: {prior.source if prior else 'none (base ideal: not regularised)'}")
+    echo_held_out(checked, to_stdout)
+    say("in-sample (the rows the fit saw; before = base, after = fit):")
     echo_table(["id", "metric", "measured", "before", "err_before_%", "after", "err_after_%"],
                [[p.id[-40:], p.metric, f"{p.measured:.4g}", f"{p.before:.4g}", f"{p.err_before * 100:+.1f}",
-                 f"{p.after:.4g}", f"{p.err_after * 100:+.1f}"] for p in res.points])
-    click.echo("in-sample MAPE %   before   after")
+                 f"{p.after:.4g}", f"{p.err_after * 100:+.1f}"] for p in res.points], out=text_out)
+    say("in-sample MAPE %   before   after")
     for m, v in d["fit"]["mape_before_pct"].items():
-        click.echo(f"  {m:<17}{v:>7.1f} {d['fit']['mape_after_pct'][m]:>7.1f}")
+        say(f"  {m:<17}{v:>7.1f} {d['fit']['mape_after_pct'][m]:>7.1f}")
     for t in checked.tried:
         if "mape_pct" in t:
-            click.echo(f"candidate '{t['choice']}' (fitted {', '.join(t['fitted']) or 'nothing'}): cross-validated MAPE "
-                       + ", ".join(f"{m} {v:.1f}%" for m, v in t["mape_pct"].items()))
-    click.echo(f"written: {checked.choice}")
-    click.echo("parameters (one sigma; '-' = kept at base):")
+            say(f"candidate '{t['choice']}' (fitted {', '.join(t['fitted']) or 'nothing'}): cross-validated MAPE "
+                + ", ".join(f"{m} {v:.1f}%" for m, v in t["mape_pct"].items()))
+    say(f"written: {checked.choice}")
+    say("parameters (one sigma; '-' = kept at base):")
     for k, v in d["params"].items():
         s = d["uncertainty"][k]
-        click.echo(f"  {k:<26}{v:>12.5g}  {'+- %.2g' % s if k in res.fitted else '-'}")
+        say(f"  {k:<26}{v:>12.5g}  {'+- %.2g' % s if k in res.fitted else '-'}")
     for n in d["fit"]["notes"]:
-        click.echo(f"  note: {n}")
+        say(f"  note: {n}")
     for w in warnings:
-        click.echo(f"  warning: {w}")
-    click.echo(f"wrote {out}" + (f" ({len(warnings)} warnings, recorded under fit.warnings)" if warnings else ""))
+        say(f"  warning: {w}")
+    say(f"wrote {'the calibration to stdout' if to_stdout else out}"
+        + (f" ({len(warnings)} warnings, recorded under fit.warnings)" if warnings else ""))
 
 
 def _point_json(p, fold: str) -> dict:
@@ -139,31 +157,36 @@ def _point_json(p, fold: str) -> dict:
             "err_prior_pct": p.err_before * 100, "err_fit_pct": p.err_after * 100}
 
 
-def echo_held_out(checked) -> None:
+def echo_held_out(checked, err: bool = False) -> None:
     """The held-out tables: cross-validated MAPE per metric, the fit's beside the prior's, and the
     rows given apart (--holdout) one by one, with what was extrapolated."""
     ho = checked.held_out
+    out = sys.stderr if err else None
+
+    def say(line: str) -> None:
+        click.echo(line, err=err)
+
     if ho is not None:
         a, b = ho.mape(True), ho.mape(False)
         worse = set(ho.worse())
-        click.echo(f"held-out error ({ho.label}, {len(ho.folds)} folds; each fold fitted on the other rows):")
+        say(f"held-out error ({ho.label}, {len(ho.folds)} folds; each fold fitted on the other rows):")
         echo_table(["metric", "fit_MAPE_%", "prior_MAPE_%", ""],
-                   [[m, f"{a[m]:.1f}", f"{b[m]:.1f}", "WORSE than the prior" if m in worse else ""] for m in a])
+                   [[m, f"{a[m]:.1f}", f"{b[m]:.1f}", "WORSE than the prior" if m in worse else ""] for m in a], out=out)
         for f in ho.folds:
             for x in f.extrapolation:
-                click.echo(f"  extrapolated in fold {f.held_out}: {x}")
+                say(f"  extrapolated in fold {f.held_out}: {x}")
     if checked.holdout is not None:
         h = checked.holdout
-        click.echo(f"given held-out rows (--holdout, {len(h.points)} figures, never fitted):")
+        say(f"given held-out rows (--holdout, {len(h.points)} figures, never fitted):")
         echo_table(["id", "metric", "measured", "prior", "err_prior_%", "fit", "err_fit_%"],
                    [[p.id[-40:], p.metric, f"{p.measured:.4g}", f"{p.before:.4g}", f"{p.err_before * 100:+.1f}",
-                     f"{p.after:.4g}", f"{p.err_after * 100:+.1f}"] for p in h.points])
+                     f"{p.after:.4g}", f"{p.err_after * 100:+.1f}"] for p in h.points], out=out)
         a, b = held_out_mape(h.points, True), held_out_mape(h.points, False)
-        click.echo("  held-out MAPE %   prior     fit")
+        say("  held-out MAPE %   prior     fit")
         for m in a:
-            click.echo(f"    {m:<16}{b[m]:>7.1f} {a[m]:>7.1f}")
+            say(f"    {m:<16}{b[m]:>7.1f} {a[m]:>7.1f}")
         for x in h.extrapolation:
-            click.echo(f"  {x}")
+            say(f"  {x}")
 
 
 def _said(drift_line: str, lines: list[str]) -> bool:

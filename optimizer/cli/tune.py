@@ -193,6 +193,8 @@ def tune_cmd(workload, engine, engine_bin, model_file, command, url, served_mode
             raise InputError(f"--memory-budget-gb {memory_budget_gb}: must be > 0 and at most the machine's "
                              f"{gpu.memory_bytes / 1e9:g} GB ({gpu.name})")
         spec = dataclasses.replace(spec, gpu_mem_util=budget * 1e9 / gpu.memory_bytes)
+    if out == STDOUT:
+        raise InputError("--out -: '-' (stdout) cannot take a folder of results; give a folder path")
     out_dir = Path(out or f"tune-{Path(workload).stem}")
     if not out_dir.parent.exists():
         raise InputError(f"--out {out_dir}: folder {out_dir.parent} does not exist")

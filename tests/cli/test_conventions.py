@@ -125,6 +125,41 @@ def test_bare_json_before_the_workload_argument_keeps_its_old_meaning():
     assert CHAT.read_bytes() == before
 
 
+def test_calibrate_dash_is_the_yaml_alone_on_stdout(tmp_path, monkeypatch):
+    """``-o -``: the calibration YAML on stdout (it loads as --calibration), the human text on stderr."""
+    monkeypatch.chdir(tmp_path)
+    table = ROOT / "tests" / "data" / "sweeps" / "nim-llama-3.3-70b-fp8-tp2-5000x500-low.csv"
+    r = CliRunner().invoke(main, ["calibrate", str(table), "--gpu", "h100-sxm", "-o", "-", "--name", "nim-fit"])
+    assert r.exit_code == 0, r.output
+    doc = yaml.safe_load(r.stdout)
+    assert doc["name"] == "nim-fit" and doc["params"]
+    assert "calibrate h100-sxm" in r.stderr and "wrote the calibration to stdout" in r.stderr
+    assert not (tmp_path / "-").exists()
+    r = CliRunner().invoke(main, ["calibrate", str(table), "-o", "-"])
+    assert r.exit_code == 2 and r.output.startswith("Error: -o -: give --name"), r.output
+    r = CliRunner().invoke(main, ["calibrate", str(table), "-o", "-", "--name", "x", "--json", "-"])
+    assert r.exit_code == 2 and r.output.startswith("Error: -o - and --json -"), r.output
+
+
+@pytest.mark.parametrize("args", [
+    ["solve", str(CHAT), "--report", "-"],
+    ["tune", str(CHAT), "--url", "http://127.0.0.1:9/v1", "-o", "-"],
+    ["profile", "run", "--url", "http://127.0.0.1:9/v1", "--model", "m", "-o", "-"],
+    ["profile", "open-loop", str(CHAT), "--url", "http://127.0.0.1:9/v1", "--model", "m", "--rate", "1", "-o", "-"],
+    ["profile", "import", str(ROOT / "tests" / "data" / "import_guidellm.json"), "-o", "-"],
+], ids=["solve-report", "tune-out", "profile-run", "profile-open-loop", "profile-import"])
+def test_a_dash_for_an_output_that_cannot_be_stdout_is_one_error_line_and_no_file_named_dash(args, tmp_path,
+                                                                                              monkeypatch):
+    """'-' means stdout for every --json and -o; where the output is a folder, or a table kvtune reads
+    back and writes per-request logs beside, it cannot be, and a file or folder named '-' is not it."""
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("Error: ") and len(r.output.strip().splitlines()) == 1, r.output
+    assert "'-' (stdout) cannot take" in r.output, r.output
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---- launch argv / env ---------------------------------------------------------------------------
 
 def test_launch_argv_and_env_split_the_shell_text():
