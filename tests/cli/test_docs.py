@@ -56,3 +56,21 @@ def test_the_anchor_rule_matches_github():
     page = ROOT / "docs" / "launch.md"
     assert "engine-contracts" in _anchors(page)
     assert "checkpoints-the-launch-runs-what-was-modelled" in _anchors(page)
+
+
+def test_the_readme_says_how_editors_and_shells_use_kvtune_and_it_holds():
+    """Issue 34: the schemas' paths as the README names them exist, the completion line it gives
+    prints a completion script (the KVTUNE_<COMMAND>_<OPTION> variables: test_conventions.py)."""
+    import os
+    import subprocess
+    import sys
+    text = (ROOT / "README.md").read_text()
+    for name in ("result", "workload"):
+        path = f"profiles/schemas/{name}.schema.json"
+        assert path in text and (ROOT / path).exists() and (ROOT / "kvtune" / path).exists()
+    assert "yaml-language-server: $schema=" in text and "KVTUNE_SOLVE_TRIALS" in text
+    assert '_KVTUNE_COMPLETE=bash_source kvtune' in text
+    env = dict(os.environ, _KVTUNE_COMPLETE="bash_source")
+    p = subprocess.run([sys.executable, "-c", "from kvtune.optimizer.cli import main; main(prog_name='kvtune')"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "_kvtune_completion()" in p.stdout, p.stderr[-500:]
