@@ -77,7 +77,9 @@ MODULES: dict[str, list[str]] = {
     "costmodel/deployment.py": ["tests/costmodel/test_deployment.py"],
     # the race, verification and the answer: their own unit tests on a fake engine whose answer is known by hand
     # (tests/race_fakes.py), milliseconds each, then the in-process tests of the whole search
-    "optimizer/simsearch.py": ["tests/optimizer/test_simsearch.py", "tests/optimizer/test_objective.py"],
+    "optimizer/simsearch.py": ["tests/optimizer/test_simsearch.py", "tests/optimizer/test_objective.py",
+                               "tests/optimizer/test_pruner.py"],
+    "optimizer/pruner.py": ["tests/optimizer/test_pruner.py", "tests/optimizer/test_simsearch.py"],
     "optimizer/verify.py": ["tests/optimizer/test_verify.py", "tests/optimizer/test_simsearch.py"],
     "optimizer/recommend.py": ["tests/optimizer/test_recommend.py", "tests/optimizer/test_search.py", "tests/optimizer/test_simsearch.py",
                                "tests/optimizer/test_multinode_solve.py"],

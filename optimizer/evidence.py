@@ -19,10 +19,12 @@ Configs the race dropped without a simulation (a capacity bound, memory) stay ou
 those, and their count is a study attribute. Each trial's ``fidelity`` user attr names the highest
 rung of evidence behind it: ``simulated`` (a full run on the workload's requests), ``robust`` (every
 fresh draw met; the pick), ``short`` (a short run's confidence bound), ``zero_load``. A trial's
-intermediate values are the race's rungs on that config (``simsearch.Rung``): step i is the SLO
-attainment the i-th simulation reached, and user attr ``rungs`` says what each was
-(fidelity, per-replica rate in req/s, requests), so optuna-dashboard's intermediate-value plot
-shows where each config was dropped against the attainment target.
+intermediate values are the race's rungs on that config (``pruner.Rung``): step i is the SLO
+attainment the i-th simulation reached, and user attr ``rungs`` holds each rung (``pruner.Rung``:
+fidelity, per-replica rate in req/s, requests, what judged it, its upper confidence bound, the
+completions per second), so optuna-dashboard's intermediate-value plot shows where each config was
+dropped against the attainment target, and ``pruner.NoiseBoundPruner(target).prune(study, trial)``
+replays the race's drop on each trial.
 
 Params: ``gpu`` and ``deployment`` (aggregated | disaggregated), then the kind's config flattened
 (``prefill_tp``, ``decode_batch_cap``...), categorical over the values seen, integers over their range.
@@ -47,6 +49,7 @@ from optuna.trial import FrozenTrial, TrialState
 from .deployment import Aggregated
 from .facts import at_pick_price, disaggregated_points, other_gpu_points, pick_point
 from .liveness import pid_alive
+from .pruner import RUNGS_ATTR
 from .result import SolveResult
 from .search import make_storage, quiet_optuna
 
@@ -68,7 +71,7 @@ class EvidenceRow:
     status: str = ""
     reason: str = ""
     attrs: Mapping[str, Any] = field(default_factory=dict)
-    rungs: tuple = ()   # simsearch.Rung's JSON per simulation the race ran on it: the intermediate values
+    rungs: tuple = ()   # pruner.Rung's JSON per simulation the race ran on it: the intermediate values
 
 
 def evidence_study_name(result: SolveResult, study_name: str | None = None) -> str:
@@ -180,8 +183,8 @@ def _trials(rows: list[EvidenceRow]) -> list[FrozenTrial]:
         attrs = {"fidelity": r.fidelity, "status": r.status, "evidence": "simulated", **r.attrs}
         if r.reason:
             attrs["reason"] = r.reason
-        if r.rungs:   # step i: the i-th simulation's SLO attainment; what each step was, beside it
-            attrs["rungs"] = [[g["fidelity"], round(g["rate_req_s"], 6), g["n_requests"]] for g in r.rungs]
+        if r.rungs:   # step i: the i-th simulation's SLO attainment; each rung beside it, as the race's pruner read it
+            attrs[RUNGS_ATTR] = [dict(g) for g in r.rungs]
         out.append(optuna.trial.create_trial(
             state=r.state, values=list(r.values) if r.values is not None else None,
             params=dict(r.params), distributions={k: dist[k] for k in r.params}, user_attrs=attrs,

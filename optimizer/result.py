@@ -134,8 +134,8 @@ class VerifiedRow(_Flat):
 @dataclass(frozen=True)
 class RaceRow(_Flat):
     """What the race concluded about one config (``optimizer.simsearch.Outcome``); ``rungs``: the
-    simulations behind it (``simsearch.Rung``: fidelity, per-replica rate, requests, SLO attainment;
-    None in a result written before they were kept)."""
+    simulations behind it (``pruner.Rung``: fidelity, per-replica rate, requests, SLO attainment, what
+    judged it, its upper bound, completions per second; None in a result written before they were kept)."""
 
     _OMIT_NONE = ("rungs",)
 

@@ -21,7 +21,8 @@ recommended is decided by the simulator. Stages, each a batch of independent sim
         confidence bound of its attainment (``upper_attainment``: batch means over stretches of
         the measured requests, one-sided ``CONFIDENCE``) is below the target, so a burst in a short
         run cannot drop a config that a full run would keep;
-      - a full simulation at the bar, on the very requests verification would use there;
+      - a full simulation at the bar, on the very requests verification would use there (out if it
+        misses the target, or the engine does not keep up: ``OVERLOAD``);
       - if it meets: verified (``optimizer.verify.verify``, draw 0); the best if it beats the best.
         With no best yet, the bar is the rate on the most replicas the config could need
         (``replicas_bound``) or max_nodes allows, whichever is fewer.
@@ -34,6 +35,11 @@ recommended is decided by the simulator. Stages, each a batch of independent sim
    becomes the best, so no config is dropped against figures that do not hold.
 4. closest (an infeasible min_cost answer): the ``CLOSEST`` configs that look nearest (screened
    goodput per GPU) are verified, so the answer names the one that needs the fewest GPUs.
+
+Every drop on a simulation's evidence (zero load, the short and the full runs at the bar) is the
+verdict of ``optimizer.pruner.NoiseBoundPruner``, an optuna pruner, on the config's rungs of
+evidence (``Rung``: its intermediate values); the evidence study stores the same rungs, so the
+pruner replays the race's drops there.
 
 "Beat" is the recommendation's lexicographic order (``rank``, ``optimizer.objective``): min_cost by
 $/h, then bf16 KV over fp8 at equal cost (when both are searched), then goodput; max_goodput by
@@ -55,6 +61,7 @@ from kvtune.costmodel.goodput import capacity_bound_req_s, completion_rate_req_s
 
 from .deployment import Aggregated
 from .objective import MaxGoodput, MinCost, prefers_bf16
+from .pruner import OVERLOAD, NoiseBoundPruner, Rung, rung_trial
 from .search import Evaluation, SolveContext, evaluate, grid_space
 from .verify import (REL_TOL, Verification, config_requests, draw_attainment, robust, robust_config, sim_config,
                      sim_requests, verify_config)
@@ -79,10 +86,7 @@ CLOSEST = 3             # an infeasible min_cost answer: configs verified to nam
 EQUAL_COST_MARGIN = 0.01  # min_cost: a config at the best's $/h must beat its goodput by this much to be raced
                         # (twice the bisection tolerance: closer goodputs are not told apart; the pick's goodput
                         # is then at least 1/1.01 of the best at its $/h)
-OVERLOAD = 0.8          # a full probe whose middle completions run below this share of its rate is overloaded:
-                        # the engine does not keep up, so its goodput (at most its saturated throughput, where the
-                        # SLOs are loose enough to hold anyway) is below the rate (Poisson noise on >= 667 middle
-                        # completions: ~4% sd)
+
 
 
 @dataclass(frozen=True)
@@ -105,27 +109,6 @@ class Probe:
 
     @classmethod
     def from_json(cls, d: dict) -> "Probe":
-        return cls(**d)
-
-
-@dataclass(frozen=True)
-class Rung:
-    """One rung of evidence the race put a config through: a simulation at ``rate_req_s`` per
-    replica of ``n_requests`` requests and the SLO attainment it reached. ``fidelity``: ``zero_load``
-    (its group's probe alone on the machine; the largest batch cap stands for the group), ``short``
-    (a short run's), ``simulated`` (a full run's at the rate it needed), ``verified`` (the
-    verification's, at the load it was sized for)."""
-
-    fidelity: str
-    rate_req_s: float
-    n_requests: int
-    attainment: float
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Rung":
         return cls(**d)
 
 
@@ -601,12 +584,6 @@ def race(ctx: SolveContext, runner=None, on_stage: Callable[[str, int], None] | 
                 len(st.keys), st.best)
 
 
-def _meets(pr: Probe) -> bool:
-    """A full probe meets the bar: the SLO attainment target, and the engine keeps up with the rate
-    (``OVERLOAD``): a finite run can meet loose SLOs while its queue only grows."""
-    return pr.meets and pr.served_req_s >= OVERLOAD * pr.rate_req_s
-
-
 def _beaten(pr: Probe, bar: float, why: str) -> str:
     if pr.meets:
         return (f"overloaded at {bar:.3g} req/s per replica (completes {pr.served_req_s:.3g} req/s in the middle of "
@@ -643,6 +620,7 @@ class _State:
         self.a = ctx.spec.slo.attainment
         self.keys: set[str] = set()
         self.misses: dict[int, int] = {}   # fresh draw seed -> robust checks it missed (hardest first)
+        self.pruner = NoiseBoundPruner(self.a)   # drops a config on its last rung (optimizer.pruner)
         self.robust_now = False   # min_cost: winners made robust before they become the best (race_cost)
 
     def stage(self, name: str, n: int) -> None:
@@ -653,16 +631,26 @@ class _State:
         self.keys.update(w.key for w in work)
         return self.runner.run(work)
 
-    def probe(self, items: list[tuple[Aggregated, float, int]], fidelity: str | list[str]) -> list[Probe]:
+    def probe(self, items: list[tuple[Aggregated, float, int]], fidelity: str | list[str],
+              full: list[bool], at_load: bool = True) -> list[Probe]:
         """Each item's simulation (config, per-replica rate, requests), its rung recorded at
-        ``fidelity`` (one for all, or one per item)."""
+        ``fidelity`` (one for all, or one per item): judged by its attainment where ``full`` (the
+        full number of requests), by its upper confidence bound where not; ``at_load``: the
+        pruner also checks that the engine keeps up (not at zero load)."""
         res = [Probe.from_json(r) for r in self._run([Work("probe", Aggregated.from_config(p), rate, n) for p, rate, n in items])]
         self.sims += len(res)
         fids = [fidelity] * len(items) if isinstance(fidelity, str) else fidelity
-        for (p, rate, _), pr, f in zip(items, res, fids):
+        for (p, rate, _), pr, f, whole in zip(items, res, fids, full):
             self.spent[p.key] = self.spent.get(p.key, 0) + 1
-            self.rungs.setdefault(p.key, []).append(Rung(f, rate, pr.n_requests, pr.attainment))
+            self.rungs.setdefault(p.key, []).append(Rung(f, rate, pr.n_requests, pr.attainment,
+                                                         "attainment" if whole else "bound", pr.upper,
+                                                         pr.served_req_s if at_load and math.isfinite(pr.served_req_s)
+                                                         else None))
         return res
+
+    def pruned(self, key: str) -> bool:
+        """The pruner's verdict on the config's last rung (``optimizer.pruner``)."""
+        return self.pruner.prune(None, rung_trial(self.rungs[key]))
 
     def _record(self, params: Aggregated, v: Verification, sims: int) -> None:
         k = params.key
@@ -670,7 +658,7 @@ class _State:
         self.spent[k] = self.spent.get(k, 0) + sims
         if v.slo_attainment is not None:
             self.rungs.setdefault(k, []).append(Rung("verified", v.load_per_replica_req_s or v.per_replica_goodput_req_s,
-                                                     v.sim_requests or 0, v.slo_attainment))
+                                                     v.sim_requests or 0, v.slo_attainment, "verification"))
         self.outcomes[k] = Outcome(Aggregated.from_config(params), "verified", "" if v.feasible else v.reason, self.spent[k], v,
                                    tuple(self.rungs.get(k, ())))
 
@@ -756,14 +744,18 @@ class _State:
         reps = [max(g, key=lambda e: e.params.knobs.batch_cap).params for g in groups.values()]
         rates = [ZERO_LOAD_SHARE * _capacity(ctx, p) for p in reps]
         self.stage("zero load", len(reps))
-        zl = self.probe([(p, r, n_short) for p, r in zip(reps, rates)], "zero_load")
+        zl = self.probe([(p, r, n_short) for p, r in zip(reps, rates)], "zero_load", [n_short >= n_zl] * len(reps),
+                        at_load=False)
         again = [i for i, pr in enumerate(zl) if pr.lower < a <= pr.upper and n_short < n_zl]
-        for i, pr in zip(again, self.probe([(reps[i], rates[i], n_zl) for i in again], "zero_load")):
+        for i, pr in zip(again, self.probe([(reps[i], rates[i], n_zl) for i in again], "zero_load", [True] * len(again),
+                                           at_load=False)):
             zl[i] = pr
         self.zl = zl
         alive = []
         for g, pr, rep in zip(groups.values(), zl, reps):
-            ok = pr.meets if pr.n_requests >= n_zl else pr.lower >= a   # a short probe decides only when clear
+            # the pruner on the last probe; a short one left standing has its lower bound above the target
+            # (one that straddled it was run in full)
+            ok = not self.pruned(rep.key)
             for ev in g:
                 if ev.params.key != rep.key:   # the group's probe stands for it
                     self.rungs.setdefault(ev.params.key, []).extend(self.rungs.get(rep.key, ()))
@@ -794,34 +786,34 @@ class _State:
     def meets_bar(self, cands: list[tuple[Evaluation, float, int, str]]) -> list[tuple[Evaluation, float, int, str]]:
         """Short simulations at the bar, then full ones for the configs not clearly out (the short
         run's upper confidence bound reaches the target): those that meet."""
-        ctx, a = self.ctx, self.a
+        ctx = self.ctx
         ns = [max(SHORT_MIN, int(SHORT_SHARE * _n(ctx, ev))) for ev, _, _, _ in cands]
+        whole = [n >= _n(ctx, ev) for (ev, _, _, _), n in zip(cands, ns)]
         short = self.probe([(ev.params, bar, n) for (ev, bar, _, _), n in zip(cands, ns)],
-                           ["simulated" if n >= _n(ctx, ev) else "short" for (ev, _, _, _), n in zip(cands, ns)])
+                           ["simulated" if w else "short" for w in whole], whole)
         full, done = [], {}
-        for c, pr, n in zip(cands, short, ns):
+        for c, pr, n, w in zip(cands, short, ns, whole):
             ev, bar, _, why = c
-            if n >= _n(ctx, ev):
+            if w:
                 done[ev.params.key] = pr
-            elif pr.upper < a:
+            elif self.pruned(ev.params.key):
                 self.out(ev, "beaten", f"attainment {pr.attainment:.3f} (at most {pr.upper:.3f} at {CONFIDENCE:.0%} "
                                        f"confidence) at {bar:.3g} req/s per replica ({n} requests): cannot beat {why}")
                 continue
             else:
                 full.append(c)
         for (ev, _, _, _), pr in zip(full, self.probe([(ev.params, bar, _n(ctx, ev)) for ev, bar, _, _ in full],
-                                                                        "simulated")):
+                                                                        "simulated", [True] * len(full))):
             done[ev.params.key] = pr
         winners = []
         for c in cands:
             got = done.get(c[0].params.key)
             if got is None:
                 continue
-            pr = got
-            if _meets(pr):
+            if not self.pruned(c[0].params.key):
                 winners.append(c)
             else:
-                self.out(c[0], "beaten", _beaten(pr, c[1], c[3]))
+                self.out(c[0], "beaten", _beaten(got, c[1], c[3]))
         return winners
 
     # what each objective's race does differently (``_CostRace``, ``_GoodputRace``)
@@ -884,8 +876,8 @@ class _CostRace(_State):
                     continue
                 if bar2 > bar:                        # ... so it must serve more per replica
                     self._probe_ahead(winners[j:])
-                    pr = self.probe([(p, bar2, _n(ctx, ev))], "simulated")[0]
-                    if not _meets(pr):
+                    pr = self.probe([(p, bar2, _n(ctx, ev))], "simulated", [True])[0]
+                    if self.pruned(p.key):
                         self.out(ev, "beaten", _beaten(pr, bar2, why2))
                         continue
                 self.consider(self.verify([ev]))

@@ -15,6 +15,7 @@ from example_solves import solve_example
 from helpers import kvtune
 from tiny_workload import tiny_8b
 from kvtune.optimizer.evidence import evidence_rows, evidence_study_name, write_evidence
+from kvtune.optimizer.pruner import RUNGS_ATTR, NoiseBoundPruner
 from kvtune.optimizer.result import SolveResult
 
 TINY = tiny_8b({"tp": [1, 2], "batch_cap": [16, 64], "kv_dtype": ["bf16", "fp8"], "chunk_tokens": [1024, 4096],
@@ -80,10 +81,10 @@ def test_each_simulated_trial_carries_its_rungs_as_intermediate_values(solved):
     for t in laddered:
         rungs = t.user_attrs["rungs"]
         assert sorted(t.intermediate_values) == list(range(len(rungs)))
-        assert {f for f, _, _ in rungs} <= {"zero_load", "short", "simulated", "verified"}
+        assert {g["fidelity"] for g in rungs} <= {"zero_load", "short", "simulated", "verified"}
         assert all(0.0 <= v <= 1.0 for v in t.intermediate_values.values())
         if t.user_attrs["status"] == "zero_load":
-            assert all(f == "zero_load" for f, _, _ in rungs)
+            assert all(g["fidelity"] == "zero_load" for g in rungs)
     dropped = [t for t in laddered if t.user_attrs["status"] in ("zero_load", "beaten")]
     assert dropped and all(t.intermediate_values[max(t.intermediate_values)] < target for t in dropped
                            if not t.user_attrs["reason"].startswith("overloaded"))
@@ -91,6 +92,49 @@ def test_each_simulated_trial_carries_its_rungs_as_intermediate_values(solved):
     for t in dropped:
         o = by_reason[t.user_attrs["reason"]]
         assert len(t.user_attrs["rungs"]) == len(o.rungs) and o.simulations >= 1
+
+
+def _race_dropped_on_a_rung(t) -> bool:
+    """The race dropped the config on a simulation's evidence: missed at zero load, or beaten at the rate
+    it needed (not "meets ... but" a winner of its batch came first, nor a bound without a simulation)."""
+    a = t.user_attrs
+    return a["status"] == "zero_load" or (a["status"] == "beaten" and not a.get("reason", "").startswith("meets "))
+
+
+def test_the_study_replays_the_races_drops_through_its_pruner(solved):
+    """The race's drop rule is an optuna pruner (optimizer.pruner): on every trial of the stored study,
+    NoiseBoundPruner says "prune" exactly where the race dropped the config on its last rung, and at no
+    earlier step of a config the race kept going (each rung it passed)."""
+    url, _, r, _ = solved
+    study = optuna.load_study(study_name=evidence_study_name(r), storage=url)
+    pruner = NoiseBoundPruner(TINY["slo"]["attainment"])
+    laddered = [t for t in study.trials if t.intermediate_values]
+    dropped = [t for t in laddered if _race_dropped_on_a_rung(t)]
+    assert dropped and len(dropped) < len(laddered)
+    for t in laddered:
+        rungs = t.user_attrs[RUNGS_ATTR]
+        simulated = [i for i, g in enumerate(rungs) if g["judged_by"] != "verification"]
+        steps = [i for i in simulated if pruner.prune(study, _upto(t, i))]
+        if _race_dropped_on_a_rung(t):
+            assert steps == [simulated[-1]], (t.user_attrs, steps)
+        elif t.user_attrs["status"] in ("verified", "pick"):
+            assert steps == [], (t.user_attrs, steps)
+    # a real optuna study with this pruner prunes as the race did: report the rungs, ask should_prune
+    live = optuna.create_study(pruner=pruner)
+    for t in dropped[:3]:
+        trial = live.ask()
+        for i in range(len(t.user_attrs[RUNGS_ATTR])):
+            trial.set_user_attr(RUNGS_ATTR, t.user_attrs[RUNGS_ATTR][:i + 1])
+            trial.report(t.intermediate_values[i], i)
+        assert trial.should_prune()
+        live.tell(trial, state=optuna.trial.TrialState.PRUNED)
+
+
+def _upto(t, step: int):
+    """The trial as it stood after ``step``: its first step + 1 rungs."""
+    return optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING,
+                                     intermediate_values={i: v for i, v in t.intermediate_values.items() if i <= step},
+                                     user_attrs={RUNGS_ATTR: t.user_attrs[RUNGS_ATTR][:step + 1]})
 
 
 def test_written_once_per_answer(solved):

@@ -511,9 +511,10 @@ def test_rank_and_ranked_goodput():
 
 
 def test_meets_and_beaten_texts():
-    pr = Probe("k", 10.0, 1000, 0.95, True, served_req_s=8.0)
-    assert ss._meets(pr) and not ss._meets(Probe("k", 10.0, 1000, 0.95, True, served_req_s=7.99))
-    assert not ss._meets(Probe("k", 10.0, 1000, 0.5, False, served_req_s=10.0))
+    # a full run at load meets the bar at the target and keeping up with OVERLOAD x the rate (optimizer.pruner)
+    assert not Rung("simulated", 10.0, 1000, 0.95, served_req_s=8.0).misses(0.9)
+    assert Rung("simulated", 10.0, 1000, 0.95, served_req_s=7.99).misses(0.9)
+    assert Rung("simulated", 10.0, 1000, 0.5, served_req_s=10.0).misses(0.9)
     assert ss._beaten(Probe("k", 10.0, 1000, 0.95, True, served_req_s=7.0), 10.0, "X") == (
         f"overloaded at 10 req/s per replica (completes 7 req/s in the middle of the run, < {OVERLOAD:g} x the rate): "
         "cannot beat X")
@@ -540,13 +541,16 @@ def test_out_records_the_simulations_spent_on_the_config():
     ctx = make_ctx()
     st, _ = _state(ctx)
     ev = evaluate(ctx, params(1, 16))
-    st.probe([(ev.params, 1.0, 300), (ev.params, 2.0, 300), (params(2), 1.0, 300)], ["short", "simulated", "short"])
+    st.probe([(ev.params, 1.0, 300), (ev.params, 2.0, 300), (params(2), 1.0, 300)], ["short", "simulated", "short"],
+             [False, True, False])
     st.out(ev, "beaten", "why")
     o = st.outcomes["tp1-b16-bf16-k0-c1024"]
     assert (o.params, o.status, o.reason, o.simulations) == (Aggregated.from_config(ev.params), "beaten", "why", 2)
     # each simulation a rung, in order: its fidelity, rate, requests and the attainment it reached
     assert [(g.fidelity, g.rate_req_s, g.n_requests) for g in o.rungs] == [("short", 1.0, 300), ("simulated", 2.0, 300)]
     assert all(0.0 <= g.attainment <= 1.0 for g in o.rungs)
+    # what judges each: a short run its upper confidence bound, a full one its attainment and whether it keeps up
+    assert [g.judged_by for g in o.rungs] == ["bound", "attainment"]
     st.out(evaluate(ctx, params(1, 32)), "pruned", "no")
     assert st.outcomes["tp1-b32-bf16-k0-c1024"].simulations == 0
     assert st.sims == 3 and st.spent == {"tp1-b16-bf16-k0-c1024": 2, "tp2-b16-bf16-k0-c1024": 1}
@@ -556,7 +560,7 @@ def test_verify_records_its_simulations_and_a_miss_keeps_its_reason():
     ctx = make_ctx()
     st, _ = _state(ctx, {**G, "tp1-b16-bf16-k0-c1024": 0.0})
     evs = [evaluate(ctx, params(1, 16)), evaluate(ctx, params(1, 64))]
-    st.probe([(evs[1].params, 1.0, 300)], "zero_load")
+    st.probe([(evs[1].params, 1.0, 300)], "zero_load", [True], at_load=False)
     res = st.verify(evs)
     assert [v.feasible for v in res] == [False, True]
     o0, o1 = st.outcomes["tp1-b16-bf16-k0-c1024"], st.outcomes["tp1-b64-bf16-k0-c1024"]
@@ -744,7 +748,8 @@ def test_work_keys_and_records():
                            "verification": v.to_json(), "rungs": []}
     assert Outcome.from_json(o.to_json()) == o
     laddered = dataclasses.replace(o, rungs=(Rung("zero_load", 0.5, 100, 1.0), Rung("short", 2.0, 300, 0.93)))
-    assert laddered.to_json()["rungs"][1] == {"fidelity": "short", "rate_req_s": 2.0, "n_requests": 300, "attainment": 0.93}
+    assert laddered.to_json()["rungs"][1] == {"fidelity": "short", "rate_req_s": 2.0, "n_requests": 300, "attainment": 0.93,
+                                              "judged_by": "attainment", "upper": 1.0, "served_req_s": None}
     assert Outcome.from_json(laddered.to_json()) == laddered
     bare = Outcome(Aggregated.from_config(params()), "pruned", "r", 0)
     assert bare.to_json()["verification"] is None and Outcome.from_json(bare.to_json()) == bare
