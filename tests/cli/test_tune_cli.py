@@ -3,6 +3,8 @@ exit 2/3, nothing half-written and no process left behind; a crashed or interrup
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import signal
@@ -291,7 +293,13 @@ def test_a_url_behind_a_key_is_measured_over_the_chat_api_and_the_key_is_written
     assert code in (0, 1), out
     res = json.loads((tmp_path / "out" / "tune.json").read_text())
     opens = [r for j in res["jobs"] for r in j["runs"] if r["kind"] == "open"]
-    assert opens and all(r["failed"] == 0 for r in opens)
+    assert opens
+    # every request was answered over the chat API with the key: served, or (the 1.3x check on a loaded
+    # machine) still queued when the run's deadline came; never refused or a protocol error
+    for r in opens:
+        rows = list(csv.DictReader(io.StringIO(r["requests_csv"])))
+        assert any(x["ok"] == "1" for x in rows), r
+        assert {x["error"] for x in rows if x["ok"] != "1"} <= {"timed out"}, r
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "pids"]
     assert written and not [p for p in written if key.encode() in p.read_bytes()]
     assert key not in out
