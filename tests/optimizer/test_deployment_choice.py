@@ -51,6 +51,7 @@ def long_prompts(tmp_path_factory):
     return _solve(RAG, tmp_path_factory.mktemp("long"))
 
 
+@pytest.mark.xdist_group("rag-long-prompts")   # its module fixture solved once, on one worker
 @pytest.mark.slow
 def test_long_prompts_and_tight_slos_pick_a_disaggregated_deployment_with_its_pools_and_launch(long_prompts):
     r, text = long_prompts
@@ -78,6 +79,7 @@ def test_long_prompts_and_tight_slos_pick_a_disaggregated_deployment_with_its_po
     assert "vllm serve" in r["launch_aggregated"]["vllm"]
 
 
+@pytest.mark.xdist_group("rag-long-prompts")   # its module fixture solved once, on one worker
 @pytest.mark.slow
 def test_the_json_keeps_the_aggregated_keys(long_prompts, tmp_path):
     r, _ = long_prompts

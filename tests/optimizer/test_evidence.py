@@ -37,6 +37,7 @@ def _front(study: optuna.Study) -> set[tuple[float, float]]:
     return {(t.values[0], t.values[1]) for t in study.best_trials}
 
 
+@pytest.mark.xdist_group("evidence-solved")   # its module fixture solved once, on one worker
 def test_the_evidence_study_front_is_the_reports_front(solved):
     url, text, r, _ = solved
     name = evidence_study_name(r)
@@ -51,6 +52,7 @@ def test_the_evidence_study_front_is_the_reports_front(solved):
     assert picks[0].user_attrs["fidelity"] == "robust"
 
 
+@pytest.mark.xdist_group("evidence-solved")   # its module fixture solved once, on one worker
 def test_every_simulated_config_is_a_trial_with_why_it_is_out(solved):
     url, _, r, _ = solved
     study = optuna.load_study(study_name=evidence_study_name(r), storage=url)
@@ -68,6 +70,7 @@ def test_every_simulated_config_is_a_trial_with_why_it_is_out(solved):
     assert study.user_attrs["complete"] is True
 
 
+@pytest.mark.xdist_group("evidence-solved")   # its module fixture solved once, on one worker
 def test_each_simulated_trial_carries_its_rungs_as_intermediate_values(solved):
     """The evidence ladder per trial: step i is the SLO attainment of the i-th simulation the race ran
     on the config (user attr ``rungs``: what each was). A config dropped at zero load or beaten on
@@ -101,6 +104,7 @@ def _race_dropped_on_a_rung(t) -> bool:
     return a["status"] == "zero_load" or (a["status"] == "beaten" and not a.get("reason", "").startswith("meets "))
 
 
+@pytest.mark.xdist_group("evidence-solved")   # its module fixture solved once, on one worker
 def test_the_study_replays_the_races_drops_through_its_pruner(solved):
     """The race's drop rule is an optuna pruner (optimizer.pruner): on every trial of the stored study,
     NoiseBoundPruner says "prune" exactly where the race dropped the config on its last rung, and at no
@@ -137,6 +141,7 @@ def _upto(t, step: int):
                                      user_attrs={RUNGS_ATTR: t.user_attrs[RUNGS_ATTR][:step + 1]})
 
 
+@pytest.mark.xdist_group("evidence-solved")   # its module fixture solved once, on one worker
 def test_written_once_per_answer(solved):
     url, _, r, _ = solved
     name = evidence_study_name(r)
@@ -145,6 +150,7 @@ def test_written_once_per_answer(solved):
     assert len(optuna.load_study(study_name=name, storage=url).trials) == before
 
 
+@pytest.mark.xdist_group("evidence-solved")   # its module fixture solved once, on one worker
 def test_a_study_cut_short_is_rewritten(solved):
     url, _, r, d = solved
     name = evidence_study_name(r, "cut")
@@ -162,6 +168,7 @@ def test_no_storage_no_evidence_line(tmp_path):
     assert code == 0 and "evidence: study" not in text
 
 
+@pytest.mark.xdist_group("evidence-solved")   # its module fixture solved once, on one worker
 def test_a_storage_that_fails_after_the_solve_keeps_the_answer(solved, monkeypatch):
     """The answer is printed and written even when the evidence cannot be stored."""
     _, _, _, d = solved

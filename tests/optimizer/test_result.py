@@ -15,6 +15,8 @@ from kvtune.optimizer.recommend import solve
 from kvtune.optimizer.result import DisaggregatedRecommendation, Recommendation, SolveResult
 from kvtune.optimizer.workload import load_workload_dict
 
+pytestmark = pytest.mark.xdist_group("result-solves")   # its module fixtures computed once, on one worker
+
 HEAD = ["kvtune_version", "seed", "workload_seed", "sampler", "source", "calibration", "admission", "objective",
         "study_name", "target_rate_req_s", "trials", "verification", "status"]
 OK = ["recommendation", "predicted", "screened", "cost", "bottleneck", "headroom", "pareto", "verified", "race",

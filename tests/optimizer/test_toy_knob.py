@@ -26,6 +26,8 @@ import yaml
 
 from tiny_workload import tiny_8b
 
+pytestmark = pytest.mark.xdist_group("toy-knob")   # its module fixtures computed once, on one worker
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # (file in the package, the text there now, what the edit puts in its place)

@@ -19,6 +19,8 @@ from kvtune.costmodel.profile_table import read_table
 from kvtune.optimizer.calibrate import calibrate
 from kvtune.optimizer.tune import RESCALE_PARAMS, Tuner, TuneSettings
 
+pytestmark = pytest.mark.xdist_group("tune-rescale")   # its module fixtures computed once, on one worker
+
 ROOT = Path(__file__).parent.resolve().parent.parent
 GPU = load_gpu_file(ROOT / "profiles" / "hardware-cpu-example.yaml")
 PREDICT = RowPredictor(GPU, chunk_tokens=2048)
