@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .files import load_yaml, path_kind, profiles_path, reading
 from .efficiency import IDEAL, PARAM_BOUNDS, Efficiency
-from .engines import ENGINE_NAMES, get_engine
+from .engines import ENGINE_NAMES, REGISTRY, get_engine
 from .errors import InputError, ProfileDataMissing
 from .hardware import get_gpu
 
@@ -175,8 +175,8 @@ def lookup_calibration(mode: str, gpu: str, calibration: str | Path | None = Non
         return CalibrationChoice(IDEAL, None, "")
     if mode != "calibrated":
         raise InputError(f"mode must be ideal or calibrated, got {mode!r}")
-    if engine is not None and engine not in ENGINES:
-        raise InputError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine is not None and engine not in REGISTRY:   # read now: an engine registered at run time too
+        raise InputError(f"engine must be one of {', '.join(REGISTRY)}, got {engine!r}")
     p = calibration_path(gpu, calibration, engine)
     return CalibrationChoice(load_calibration(p, gpu), p, _sha256(p))
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from kvtune.costmodel import StepModel
 from kvtune.costmodel.calibration import lookup_calibration
 from kvtune.costmodel.efficiency import Efficiency
-from kvtune.costmodel.engines import ENGINE_NAMES, Engine, get_engine
+from kvtune.costmodel.engines import REGISTRY, Engine, get_engine
 from kvtune.costmodel.errors import InputError, ProfileDataMissing
 from kvtune.costmodel.hardware import GPU
 from kvtune.costmodel.measured import MeasuredStepModel
@@ -60,8 +60,8 @@ def resolve_calibration(mode: str, gpu: str, calibration: str | None = None,
     (``costmodel.calibration.lookup_calibration``). ``calibration="ideal"`` is ``mode="ideal"``."""
     if mode not in MODES:
         raise InputError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if engine is not None and engine not in ENGINE_NAMES:
-        raise InputError(f"--engine must be one of {', '.join(ENGINE_NAMES)}, got {engine!r}")
+    if engine is not None and engine not in REGISTRY:
+        raise InputError(f"--engine must be one of {', '.join(REGISTRY)}, got {engine!r}")
     choice = lookup_calibration("ideal" if calibration == "ideal" else mode, gpu, calibration, engine)
     return choice.efficiency, choice.record()
 

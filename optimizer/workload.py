@@ -46,8 +46,8 @@ from pathlib import Path
 
 from kvtune.costmodel import get_gpu, get_model
 from kvtune.costmodel.files import MAX_YAML_BYTES, parse_yaml, path_kind, printable, profiles_path, read_text, reading
-from kvtune.costmodel.calibration import ENGINES, efficiency_for
-from kvtune.costmodel.engines import capabilities_for
+from kvtune.costmodel.calibration import efficiency_for
+from kvtune.costmodel.engines import REGISTRY, capabilities_for
 from kvtune.costmodel.errors import InputError, KvtuneError
 from kvtune.costmodel.hardware import load_gpu_file
 from kvtune.costmodel.memory import GPU_MEM_UTIL
@@ -565,9 +565,10 @@ def _load_workload_dict(data, path: str = "<dict>", engine_override: str | None 
     r.mapping(data, "", _TOP, required=("model", "hardware", "workload", "slo"))
     model, arch, hub_model = _model(r, data["model"])
     weights, checkpoint, notes = _checkpoint(r, data, hub_model, str(data["model"]).strip(), arch)
-    engine = r.choice(data["engine"], "engine", ENGINES) if data.get("engine") is not None else None
-    if engine_override is not None and engine_override not in ENGINES:
-        raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine_override!r}")
+    engines = tuple(REGISTRY)   # read now: an engine registered at run time is a choice (costmodel.engines.register)
+    engine = r.choice(data["engine"], "engine", engines) if data.get("engine") is not None else None
+    if engine_override is not None and engine_override not in engines:
+        raise InputError(f"--engine must be one of {', '.join(engines)}, got {engine_override!r}")
     gpu_mem_util = r.num(data.get("gpu_mem_util", GPU_MEM_UTIL), "gpu_mem_util", 0, 1, lo_open=True)
     hardware = _hardware(r, data["hardware"], weights)
     calibration = _calibration(r, data["calibration"], hardware.gpu, engine) \

@@ -7,6 +7,7 @@ import math
 
 import click
 
+from kvtune.costmodel.engines import REGISTRY
 from kvtune.costmodel.errors import InputError
 from kvtune.optimizer.output import STDOUT, json_document
 from kvtune.optimizer.output import check_output_folder, check_output_path, output_folder, write_atomic  # noqa: F401 (the commands import them from here)
@@ -199,3 +200,20 @@ class Choice(click.Choice):
         flags = [o for o in (param.opts if param is not None else []) if o.startswith("--")] or \
             (list(param.opts) if param is not None else ["value"])
         raise InputError(f"{flags[0]} must be one of {', '.join(map(str, self.choices))}, got {value!r}")
+
+
+class EngineChoice(Choice):
+    """``--engine``: the engines registered when the command line is read (``costmodel.engines.REGISTRY``),
+    so an engine added at run time (``costmodel.engines.register``, its home in ``optimizer.launch.registry``)
+    is a choice as the built-in ones are; a tuple of names taken when the module loaded holds those only."""
+
+    def __init__(self) -> None:
+        super().__init__(tuple(REGISTRY))
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(REGISTRY)
+
+    @choices.setter
+    def choices(self, _value) -> None:   # click.Choice.__init__ sets it; the registry answers instead
+        pass

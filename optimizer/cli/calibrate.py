@@ -8,21 +8,20 @@ from pathlib import Path
 
 import click
 
-from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.closed_loop import STAGGERED_ENGINES
 from kvtune.costmodel.fit import CV_KINDS, FIT_METRICS, RowPredictor, held_out_mape
 from kvtune.optimizer.calibrate_held_out import IF_WORSE
 from kvtune.costmodel.profile_table import contradictions
 
-from ._common import STDOUT, Choice, check_json_dest, check_output_path, echo_table, emit_json, json_option, save_or_show
+from ._common import STDOUT, Choice, EngineChoice, check_json_dest, check_output_path, echo_table, emit_json, json_option, save_or_show
 
 
 @click.command("calibrate")
 @click.argument("tables", nargs=-1, required=True)
 @click.option("--gpu", default="h100-sxm", show_default=True,
               help="Catalog GPU name, or a hardware YAML file (see profiles/hardware-cpu-example.yaml).")
-@click.option("--engine", type=Choice(list(ENGINE_NAMES)), default=None,
+@click.option("--engine", type=EngineChoice(), default=None,
               help="Use only this engine's rows (rows that name no engine count).")
 @click.option("--base", default="ideal", show_default=True,
               help="Start (and value of unfitted parameters): ideal, calibrated (the shipped one) or a calibration file.")

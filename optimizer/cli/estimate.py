@@ -7,13 +7,12 @@ from dataclasses import replace
 import click
 
 from kvtune.costmodel import SpecConfig, estimate, get_model
-from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import InputError
 from kvtune.costmodel.memory import GPU_MEM_UTIL
 from kvtune.costmodel.draft import draft_footprint
 from kvtune.costmodel.step import DRAFT_COST, SPEC_METHOD
 
-from ._common import Choice, echo_table, emit_json, json_option, parse_int_list
+from ._common import Choice, EngineChoice, echo_table, emit_json, json_option, parse_int_list
 
 
 @click.command("estimate")
@@ -26,7 +25,7 @@ from ._common import Choice, echo_table, emit_json, json_option, parse_int_list
 @click.option("--kv-dtype", type=Choice(["bf16", "fp8"]), default="bf16", show_default=True)
 @click.option("--mode", type=Choice(["ideal", "calibrated"]), default="calibrated", show_default=True)
 @click.option("--calibration", default=None, help="Calibration file, shipped name or 'ideal' (calibrated mode).")
-@click.option("--engine", type=Choice(list(ENGINE_NAMES)), default=None,
+@click.option("--engine", type=EngineChoice(), default=None,
               help="Pick the shipped calibration fitted for this engine.")
 @click.option("--profile", default=None,
               help="Measured profile table: its decode step times inside its range, the calibration outside.")

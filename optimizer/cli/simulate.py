@@ -8,6 +8,8 @@ its percentiles and attainment are solve's (``optimizer.check``)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import dataclasses
 import math
 import time
@@ -18,7 +20,7 @@ from kvtune.costmodel import get_model
 from kvtune.costmodel.closed_loop import CLIENT_STARTS, default_clients, run_closed_loop
 from kvtune.costmodel.draft import draft_footprint
 from kvtune.costmodel.dtypes import KNOWN as DTYPE_NAMES  # bf16, fp8, fp16, GGUF q8_0/q4_0/...
-from kvtune.costmodel.engines import ENGINE_NAMES
+from kvtune.costmodel.engines import REGISTRY
 from kvtune.costmodel.errors import Infeasible, InputError
 from kvtune.costmodel.goodput import goodput
 from kvtune.costmodel.memory import BLOCK_TOKENS
@@ -89,7 +91,7 @@ class _Float(click.ParamType):
 class _Choice(click.ParamType):
     name = "choice"
 
-    def __init__(self, choices: tuple[str, ...]):
+    def __init__(self, choices: Collection[str]):
         self.choices = choices
 
     def convert(self, value, param, ctx):
@@ -122,7 +124,7 @@ def _config_options(f):
         click.option("--mode", type=_Choice(("calibrated", "ideal")), default="calibrated", show_default=True),
         click.option("--calibration", default=None,
                      help="Calibration file, shipped name or 'ideal' (default: the workload's, else the shipped one)."),
-        click.option("--engine", type=_Choice(ENGINE_NAMES), default=None,
+        click.option("--engine", type=_Choice(REGISTRY), default=None,   # the registry: an engine added at run time too
                      help="Use the shipped calibration fitted for this engine (overrides the workload's engine and "
                           "calibration unless --calibration is given)."),
         click.option("--profile", default=None,

@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.engines import REGISTRY as ENGINE_POLICIES
 from kvtune.costmodel.errors import Infeasible, InputError
 from kvtune.optimizer import space
 from kvtune.optimizer.storage import check_shared_storage
 
-from ._common import MAX_SEED, STDOUT, Choice, check_json_dest, check_output_folder, dumps, json_document, \
+from ._common import MAX_SEED, STDOUT, Choice, EngineChoice, check_json_dest, check_output_folder, dumps, json_document, \
     json_option, output_folder, parse_int, write_atomic
 from ._plan import check_plan_dest, plan_lines, plan_option, write_plan
 
@@ -158,7 +157,7 @@ class _Progress:
 @click.option("--verify-top", type=_Int(1), default=None, help="max_goodput: configs fully verified before the simulator race (default 4).")
 @click.option("--calibration", default=None,
               help="Calibration file, shipped name or 'ideal' (default: the workload's calibration:, else the shipped one).")
-@click.option("--engine", type=Choice(ENGINE_NAMES), default=None,
+@click.option("--engine", type=EngineChoice(), default=None,
               help="vllm | sglang | trtllm | llamacpp: the engine to launch and its shipped calibration (overrides "
                    "the workload's engine: and calibration: unless --calibration is given).")
 @click.option("--profile", default=None,

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import click
 
-from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import Infeasible, InputError
 
-from ._common import STDOUT, Choice, Float, FloatList, Int, endpoint_options, parse_int
+from ._common import STDOUT, Choice, EngineChoice, Float, FloatList, Int, endpoint_options, parse_int
 from ._plan import check_plan_dest, plan_lines, plan_option, write_plan
 
 __all__ = ["tune_cmd", "COMMANDS"]
@@ -100,7 +99,7 @@ def _swap_in(tmp: Path, out: Path) -> None:
 
 @click.command("tune")
 @click.argument("workload", type=click.Path(dir_okay=False))
-@click.option("--engine", type=Choice(ENGINE_NAMES), default=None, help="llamacpp | vllm | sglang: the engine kvtune starts per config from its "
+@click.option("--engine", type=EngineChoice(), default=None, help="llamacpp | vllm | sglang: the engine kvtune starts per config from its "
               "own launch settings (default: the workload's engine:).")
 @click.option("--engine-bin", default=None, help="The engine's executable: llama-server, vllm, or for SGLang the "
               "Python that has sglang (default: found on PATH; SGLang: this Python).")

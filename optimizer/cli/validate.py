@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import click
 
-from kvtune.costmodel.engines import ENGINE_NAMES
 from kvtune.costmodel.errors import InputError
 
-from ._common import Choice, echo_table, emit_json, json_option
+from ._common import Choice, EngineChoice, echo_table, emit_json, json_option
 
 
 @click.command("validate")
@@ -15,7 +14,7 @@ from ._common import Choice, echo_table, emit_json, json_option
 @click.option("--calibration", default=None,
               help="Calibration file or shipped name (default: the shipped one for each row's GPU and engine; "
                    "ideal where kvtune ships none).")
-@click.option("--engine", type=Choice(list(ENGINE_NAMES)), default=None,
+@click.option("--engine", type=EngineChoice(), default=None,
               help="Only this engine's rows (rows that name no engine count), with its calibration.")
 @click.option("--gpu", default=None,
               help="Catalog GPU name or hardware YAML file for every row (default: each row's gpu column).")

@@ -165,3 +165,36 @@ def test_tune_starts_it_from_its_launch_line_and_reads_it_back_as_planned(engine
                                         "stream": True}, 20)
         assert r.ok and r.output_tokens == 8
     assert eng.process.returncode() is not None
+
+
+def test_the_cli_takes_it_as_an_engine_choice(engine, tmp_path):
+    """--engine reads the registry when the command line is read: an engine registered at run time
+    (the toy) is solved and launched through the CLI as a built-in one is, and named in --help."""
+    import json
+
+    import yaml
+
+    from helpers import kvtune
+    from tiny_workload import tiny_8b
+    caps = policies.capabilities_for(engine)
+    if "aggregated" not in caps.deployments or caps.loader == "gguf":
+        pytest.skip(f"{engine}: the tiny 8B workload is not one it serves (GPU, bf16 weights)")
+    wl = tmp_path / "w.yaml"
+    kv = "bf16" if "bf16" in caps.kv_dtypes else caps.kv_dtypes[0]
+    wl.write_text(yaml.safe_dump(tiny_8b({"tp": [1], "batch_cap": [16, 64], "kv_dtype": [kv], "trials": 6, "seed": 0,
+                                          "deployment": ["aggregated"]})))
+    code, out = kvtune("solve", wl, "--engine", engine, "--json", tmp_path / "r.json")
+    assert code == 0, out
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["engine"] == engine and r["launch"][engine], r["launch"].keys()   # its launch line, from its home
+    code, helptext = kvtune("solve", "--help")
+    assert code == 0 and engine in helptext
+    if engine == "toy":   # once unregistered it is refused in kvtune's one line
+        registry.unregister("toy")
+        policies.unregister("toy")
+        try:
+            code, out = kvtune("solve", wl, "--engine", "toy")
+            assert code == 2 and "--engine must be one of" in out and "got 'toy'" in out, out
+        finally:
+            policies.register(toy_policy.TOY)
+            registry.register(toy_home.HOME)
