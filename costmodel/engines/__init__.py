@@ -8,9 +8,10 @@ rows, and what kvtune can launch on the engine version its launch settings targe
 one table in ``capabilities.py``). The step models, ``fit``, ``calibrate``, ``optimizer.step_factory`` and the CLI read this
 registry; to add an engine, add a module beside ``vllm.py`` and list it in ``_ALL`` (its launch
 line, version and tune adapter: one module in ``optimizer.launch``, registered in
-``optimizer.launch.registry``). ``register`` adds one at run time (the tests' toy engine); names
-taken from the registry when a module loads (``ENGINE_NAMES``, ``closed_loop.STAGGERED_ENGINES``)
-hold the built-in engines only.
+``optimizer.launch.registry``). ``register`` adds one at run time (the tests' toy engine): the CLI's
+``--engine``, the workload reader and the calibration lookup read ``REGISTRY`` when they run, so it
+is a choice there; names taken when a module loads (``ENGINE_NAMES``, ``closed_loop.STAGGERED_ENGINES``,
+calibrate's fit rules) hold the built-in engines only.
 """
 
 from __future__ import annotations
