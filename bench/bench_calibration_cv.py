@@ -177,7 +177,9 @@ the simulator (`costmodel`) predicting measured public H100 rows (`profiles/tabl
 engine's calibration fit in turn and predicted; cells are the median over the group's rows of
 |predicted / measured - 1| in %. "not measured": the source rows carry no such figure (the silicon runs
 record mean TTFT and mean TPOT only; throughput is measured only in the TensorRT-LLM 0.9 static-batch
-points; no row records TTFT p90/p99). This is today's model, the "before" of issue 35's TTFT work;
+points; no row records TTFT p90/p99). The vLLM groups were re-run after their BF16 rows were simulated as
+their benchmark ran them (`stats_window` whole_run, 20 x C requests, clients starting together: the
+converter, bench/fit_shipped_calibrations.py); the other groups are the "before" of issue 35's TTFT work.
 tests/measure/test_calibration_cv.py pins it so it may only improve.
 
 """

@@ -64,6 +64,22 @@ QUEUED_ONE = {"trtllm"}
 BENCH_BUDGET_EXTRA_TOKENS = 1500
 
 
+# num_requests = 20 x concurrency, stats_window = whole_run (the same vLLM BF16 rows, inferred like
+# their budget, from the same generated benchmark): aiconfigurator's benchmark script runs
+# `aiperf profile --concurrency C --num-requests C x 20 --warmup-request-count 2C`
+# (generator/config/backend_templates/benchmark/bench_run.sh.j2, BENCH_MULTI_ROUND=20, commit
+# 095f58a51), and AIPerf finishes the warm-up phase before its profiling phase starts all C clients
+# at once on the idle engine and averages every one of its requests (costmodel.closed_loop
+# STATS_WINDOWS). So the measured mean holds the first, bunched round and the drain.
+BENCH_ROUNDS = 20
+
+
+def _vllm_bench_rounds(engine: str, weight_dtype: str, concurrency: int) -> tuple[int | None, str]:
+    if engine == "vllm" and weight_dtype == "bf16":
+        return BENCH_ROUNDS * concurrency, "whole_run"
+    return None, ""
+
+
 def _vllm_bench_budget(engine: str, weight_dtype: str, concurrency: int, isl: int) -> int | None:
     if engine == "vllm" and weight_dtype == "bf16":
         return concurrency + isl + BENCH_BUDGET_EXTRA_TOKENS
@@ -76,6 +92,7 @@ def convert_silicon(src: Path) -> list[ProfileRow]:
         for r in csv.DictReader(f):
             wd = r["precision"].lower()
             c = int(r["concurrency"])
+            n_req, window = _vllm_bench_rounds(ENGINE[r["engine"]], wd, c)
             rows.append(ProfileRow(
                 id=r["id"], kind="request", gpu="h100-sxm", engine=ENGINE[r["engine"]],
                 engine_version=r["engine_version"], model=MODEL[r["model"]], weight_dtype=wd,
@@ -85,7 +102,7 @@ def convert_silicon(src: Path) -> list[ProfileRow]:
                 chunk_tokens=_vllm_bench_budget(ENGINE[r["engine"]], wd, c, int(r["isl"])),
                 input_tokens=int(r["isl"]),
                 output_tokens=int(r["osl"]), ttft_mean_ms=float(r["ttft_ms"]),
-                tpot_mean_ms=float(r["tpot_ms"])))
+                tpot_mean_ms=float(r["tpot_ms"]), num_requests=n_req, stats_window=window))
     return rows
 
 
@@ -99,6 +116,9 @@ SILICON_META = """\
 # chunk_tokens (vLLM BF16 rows only) = concurrency + input_tokens + 1500, inferred, not recorded:
 # aiconfigurator's benchmark mode sets --max-num-batched-tokens = max_batch_size + isl + 1500
 # (generator/rule_plugin/benchmark/vllm.rule; see the converter).
+# num_requests = 20 x concurrency and stats_window = whole_run (the same vLLM BF16 rows), inferred:
+# that benchmark runs aiperf with --num-requests C x 20 after a warm-up phase, its profiling phase
+# starts every client at once and its means count every request (see the converter).
 # source = original file and id. Converted by bench/fit_shipped_calibrations.py.
 gpu: h100-sxm
 date: ""

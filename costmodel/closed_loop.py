@@ -54,10 +54,19 @@ from .errors import InputError
 from .requests import Requests
 from .simulate import simulate
 
-__all__ = ["CLIENT_STARTS", "STAGGERED_ENGINES", "default_clients", "client_starts_s", "measured_window",
+__all__ = ["CLIENT_STARTS", "STATS_WINDOWS", "STAGGERED_ENGINES", "default_clients", "client_starts_s", "measured_window",
            "run_closed_loop", "ENGINE_ALIASES", "canonical_engine"]
 
 CLIENT_STARTS = ("burst", "staggered")
+# which requests a closed-loop run's statistics cover: ``steady`` leaves out the first and last C
+# (warm-up and drain: a long run's steady state); ``whole_run`` counts every request, as a load
+# tool whose measured phase starts on an idle engine with all C clients at once does (AIPerf:
+# ``TimingManager`` runs its warm-up phase to completion, every credit returned, before the
+# profiling phase starts, and the concurrency mode then drops C credits at interval 0 -
+# ai-dynamo/aiperf ``aiperf/timing/credit_issuing_strategy.py`` ``_execute_phases``,
+# ``request_rate_strategy.py`` ``ConcurrencyBurstRateGenerator``, commit db4f6397; its metrics
+# are over every profiling-phase record)
+STATS_WINDOWS = ("steady", "whole_run")
 # engines whose scheduler mixes prefill chunks into decode steps, so a burst of clients drifts
 # apart (see the module doc); the others (SGLang's prefill-first default) stay in lock-step
 STAGGERED_ENGINES = frozenset(e.name for e in REGISTRY.values() if e.staggered_clients)  # costmodel.engines
@@ -97,22 +106,26 @@ def client_starts_s(step, concurrency: int, isl: float, osl: float, cap: int, ch
     return starts
 
 
-def measured_window(n: int, concurrency: int) -> np.ndarray:
+def measured_window(n: int, concurrency: int, window: str = "steady") -> np.ndarray:
     """Which of ``n`` requests (in send order) the statistics use: all but the first and the last
-    ``concurrency`` (warm-up and drain), or all of them when the run is too short to drop both."""
+    ``concurrency`` (warm-up and drain), or all of them when the run is too short to drop both or
+    ``window`` is ``whole_run`` (``STATS_WINDOWS``)."""
+    if window not in STATS_WINDOWS:
+        raise InputError(f"closed loop: window must be one of {', '.join(STATS_WINDOWS)}, got {window!r}")
     keep = np.zeros(n, dtype=bool)
-    if n > 2 * concurrency:
+    if window == "steady" and n > 2 * concurrency:
         keep[concurrency:n - concurrency] = True
     else:
         keep[:] = True
     return keep
 
 
-def run_closed_loop(step, requests: Requests, config, concurrency: int, clients: str, seed: int = 0):
+def run_closed_loop(step, requests: Requests, config, concurrency: int, clients: str, seed: int = 0,
+                    window: str = "steady"):
     """Simulate ``concurrency`` clients working through ``requests`` in order (client ``i`` sends
     request ``i`` first, at ``client_starts_s``; each client's next request goes when its last one
     completes). Returns the simulator's ``SimResult`` with ``measured`` set to
-    ``measured_window`` and ``slo_attainment`` over those requests."""
+    ``measured_window`` (``window``) and ``slo_attainment`` over those requests."""
     n = len(requests)
     if isinstance(concurrency, bool) or not isinstance(concurrency, (int, np.integer)) or concurrency < 1:
         raise InputError(f"closed loop: concurrency must be an integer >= 1, got {concurrency!r}")
@@ -125,6 +138,6 @@ def run_closed_loop(step, requests: Requests, config, concurrency: int, clients:
     arrival[:c] = client_starts_s(step, c, isl, osl, min(config.batch_cap, c), config.chunk_tokens, clients)
     reqs = dataclasses.replace(requests, arrival_s=arrival)
     res = simulate(step, reqs, config, arrival="closed", concurrency=c, seed=seed, warmup_frac=0.0)
-    keep = measured_window(n, c)
+    keep = measured_window(n, c, window)
     att = float(np.mean(np.asarray(res.met_slo)[keep])) if keep.any() else float("nan")
     return dataclasses.replace(res, measured=keep, slo_attainment=att)

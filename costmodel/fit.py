@@ -187,7 +187,9 @@ class RowPredictor:
     (model, TP, dtypes). Request rows run the simulator: a closed loop at the row's concurrency
     (``costmodel.closed_loop.run_closed_loop``, the same path as ``kvtune simulate --concurrency``)
     with ``max(requests_per_client x C, min_requests)`` requests, the clients starting as the
-    engine's benchmark does (``stagger``), warm-up and drain left out of the means; or an
+    engine's benchmark does (``stagger``), warm-up and drain left out of the means (a row whose
+    ``stats_window`` is ``whole_run``: its ``num_requests``, every client starting at once, every
+    request in the means, as its load tool counted them); or an
     all-at-once batch of ``num_requests`` (output tok/s = tokens / makespan). ``chunk_tokens`` is
     the engine's prefill token budget unless the row records its own (``chunk_tokens`` on a
     request row: llama.cpp's ``-b``).
@@ -217,7 +219,12 @@ class RowPredictor:
         return out
 
     def clients(self, row: ProfileRow) -> str:
-        """``staggered`` or ``burst`` for this row's closed loop (``costmodel.closed_loop``)."""
+        """``staggered`` or ``burst`` for this row's closed loop (``costmodel.closed_loop``). A
+        whole-run row starts ``burst``: its load tool sent the first C requests at once to an idle
+        engine and counted them (``closed_loop.STATS_WINDOWS``); a staggered start stands in for a
+        long run's drifted steady state only, which such a row's means do not stop at."""
+        if row.stats_window == "whole_run":
+            return "burst"
         if isinstance(self.stagger, bool):
             return "staggered" if self.stagger else "burst"
         return "staggered" if canonical_engine(row.engine) in self.stagger else "burst"
@@ -256,6 +263,9 @@ class RowPredictor:
         if row.rate_req_s is not None and math.isinf(row.rate_req_s):
             n = row.num_requests or row.concurrency or 0
             what = f"num_requests {n:,}"
+        elif row.stats_window == "whole_run" and row.num_requests:
+            n = row.num_requests
+            what = f"num_requests {n:,}"
         else:
             c = row.concurrency or 0
             n = max(self.requests_per_client * c, self.min_requests)
@@ -267,7 +277,7 @@ class RowPredictor:
 
     def closed_loop_requests(self, row: ProfileRow):
         """The requests a closed-loop row is simulated with: ``max(requests_per_client x C,
-        min_requests)`` identical ones."""
+        min_requests)`` identical ones (a whole-run row: its ``num_requests``)."""
         c, isl, osl = row.concurrency, row.input_tokens, row.output_tokens
         if c is None or isl is None or osl is None:
             raise InputError(f"row {row.id}: a closed-loop row needs concurrency, input_tokens and output_tokens")
@@ -292,7 +302,7 @@ class RowPredictor:
         c = row.concurrency
         cap = min(row.batch_cap or c, c)  # an engine cap below the clients leaves requests queued
         res = run_closed_loop(sm, self.closed_loop_requests(row), self.sim_config(row, cap), c, self.clients(row),
-                              self.seed)
+                              self.seed, window=row.stats_window or "steady")
         keep = np.asarray(res.measured)
         ttft, tpot = np.asarray(res.ttft_s)[keep], np.asarray(res.tpot_s)[keep]
         out = {"ttft_ms": float(ttft.mean() * 1e3), "tpot_ms": float(tpot.mean() * 1e3) if osl > 1 else math.nan}

@@ -48,8 +48,15 @@ REQUEST_COLUMNS = ("concurrency", "batch_cap", "scheduler", "kv_pool_tokens", "r
 # to the table's folder.
 RUN_COLUMNS = ("threads", "loadavg_1m")
 OPEN_LOOP_COLUMNS = ("slo_ttft_ms", "slo_tpot_ms", "attainment", "requests_file")
-COLUMNS = ("id", "kind") + METADATA_COLUMNS + STEP_COLUMNS + REQUEST_COLUMNS + RUN_COLUMNS + OPEN_LOOP_COLUMNS
+# Optional on a closed-loop row (tables without it read as before): which requests its statistics
+# cover (costmodel.closed_loop.STATS_WINDOWS; empty: steady). whole_run: the load tool's measured
+# phase started on an idle engine with every client at once and its means are over all of its
+# num_requests requests (AIPerf's profiling phase), so the fit simulates that run whole.
+CLOSED_LOOP_COLUMNS = ("stats_window",)
+COLUMNS = ("id", "kind") + METADATA_COLUMNS + STEP_COLUMNS + REQUEST_COLUMNS + RUN_COLUMNS + OPEN_LOOP_COLUMNS \
+    + CLOSED_LOOP_COLUMNS
 SCHEDULERS = ("", "mixed", "prefill_first")
+STATS_WINDOW_VALUES = ("", "steady", "whole_run")  # closed_loop.STATS_WINDOWS, or empty
 
 _INT = {"threads", "tp", "batch", "context_tokens", "chunk_tokens", "spec_k", "concurrency", "batch_cap", "kv_pool_tokens", "input_tokens",
         "output_tokens", "num_requests"}
@@ -103,6 +110,7 @@ class ProfileRow:
     slo_tpot_ms: float | None = None
     attainment: float | None = None   # open loop: share of the non-warm-up requests meeting both targets
     requests_file: str = ""           # open loop: the per-request log, relative to the table's folder
+    stats_window: str = ""            # closed loop: steady | whole_run | "" (steady)
     # the folder of the table the row was read from (not a column): where requests_file is found
     table_dir: str = field(default="", compare=False, repr=False)
 
@@ -249,6 +257,12 @@ def _read_rows(p: Path, text: str, meta: dict) -> list[ProfileRow]:
             if vals.get("scheduler", "") not in SCHEDULERS:
                 raise InputError(f"{p}: line {i}: column scheduler = {vals['scheduler']!r}, expected "
                                  f"{' or '.join(x for x in SCHEDULERS if x)} (or empty: the engine's default)")
+            if vals.get("stats_window", "") not in STATS_WINDOW_VALUES:
+                raise InputError(f"{p}: line {i}: column stats_window = {vals['stats_window']!r}, expected steady or "
+                                 f"whole_run (or empty: steady)")
+            if vals.get("stats_window") == "whole_run" and ("concurrency" not in vals or "num_requests" not in vals):
+                raise InputError(f"{p}: line {i}: column stats_window = 'whole_run' needs concurrency and num_requests "
+                                 f"(the closed-loop run whose requests the statistics cover)")
             for key in ("batch_cap", "kv_pool_tokens"):
                 if vals.get(key) is not None and vals[key] < 1:
                     raise InputError(f"{p}: line {i}: column {key} = {vals[key]}, expected at least 1")

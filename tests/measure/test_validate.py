@@ -11,7 +11,9 @@ import yaml
 
 from kvtune.costmodel import get_gpu
 from kvtune.costmodel.calibration import efficiency_for
-from kvtune.costmodel.closed_loop import STAGGERED_ENGINES, default_clients, measured_window
+from kvtune.costmodel.closed_loop import STAGGERED_ENGINES, default_clients, measured_window, run_closed_loop
+from kvtune.costmodel.errors import InputError
+from kvtune.costmodel.requests import Requests
 from kvtune.costmodel.dtypes import BYTES_PER_ELEMENT, canonical
 from kvtune.costmodel.fit import RowPredictor
 from kvtune.costmodel.profile_table import ProfileRow, read_table
@@ -57,6 +59,48 @@ def test_default_clients_follow_the_engines_scheduler():
     keep = measured_window(10, 3)
     assert keep.tolist() == [False] * 3 + [True] * 4 + [False] * 3
     assert measured_window(5, 3).all()  # too short to drop both ends: every request counts
+    assert measured_window(10, 3, "whole_run").all()  # a load tool that counts its whole run
+    with pytest.raises(InputError, match="window must be one of steady, whole_run"):
+        measured_window(10, 3, "all")
+
+
+def _whole_run_row(**kw) -> ProfileRow:
+    base = dict(id="w", kind="request", gpu="h100-sxm", engine="vllm", model="llama-3.1-8b", concurrency=8,
+                input_tokens=2048, output_tokens=64, ttft_mean_ms=1.0, tpot_mean_ms=1.0, chunk_tokens=2048 + 8 + 1500)
+    return ProfileRow(**{**base, **kw})
+
+
+def test_whole_run_row_is_simulated_as_its_load_tool_ran_it():
+    """A row whose means cover its whole run (AIPerf: every client starts at once on an idle engine,
+    every request counted) is simulated with its num_requests requests, a burst start and no
+    request left out; the first, bunched round then raises the mean TTFT over the steady rows'."""
+    gpu = get_gpu("h100-sxm")
+    eff = efficiency_for("calibrated", "h100-sxm", engine="vllm")
+    row = _whole_run_row(num_requests=160, stats_window="whole_run")
+    pred = RowPredictor(gpu, stagger=STAGGERED_ENGINES)
+    assert pred.clients(row) == "burst" and pred.simulated_requests(row) == 160
+    got = pred([row], eff)[0]
+    sm = pred.step_model(row, eff)
+    res = run_closed_loop(sm, Requests.uniform(160, 2048, 64), pred.sim_config(row, 8), 8, "burst", window="whole_run")
+    assert np.asarray(res.measured).all()
+    assert got["ttft_ms"] == pytest.approx(float(np.mean(res.ttft_s)) * 1e3, rel=1e-9)
+    steady = pred([_whole_run_row(num_requests=160)], eff)[0]   # no stats_window: steady, staggered
+    assert got["ttft_ms"] > steady["ttft_ms"]
+
+
+def test_whole_run_window_needs_the_runs_request_count(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("id,kind,engine,concurrency,input_tokens,output_tokens,ttft_mean_ms,stats_window\n"
+                 "a,request,vllm,8,128,16,10,whole_run\n")
+    with pytest.raises(InputError, match="stats_window = 'whole_run' needs concurrency and num_requests"):
+        read_table(p)
+    p.write_text("id,kind,engine,concurrency,input_tokens,output_tokens,ttft_mean_ms,num_requests,stats_window\n"
+                 "a,request,vllm,8,128,16,10,160,everything\n")
+    with pytest.raises(InputError, match="stats_window = 'everything', expected steady or whole_run"):
+        read_table(p)
+    p.write_text("id,kind,engine,concurrency,input_tokens,output_tokens,ttft_mean_ms,num_requests,stats_window\n"
+                 "a,request,vllm,8,128,16,10,160,whole_run\n")
+    assert read_table(p)[0].stats_window == "whole_run"
 
 
 def test_staggered_clients_cut_burst_ttft_on_vllm():
