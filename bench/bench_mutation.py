@@ -90,7 +90,8 @@ MODULES: dict[str, list[str]] = {
     # with each engine's home (its adapter and read-back): the shared engine suite and the adapters' tests
     "optimizer/launch": ["tests/engines/test_launch.py", "tests/engines/test_launch_disagg.py", "tests/engines/test_launch_contracts.py",
                          "tests/engines/test_capabilities.py", "tests/engines/test_launch_units.py",
-                         "tests/engines/test_engine_suite.py", "tests/engines/test_tune_adapters.py"],
+                         "tests/engines/test_engine_suite.py", "tests/engines/test_tune_adapters.py",
+                         "tests/engines/test_platforms.py"],   # Dynamo, llm-d and KServe: launch/dynamo.py, llmd.py, ...
 }
 # Never selected: the golden runs (tests/costmodel/test_sim_golden.py) kill any change by its hash without
 # saying what is wrong; a mutant counts as killed only by a test that checks a property or a value.

@@ -205,3 +205,36 @@ def test_a_missing_binary_or_model_file_is_one_line(shims):
 ])
 def test_model_matches(served, names, ok):
     assert model_matches(served, names) is ok
+
+
+@pytest.mark.parametrize("slots, want", [([{"id": 0, "is_processing": False}, {"id": 1, "is_processing": True}], True),
+                                         ([{"id": 0, "is_processing": False}], False),
+                                         ({"error": "slots endpoint disabled"}, None)])
+def test_llama_servers_slots_say_whether_a_request_is_still_in_it(slots, want):
+    """Before the next run the engine must be idle (adapters.base.wait_idle): llama-server's /slots
+    says so per slot (``is_processing``); a server that does not list them cannot tell (None)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from kvtune.optimizer.launch.llamacpp import LlamaCpp
+
+    class Slots(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):  # noqa: N802
+            body = json.dumps(slots).encode()
+            self.send_response(200 if self.path == "/slots" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Slots)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert LlamaCpp().busy(f"http://127.0.0.1:{srv.server_address[1]}") is want
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -111,3 +111,34 @@ def test_a_capacity_limited_goodput_is_never_above_the_simulated_saturated_throu
     assert g.capacity_limited and g.goodput_req_s > 0
     assert g.saturated_req_s is not None and g.goodput_req_s <= g.saturated_req_s * (1 + 1e-12)
     assert g.goodput_req_s <= g.upper_bound_req_s * (1 + 1e-12)
+
+
+# ---- the screen's value (what the optuna sampler climbs and the race's prior order reads) ------------------
+def _screen(o, usd=10.0, headroom=0.0, aggressiveness=0.0, feasible=True, goodput=8.0, gpus=2, usd_gpu=2.0, worst=100.0):
+    return o.screen_value(usd, goodput, gpus, usd_gpu, headroom, aggressiveness, feasible, worst)
+
+
+def test_min_cost_screens_by_cost_then_a_bounded_headroom_bonus_then_parsimony():
+    from kvtune.optimizer.objective import MinCost
+    o = MinCost()
+    assert _screen(o) == 10.0
+    # infeasible: twice the dearest deployment max_nodes allows, above every feasible value
+    assert _screen(o, feasible=False, headroom=0.5) == 200.0
+    # headroom earns at most GOODPUT_BONUS of the $/h; none below zero headroom
+    assert _screen(o, headroom=0.5) == pytest.approx(10.0 * (1 - o.GOODPUT_BONUS * 0.5))
+    assert _screen(o, headroom=3.0) == pytest.approx(10.0 * (1 - o.GOODPUT_BONUS))
+    assert _screen(o, headroom=-2.0) == 10.0
+    # the more aggressive settings (larger cap and chunk) lose PARSIMONY of the $/h
+    assert _screen(o, aggressiveness=1.0) == pytest.approx(10.0 * (1 + o.PARSIMONY))
+    # never enough to reorder two costs: the cheaper config with no headroom and the most aggressive
+    # settings still screens below a dearer one with the most headroom
+    assert _screen(o, usd=9.5, aggressiveness=1.0) < _screen(o, usd=10.0, headroom=1.0)
+
+
+def test_max_goodput_screens_by_goodput_per_dollar():
+    from kvtune.optimizer.objective import MaxGoodput
+    o = MaxGoodput()
+    # 8 req/s on a 2-GPU replica at $2 per GPU-hour: 2 req/s per $/h, negated (lower is better)
+    assert _screen(o, goodput=8.0, gpus=2, usd_gpu=2.0) == pytest.approx(-2.0)
+    assert _screen(o, goodput=8.0, gpus=4, usd_gpu=2.0) == pytest.approx(-1.0)
+    assert _screen(o, goodput=8.0, gpus=2, usd_gpu=4.0) == pytest.approx(-1.0)
