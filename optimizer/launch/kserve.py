@@ -85,6 +85,11 @@ def _multi_node_reason(p: LaunchPick) -> str:
     if p.dp_attention and p.pp == 1:
         return (f"{shape}: KServe's multi-node preset runs attention-data-parallel vLLM aggregated only "
                 f"(config-llm-worker-data-parallel.yaml); use the LeaderWorkerSet manifest (k8s)")
+    if p.dp_attention:
+        return (f"{shape}, attention data-parallel: KServe {KSERVE.version}'s data-parallel preset "
+                f"(config-llm-worker-data-parallel.yaml) writes no pipeline size and its pipeline-parallel preset "
+                f"{PIPELINE_PRESET} is not shipped (named in pkg/controller/v1alpha2/llmisvc/config_merge.go, absent "
+                f"from config/llmisvcconfig/ at v{KSERVE.version}); use the LeaderWorkerSet manifest (k8s) or Dynamo")
     return (f"{shape}: KServe {KSERVE.version} selects the preset {PIPELINE_PRESET} for spec.worker with "
             f"spec.parallelism.pipeline (pkg/controller/v1alpha2/llmisvc/config_merge.go) but does not ship it "
             f"(config/llmisvcconfig/ at v{KSERVE.version} has data-parallel worker presets only; the "

@@ -86,6 +86,10 @@ def _multi_node_reason(p: LaunchPick, aggregated: bool) -> str:
     shape = f"one replica spans {p.nodes} nodes (TP {p.tp} x PP {p.pp})"
     if not aggregated:
         return f"{shape}: kvtune writes the chart's multinode form for aggregated picks only; use Dynamo or k8s"
+    if p.dp_attention:
+        return (f"{shape}, attention data-parallel: the chart's parallelism has no pipeline field (values.schema.json) "
+                f"and counts a pod's GPUs as tensor x dataLocal (_helpers.tpl numGpuPerWorker); kvtune writes DP "
+                f"attention over nodes with PP 1 only; use the LeaderWorkerSet manifest (k8s) or Dynamo")
     return (f"{shape}: the chart counts a pod's GPUs as parallelism.tensor x dataLocal (_helpers.tpl "
             f"numGpuPerWorker) and kvtune writes TP x PP over its nodes only with TP = a pod's "
             f"{p.gpus_per_pod} GPUs; use the LeaderWorkerSet manifest (k8s) or Dynamo")

@@ -275,6 +275,11 @@ KINDS = {
                                 "spec_k": 0, "chunk_tokens": 4096}, 1, 0.9, None, arch=DSV3, gpu=H100, weights="fp8",
                    activation_reserve_bytes=2e9, max_request_tokens=9200, max_prompt_tokens=8000),
         "kvtune-deepseek-v3", None, TARGETS),
+    "multinode-dsv3-pp-dp-attention": lambda: launch_for_pick(
+        build_pick(DSV3.hf_id, {"tp": 8, "pp": 2, "ep": 8, "dp_attention": True, "batch_cap": 64,
+                                "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 4096}, 1, 0.9, None, arch=DSV3,
+                   gpu=H100, weights="fp8", activation_reserve_bytes=2e9, max_request_tokens=9200,
+                   max_prompt_tokens=8000), "kvtune-deepseek-v3", None, TARGETS),
     "multinode-405b-vllm": lambda: launch_for_pick(_pick(L405, 16), "kvtune-llama-3.1-405b", "vllm", TARGETS),
     "multinode-405b-vllm-pp": lambda: launch_for_pick(_pick(L405, 8, pp=2), "kvtune-llama-3.1-405b", "vllm",
                                                       TARGETS),
@@ -301,7 +306,8 @@ def test_every_kind_of_pick_is_schema_valid_on_every_platform(kind):
         assert svc["multinode"] == {"nodeCount": 2} and svc["resources"]["limits"]["gpu"] == "8"
         # llm-d writes DP attention and TP x PP with one TP group a node; KServe 0.20.0 only DP attention
         tp_pp = kind.startswith("multinode-405b") and kind != "multinode-405b-vllm"
-        assert set(plat["unsupported"]) == (set() if "dp-attention" in kind else {"kserve"} if tp_pp
+        dp_nodes = kind == "multinode-dsv3-dp-attention"   # DP attention, PP 1: both platforms' DP form
+        assert set(plat["unsupported"]) == (set() if dp_nodes else {"kserve"} if tp_pp
                                             else {"llmd", "kserve"}), kind
     else:
         assert plat["unsupported"] == {} and {"llmd", "kserve"} <= set(plat)
@@ -406,6 +412,14 @@ def test_a_multi_node_replica_the_platforms_cannot_run_keeps_a_one_line_reason()
     wide = KINDS["multinode-405b-vllm"]()["platforms"]["unsupported"]
     assert "\n" not in wide["llmd"] and "TP 16 x PP 1" in wide["llmd"] and "numGpuPerWorker" in wide["llmd"]
     assert "pipeline-parallel" in wide["kserve"]
+    # DeepSeek-V3 as its example solves (TP 8 x PP 2, DP attention, EP 8): neither DP form has a pipeline
+    pp_dp = KINDS["multinode-dsv3-pp-dp-attention"]()["platforms"]["unsupported"]
+    for key, evidence in (("llmd", "no pipeline field"), ("kserve", "writes no pipeline size")):
+        assert "\n" not in pp_dp[key] and "TP 8 x PP 2" in pp_dp[key] and evidence in pp_dp[key], key
+    # DeepSeek-V3 as its example solves (TP 8 x PP 2, DP attention, EP 8): neither DP form has a pipeline
+    pp_dp = KINDS["multinode-dsv3-pp-dp-attention"]()["platforms"]["unsupported"]
+    for key, evidence in (("llmd", "no pipeline field"), ("kserve", "writes no pipeline size")):
+        assert "\n" not in pp_dp[key] and "TP 8 x PP 2" in pp_dp[key] and evidence in pp_dp[key], key
     dis = disaggregated_launch(_pick(L405, 8, pp=2, replicas=1), _pick(L405, 8, pp=2, replicas=1),
                                "kvtune-llama-3.1-405b", "vllm", TARGETS)["platforms"]
     assert platform_errors(dis) == []
@@ -529,12 +543,20 @@ def test_every_solved_example_writes_schema_valid_platform_output(name, tmp_path
         assert platform_errors(plat) == [], name   # each platform's output valid, or its reason
         assert "dynamo" in plat, plat["unsupported"]
     rec = r["recommendation"]
-    if name.startswith("multinode-") and rec.get("pp", 1) > 1:
-        # a TP x PP replica over nodes: llm-d's values run the solved sizes; KServe 0.20.0 says why not
-        plat = r["launch"]["platforms"]
+    if not name.startswith("multinode-"):
+        return
+    # both multinode examples solve to a TP x PP replica over two nodes (DeepSeek-V3 with DP attention)
+    assert rec["pp"] > 1, rec
+    plat = r["launch"]["platforms"]
+    # KServe 0.20.0 names a pipeline-parallel preset it does not ship: the reason says where
+    assert "kserve-config-llm-worker-pipeline-parallel" in plat["unsupported"]["kserve"]
+    if rec["dp_attention"]:
+        # vLLM's TP 1 x DP tp x PP pp: the chart's DP form has no pipeline field, a one-line reason
+        assert "no pipeline field" in plat["unsupported"]["llmd"] and "\n" not in plat["unsupported"]["llmd"]
+    else:
+        # a TP x PP replica over nodes: llm-d's values run the solved sizes
         values = plat["llmd"]["resource"]
         assert values["multinode"] is True and values["decode"]["parallelism"]["tensor"] == rec["tp"]
         sizes = _pp_line_sizes(values)
         assert (sizes["--tensor-parallel-size"], sizes["--pipeline-parallel-size"]) == (rec["tp"], rec["pp"])
         assert values["decode"]["parallelism"]["workers"] == sizes["--nnodes"]
-        assert "kserve-config-llm-worker-pipeline-parallel" in plat["unsupported"]["kserve"]
