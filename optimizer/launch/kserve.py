@@ -14,8 +14,10 @@ checked against (the preset's own image bundles another vLLM build).
 The presets' multi-node form (``spec.worker``, a LeaderWorkerSet) is data-parallel vLLM
 (config-llm-worker-data-parallel.yaml: ``--data-parallel-size``, ``-size-local``, the start rank and
 ``--headless`` on the workers, from ``spec.parallelism``): an attention-data-parallel pick over
-several nodes (DeepSeek-style DP attention with expert parallelism) is written in that form; a
-replica whose TP x PP spans nodes gets the reason instead.
+several nodes (DeepSeek-style DP attention with expert parallelism) is written in that form. A
+replica whose TP x PP spans nodes gets the reason instead: v0.20.0's controller selects a
+pipeline-parallel preset (``kserve-config-llm-worker-pipeline-parallel``, config_merge.go) that
+the release does not ship (``_multi_node_reason``).
 
 Checked against tests/contracts/platforms/kserve-0.20.0.json (the CRD's v1alpha1 schema,
 bench/refresh_platform_schemas.py).
@@ -65,6 +67,36 @@ def _parallelism(p: LaunchPick) -> dict:
     return {"tensor": _tensor(p)}
 
 
+# the pipeline-parallel preset KServe 0.20.0's controller names but does not ship (see _multi_node_reason)
+PIPELINE_PRESET = "kserve-config-llm-worker-pipeline-parallel"
+
+
+def _multi_node_reason(p: LaunchPick) -> str:
+    """Why a multi-node replica is not written (one line). At v0.20.0 the controller picks
+    ``kserve-config-llm-worker-pipeline-parallel`` for ``spec.worker`` with ``spec.parallelism.pipeline``
+    set (pkg/controller/v1alpha2/llmisvc/config_merge.go combineBaseRefsConfig; the name is kept out of
+    WellKnownDefaultConfigs, "FIXME move those presets to well-known when they're finally known"), but
+    the release ships no such LLMInferenceServiceConfig (config/llmisvcconfig/ and
+    charts/kserve-runtime-configs/files/llmisvcconfigs/resources.yaml hold the data-parallel worker
+    presets only; the pipeline-parallel ones are in PR kserve/kserve#5315, commit 04184a46a, not in the
+    tag): getConfig finds none and the service stops at PresetsCombined=False, ConfigNotFound. With
+    neither ``data`` nor ``pipeline`` set, a worker gets no preset at all."""
+    shape = f"one replica spans {p.nodes} nodes (TP {p.tp} x PP {p.pp})"
+    if p.dp_attention and p.pp == 1:
+        return (f"{shape}: KServe's multi-node preset runs attention-data-parallel vLLM aggregated only "
+                f"(config-llm-worker-data-parallel.yaml); use the LeaderWorkerSet manifest (k8s)")
+    if p.dp_attention:
+        return (f"{shape}, attention data-parallel: KServe {KSERVE.version}'s data-parallel preset "
+                f"(config-llm-worker-data-parallel.yaml) writes no pipeline size and its pipeline-parallel preset "
+                f"{PIPELINE_PRESET} is not shipped (named in pkg/controller/v1alpha2/llmisvc/config_merge.go, absent "
+                f"from config/llmisvcconfig/ at v{KSERVE.version}); use the LeaderWorkerSet manifest (k8s) or Dynamo")
+    return (f"{shape}: KServe {KSERVE.version} selects the preset {PIPELINE_PRESET} for spec.worker with "
+            f"spec.parallelism.pipeline (pkg/controller/v1alpha2/llmisvc/config_merge.go) but does not ship it "
+            f"(config/llmisvcconfig/ at v{KSERVE.version} has data-parallel worker presets only; the "
+            f"pipeline-parallel ones are in PR kserve/kserve#5315), so the service would stop at ConfigNotFound; "
+            f"use the LeaderWorkerSet manifest (k8s) or Dynamo")
+
+
 def llm_inference_service(name: str, serve: LaunchPick | None = None, prefill: LaunchPick | None = None,
                           decode: LaunchPick | None = None) -> dict:
     """The LLMInferenceService: ``serve`` for an aggregated pick, ``prefill`` + ``decode`` for a
@@ -76,9 +108,7 @@ def llm_inference_service(name: str, serve: LaunchPick | None = None, prefill: L
         raise ValueError("llm_inference_service: give serve, or prefill and decode")
     for p in (main, prefill):
         if p is not None and p.multi_node and not (data_parallel_nodes(p) and serve is not None):
-            raise Unsupported(f"one replica spans {p.nodes} nodes (TP {p.tp} x PP {p.pp}): KServe's multi-node "
-                              f"preset runs attention-data-parallel vLLM only (config-llm-worker-data-parallel.yaml), "
-                              f"aggregated; use the LeaderWorkerSet manifest (k8s)")
+            raise Unsupported(_multi_node_reason(p))
         if p is not None:
             p.require_launchable("vllm")
     ckpt = vllm_argv(main)[0][2]

@@ -142,12 +142,12 @@ def _vllm_args_errors(model: str, tp: int, args: list[str]) -> list[str]:
 
 
 def _dp_nodes_script_errors(command: list[str], args: list[str]) -> list[str]:
-    """llm-d's multinode shell line: the vLLM command it execs, on the leader (rank 0) and on a
-    worker (``--headless``), with LWS's variables standing in as placeholders."""
+    """llm-d's multinode shell line (data-parallel or TP x PP): the vLLM command it execs, on the
+    leader (rank 0) and on a worker (``--headless``), with LWS's variables standing in as placeholders."""
     if command != ["/bin/sh", "-c"] or len(args) != 1 or " exec vllm serve " not in args[0]:
         return [f"not a shell line that execs vllm serve: {command} {args}"]
     words = shlex.split(args[0].split(" exec ", 1)[1].replace("$LWS_LEADER_ADDRESS", "$(LWS_LEADER_ADDRESS)")
-                        .replace('"$RANK"', "8"))
+                        .replace('"$RANK"', "8").replace('"$NODE_RANK"', "1"))
     if words[-1] != "$HEADLESS":
         return [f"the line does not end in $HEADLESS: {words[-3:]}"]
     return check_argv("vllm", words[:-1]) + check_argv("vllm", words[:-1] + ["--headless"])
@@ -275,7 +275,14 @@ KINDS = {
                                 "spec_k": 0, "chunk_tokens": 4096}, 1, 0.9, None, arch=DSV3, gpu=H100, weights="fp8",
                    activation_reserve_bytes=2e9, max_request_tokens=9200, max_prompt_tokens=8000),
         "kvtune-deepseek-v3", None, TARGETS),
+    "multinode-dsv3-pp-dp-attention": lambda: launch_for_pick(
+        build_pick(DSV3.hf_id, {"tp": 8, "pp": 2, "ep": 8, "dp_attention": True, "batch_cap": 64,
+                                "kv_dtype": "bf16", "spec_k": 0, "chunk_tokens": 4096}, 1, 0.9, None, arch=DSV3,
+                   gpu=H100, weights="fp8", activation_reserve_bytes=2e9, max_request_tokens=9200,
+                   max_prompt_tokens=8000), "kvtune-deepseek-v3", None, TARGETS),
     "multinode-405b-vllm": lambda: launch_for_pick(_pick(L405, 16), "kvtune-llama-3.1-405b", "vllm", TARGETS),
+    "multinode-405b-vllm-pp": lambda: launch_for_pick(_pick(L405, 8, pp=2), "kvtune-llama-3.1-405b", "vllm",
+                                                      TARGETS),
     "multinode-405b-sglang": lambda: launch_for_pick(_pick(L405, 8, pp=2), "kvtune-llama-3.1-405b", "sglang",
                                                      TARGETS),
     "disagg-70b-vllm": lambda: disaggregated_launch(_pick(L70, 2, replicas=3), _pick(L70, 4, replicas=1),
@@ -297,8 +304,11 @@ def test_every_kind_of_pick_is_schema_valid_on_every_platform(kind):
     if "multinode" in kind:
         svc = next(s for s in plat["dynamo"]["resource"]["spec"]["services"].values() if s["componentType"] == "worker")
         assert svc["multinode"] == {"nodeCount": 2} and svc["resources"]["limits"]["gpu"] == "8"
-        # llm-d's and KServe's multi-node forms are data-parallel: a TP x PP replica gets the reason
-        assert set(plat["unsupported"]) == (set() if "dp-attention" in kind else {"llmd", "kserve"})
+        # llm-d writes DP attention and TP x PP with one TP group a node; KServe 0.20.0 only DP attention
+        tp_pp = kind.startswith("multinode-405b") and kind != "multinode-405b-vllm"
+        dp_nodes = kind == "multinode-dsv3-dp-attention"   # DP attention, PP 1: both platforms' DP form
+        assert set(plat["unsupported"]) == (set() if dp_nodes else {"kserve"} if tp_pp
+                                            else {"llmd", "kserve"}), kind
     else:
         assert plat["unsupported"] == {} and {"llmd", "kserve"} <= set(plat)
 
@@ -359,6 +369,61 @@ def test_attention_dp_over_nodes_is_llmd_and_kserves_multi_node_form():
     assert values["decode"]["parallelism"] == {"tensor": 1, "data": 16, "dataLocal": 8, "workers": 2}
     line = values["decode"]["containers"][0]["args"][0]
     assert "RANK=$(( ${LWS_WORKER_INDEX:-0} * 8 ))" in line and "--data-parallel-start-rank \"$RANK\"" in line
+
+
+def _pp_line_sizes(values: dict) -> dict:
+    """The parallel sizes llm-d's TP x PP shell line runs vLLM with."""
+    words = shlex.split(values["decode"]["containers"][0]["args"][0].split(" exec ", 1)[1])
+    return {f: int(words[words.index(f) + 1]) for f in ("--tensor-parallel-size", "--pipeline-parallel-size",
+                                                         "--nnodes")}
+
+
+def test_tp_x_pp_over_nodes_is_llmds_multinode_form():
+    """Llama-3.1-405B at TP 8 x PP 2 over two 8-GPU nodes: the chart's LeaderWorkerSet (multinode,
+    parallelism.tensor 8 = a pod's GPUs, 2 workers), every pod running vLLM's multi-node launch with
+    its node rank from LWS and the non-leader headless; kvtune's flags ride in the line."""
+    for kind in ("multinode-405b-vllm-pp", "multinode-405b-sglang"):
+        plat = KINDS[kind]()["platforms"]
+        values = plat["llmd"]["resource"]
+        assert values["multinode"] is True and values["prefill"] == {"create": False}
+        pool = values["decode"]
+        assert pool["parallelism"] == {"tensor": 8, "workers": 2} and pool["replicas"] == 2
+        c = pool["containers"][0]
+        assert c["modelCommand"] == "custom" and c["resources"]["limits"]["nvidia.com/gpu"] == 8
+        assert _pp_line_sizes(values) == {"--tensor-parallel-size": 8, "--pipeline-parallel-size": 2, "--nnodes": 2}
+        line = c["args"][0]
+        assert line.startswith("NODE_RANK=${LWS_WORKER_INDEX:-0}; ") and line.endswith(" $HEADLESS")
+        for flag in ('--node-rank "$NODE_RANK"', '--master-addr "$LWS_LEADER_ADDRESS"', "--master-port 29501",
+                     "--max-num-seqs 64", "--max-num-batched-tokens 4096", "--gpu-memory-utilization 0.9"):
+            assert flag in line, flag
+        if kind == "multinode-405b-sglang":
+            assert any("SGLang" in n for n in plat["notes"]["llmd"])
+
+
+def test_a_multi_node_replica_the_platforms_cannot_run_keeps_a_one_line_reason():
+    """KServe 0.20.0 names a pipeline-parallel preset it does not ship: its reason cites where; llm-d's
+    chart cannot describe TP wider than a pod, nor kvtune a disaggregated pool over nodes."""
+    plat = KINDS["multinode-405b-vllm-pp"]()["platforms"]
+    why = plat["unsupported"]["kserve"]
+    assert "\n" not in why and "TP 8 x PP 2" in why
+    for evidence in ("kserve-config-llm-worker-pipeline-parallel", "pkg/controller/v1alpha2/llmisvc/config_merge.go",
+                     "config/llmisvcconfig/ at v0.20.0", "ConfigNotFound"):
+        assert evidence in why, evidence
+    wide = KINDS["multinode-405b-vllm"]()["platforms"]["unsupported"]
+    assert "\n" not in wide["llmd"] and "TP 16 x PP 1" in wide["llmd"] and "numGpuPerWorker" in wide["llmd"]
+    assert "pipeline-parallel" in wide["kserve"]
+    # DeepSeek-V3 as its example solves (TP 8 x PP 2, DP attention, EP 8): neither DP form has a pipeline
+    pp_dp = KINDS["multinode-dsv3-pp-dp-attention"]()["platforms"]["unsupported"]
+    for key, evidence in (("llmd", "no pipeline field"), ("kserve", "writes no pipeline size")):
+        assert "\n" not in pp_dp[key] and "TP 8 x PP 2" in pp_dp[key] and evidence in pp_dp[key], key
+    # DeepSeek-V3 as its example solves (TP 8 x PP 2, DP attention, EP 8): neither DP form has a pipeline
+    pp_dp = KINDS["multinode-dsv3-pp-dp-attention"]()["platforms"]["unsupported"]
+    for key, evidence in (("llmd", "no pipeline field"), ("kserve", "writes no pipeline size")):
+        assert "\n" not in pp_dp[key] and "TP 8 x PP 2" in pp_dp[key] and evidence in pp_dp[key], key
+    dis = disaggregated_launch(_pick(L405, 8, pp=2, replicas=1), _pick(L405, 8, pp=2, replicas=1),
+                               "kvtune-llama-3.1-405b", "vllm", TARGETS)["platforms"]
+    assert platform_errors(dis) == []
+    assert "aggregated picks only" in dis["unsupported"]["llmd"] and "pipeline" in dis["unsupported"]["kserve"]
 
 
 def test_a_platform_running_another_engine_says_so():
@@ -477,3 +542,21 @@ def test_every_solved_example_writes_schema_valid_platform_output(name, tmp_path
         plat = launch["platforms"]
         assert platform_errors(plat) == [], name   # each platform's output valid, or its reason
         assert "dynamo" in plat, plat["unsupported"]
+    rec = r["recommendation"]
+    if not name.startswith("multinode-"):
+        return
+    # both multinode examples solve to a TP x PP replica over two nodes (DeepSeek-V3 with DP attention)
+    assert rec["pp"] > 1, rec
+    plat = r["launch"]["platforms"]
+    # KServe 0.20.0 names a pipeline-parallel preset it does not ship: the reason says where
+    assert "kserve-config-llm-worker-pipeline-parallel" in plat["unsupported"]["kserve"]
+    if rec["dp_attention"]:
+        # vLLM's TP 1 x DP tp x PP pp: the chart's DP form has no pipeline field, a one-line reason
+        assert "no pipeline field" in plat["unsupported"]["llmd"] and "\n" not in plat["unsupported"]["llmd"]
+    else:
+        # a TP x PP replica over nodes: llm-d's values run the solved sizes
+        values = plat["llmd"]["resource"]
+        assert values["multinode"] is True and values["decode"]["parallelism"]["tensor"] == rec["tp"]
+        sizes = _pp_line_sizes(values)
+        assert (sizes["--tensor-parallel-size"], sizes["--pipeline-parallel-size"]) == (rec["tp"], rec["pp"])
+        assert values["decode"]["parallelism"]["workers"] == sizes["--nnodes"]
