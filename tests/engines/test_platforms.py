@@ -327,6 +327,13 @@ def test_a_disaggregated_pick_gives_the_planner_kvtunes_targets_and_sizes():
     assert float(val("--ttft")) == 1.0 and float(val("--itl")) == 0.04
     assert (val("--prefill-engine-num-gpu"), val("--decode-engine-num-gpu"), val("--max-gpu-budget")) == ("2", "4", "10")
     assert plat["dynamo"]["planner"]["targets"]["per_replica_goodput_req_s"] == 3.0
+    # what kvtune sized, beside the targets: the planner starts from it
+    assert plat["dynamo"]["planner"]["kvtune_sized"] == {"prefill_replicas": 3, "decode_replicas": 1,
+                                                         "prefill_gpus_per_replica": 2, "decode_gpus_per_replica": 4,
+                                                         "gpus": 10}
+    # the manifest's head names the Hugging Face token, required for a gated model (Llama)
+    token = next(ln for ln in plat["dynamo"]["manifest"].splitlines() if "Hugging Face token" in ln)
+    assert token.endswith("--from-literal=HF_TOKEN=hf_... (required: gated model)"), token
     # no SLO: no target flag, and a note saying the planner's default applies
     bare = KINDS["disagg-70b-sglang"]()["platforms"]["dynamo"]["planner"]
     assert "--ttft" not in bare["argv"] and any("TTFT" in n for n in bare["notes"])
