@@ -70,9 +70,13 @@ def _dp_nodes_script(p: LaunchPick, argv: list[str]) -> str:
            "--data-parallel-size", str(p.tp), "--data-parallel-size-local", str(local),
            "--data-parallel-address", "$LWS_LEADER_ADDRESS", "--data-parallel-rpc-port", str(DP_RPC_PORT),
            "--data-parallel-start-rank", "$RANK"]
-    line = " ".join(shlex.quote(a) if not a.startswith("$") else f'"{a}"' for a in cmd)
     return (f"RANK=$(( ${{LWS_WORKER_INDEX:-0}} * {local} )); HEADLESS=; "
-            f'[ "${{LWS_WORKER_INDEX:-0}}" -gt 0 ] && HEADLESS=--headless; exec {line} $HEADLESS')
+            f'[ "${{LWS_WORKER_INDEX:-0}}" -gt 0 ] && HEADLESS=--headless; exec {_shell_words(cmd)} $HEADLESS')
+
+
+def _shell_words(cmd: list[str]) -> str:
+    """``cmd`` as one shell line: each word quoted, the ``$VARIABLE``s the pod sets left to expand."""
+    return " ".join(shlex.quote(a) if not a.startswith("$") else f'"{a}"' for a in cmd)
 
 
 def pipeline_nodes(p: LaunchPick) -> bool:
@@ -103,9 +107,8 @@ def _pp_nodes_script(p: LaunchPick) -> str:
     rest = without_flags(full, ("--host", "--port", "--node-rank"))[3:]
     cmd = ["vllm", "serve", full[2], "--port", str(PORT), "--served-model-name", full[2], *rest,
            "--node-rank", "$NODE_RANK"]
-    line = " ".join(shlex.quote(a) if not a.startswith("$") else f'"{a}"' for a in cmd)
     return ('NODE_RANK=${LWS_WORKER_INDEX:-0}; HEADLESS=; '
-            f'[ "$NODE_RANK" -gt 0 ] && HEADLESS=--headless; exec {line} $HEADLESS')
+            f'[ "$NODE_RANK" -gt 0 ] && HEADLESS=--headless; exec {_shell_words(cmd)} $HEADLESS')
 
 
 def _pool(p: LaunchPick, role: str, disagg: bool) -> dict:
