@@ -182,7 +182,9 @@ def run_blind(engine: Engine, configs: list[dict], budget: int, seed: int, start
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     axes = {k: sorted({c[k] for c in configs}) for k in ("batch_cap", "chunk_tokens", "kv_dtype")}
-    smp = optuna.samplers.TPESampler(seed=seed) if sampler == "tpe" else optuna.samplers.RandomSampler(seed=seed)
+    # TPE's first trials are optuna's RandomSampler on the same seed: the random search draws on
+    # seed + 1000, or its first trials would be TPE's, config for config
+    smp = optuna.samplers.TPESampler(seed=seed) if sampler == "tpe" else optuna.samplers.RandomSampler(seed=seed + 1000)
     study = optuna.create_study(direction="maximize", sampler=smp)
     base = dict(configs[0])
     trace: list[tuple[int, float, str]] = []
