@@ -145,13 +145,15 @@ def truth_table(configs: list[dict], path: Path, jobs: int) -> dict[str, float]:
     return {_cfg_id(c): table[_cfg_id(c)]["goodput_req_s"] for c in configs}
 
 
-def run_tune(spec, adapter, run_s: float, budget: int, seed: int, log) -> tuple[list[tuple[int, float, str]], dict]:
-    """(runs used, engine seconds used, pick) after each round, and the result."""
+def run_tune(spec, adapter, run_s: float, budget: int, seed: int, log, near: int = 0
+             ) -> tuple[list[tuple[int, float, str]], dict]:
+    """(runs used, engine seconds used, pick) after each round, and the result. ``near``: tune's
+    --near (the configs the simulator ranks next, measured at 1.0x each round; kvtune tune's default 2)."""
     from kvtune.optimizer.tune import TuneSettings, Tuner
     from kvtune.optimizer.tune_store import TuneStore
     with tempfile.TemporaryDirectory() as tmp:
         store = TuneStore(None, "bench", "bench")
-        settings = TuneSettings(max_runs=budget, max_engine_s=1e9, run_s=run_s, min_requests=30, near=0,
+        settings = TuneSettings(max_runs=budget, max_engine_s=1e9, run_s=run_s, min_requests=30, near=near,
                                 max_rounds=8, seed=seed)
         t = Tuner(spec, adapter, settings, store, Path(tmp), log, threads=1)
         trace: list[tuple[int, float, str]] = []
@@ -196,7 +198,7 @@ def run_blind(engine: Engine, configs: list[dict], budget: int, seed: int, start
         key = _cfg_id(cfg)
         if key not in seen and mode == "bisect":
             with engine.up(cfg) as eng:
-                seen[key], hist = goodput(engine, eng, start, factor, tol, max_runs=budget - engine.runs)
+                seen[key], _ = goodput(engine, eng, start, factor, tol, max_runs=budget - engine.runs)
             print(f"{sampler} seed {seed}: {key}: bisected {seen[key]:.3g} req/s ({engine.runs} runs so far)",
                   file=sys.stderr, flush=True)
         elif key not in seen:
@@ -239,7 +241,8 @@ def _method_one(task: tuple[str, int]) -> dict:
     adapter = _adapter(f"{method}-{seed}")
     if method == "tune":
         logf = open(_CTX["tmp"] / f"tune-{seed}.log", "w")
-        trace, res = run_tune(spec, adapter, a.run_s, a.budget, seed, lambda m: print(m, file=logf, flush=True))
+        trace, res = run_tune(spec, adapter, a.run_s, a.budget, seed, lambda m: print(m, file=logf, flush=True),
+                              near=a.near)
         logf.close()
         runs_used, status, loads = res["runs"], res["status"], res.pop("_loads", [])
     else:
@@ -272,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--truth-start", type=float, default=None, help="the truth bisection's first rate (default --ladder-start)")
     ap.add_argument("--budget", type=int, default=40, help="real runs tune may use")
     ap.add_argument("--blind-budget", type=int, default=None, help="real runs each blind search may use (default --budget)")
+    ap.add_argument("--near", type=int, default=0, help="tune's --near (kvtune tune's default is 2; this bench's was 0)")
     ap.add_argument("--tol", type=float, default=0.05)
     ap.add_argument("--ladder-start", type=float, default=2.0)
     ap.add_argument("--ladder", type=float, default=1.5)
