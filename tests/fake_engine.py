@@ -21,7 +21,11 @@ in the KV pool before admitting it.
 
 Environment knobs (so that shims and command templates pass them through):
   KVTUNE_FAKE_COST   JSON overriding ``DEFAULT_COST`` (base_ms, seq_ms, prefill_ms_per_tok,
-                     ctx_us_per_tok, speed).
+                     ctx_us_per_tok, speed). Optional ``kv``: {CACHE_TYPE: {"ctx_scale": X, "seq_ms": Y,
+                     "prefill_ms_per_tok": Z}} for a KV cache type the engine was started with (llama.cpp
+                     ``-ctk``, vLLM/SGLang ``--kv-cache-dtype``): the context term is scaled by X and Y, Z
+                     added to those terms (a quantized cache reads fewer bytes but (de)quantizes); a
+                     type not named there (and the default, no ``kv``) costs as above.
   KVTUNE_FAKE_SPEED_FILE  a file holding a number read at every step: the speed multiplier (a
                      test changes it to make the machine "drift").
   KVTUNE_FAKE_TIMING_LOG  a file each streamed request appends one JSON line to: when it was
@@ -129,8 +133,9 @@ class Engine:
     """Continuous batching over ``slots`` sequences with the hidden step cost."""
 
     def __init__(self, slots: int, batch_tokens: int, pool_tokens: int, threads: int, cost: dict,
-                 speed_file: str | None):
+                 speed_file: str | None, kv_type: str = ""):
         self.slots, self.batch_tokens, self.pool_tokens, self.threads = slots, batch_tokens, pool_tokens, threads
+        self.kv_type = kv_type
         self.cost, self.speed_file = cost, speed_file
         self.waiting: collections.deque[_Req] = collections.deque()
         self.running: list[_Req] = []
@@ -153,7 +158,10 @@ class Engine:
 
     def _step_s(self, decoding: int, prompt: int, context: int) -> float:
         c = self.cost
-        ms = c["base_ms"] + c["seq_ms"] * decoding + c["prefill_ms_per_tok"] * prompt + c["ctx_us_per_tok"] * context / 1e3
+        kv = (c.get("kv") or {}).get(self.kv_type, {})   # KVTUNE_FAKE_COST's kv terms for this cache type
+        ms = (c["base_ms"] + (c["seq_ms"] + kv.get("seq_ms", 0.0)) * decoding
+              + (c["prefill_ms_per_tok"] + kv.get("prefill_ms_per_tok", 0.0)) * prompt
+              + c["ctx_us_per_tok"] * kv.get("ctx_scale", 1.0) * context / 1e3)
         return ms / 1e3 * self._speed() / max(1, self.threads) ** 0.5
 
     def _admit(self) -> None:
@@ -455,7 +463,8 @@ def main(argv: list[str], style: str) -> int:
         S.served = a.model
     if _fault("wrong_model") is not None:
         S.served = "Qwen/Qwen2.5-0.5B-Instruct"
-    S.engine = Engine(a.slots, batch, S.pool, threads, cost, os.environ.get("KVTUNE_FAKE_SPEED_FILE"))
+    kv_type = a.cache_type_k if style == "llamacpp" else getattr(a, "kv_cache_dtype", "")
+    S.engine = Engine(a.slots, batch, S.pool, threads, cost, os.environ.get("KVTUNE_FAKE_SPEED_FILE"), kv_type)
     load = _fault("load_s")
     S.ready_at = time.monotonic() + (float(load) if load else 0.0)
     try:
