@@ -9,7 +9,7 @@ import pytest
 import fake_engine
 from kvtune.optimizer.adapters import LocalAdapter
 from kvtune.optimizer.search import make_storage
-from kvtune.optimizer.tune import Tuner, TuneSettings, _same_behaviour
+from kvtune.optimizer.tune import Tuner, TuneSettings, _same_behaviour, _scheduling_only
 from kvtune.optimizer.tune_store import TuneStore
 from kvtune.optimizer.workload import load_workload
 
@@ -36,6 +36,17 @@ def test_chunk_budgets_above_every_step_schedule_alike_and_one_below_does_not(tu
     assert _same_behaviour(wide, tuner._behaviour(ctx, _cfg(8, 4096), rates))
     assert not _same_behaviour(wide, tuner._behaviour(ctx, _cfg(8, 32), rates))   # one prompt per step at most
     assert not _same_behaviour(wide, tuner._behaviour(ctx, _cfg(2, 512), rates))  # fewer slots queue more
+
+
+def test_only_the_schedulers_limits_make_twins():
+    """A twin differs from a measured config in its batch cap or chunk budget only: a KV cache type (or
+    TP, or speculation) changes the engine's kernels, which the simulator sees through bytes alone, so a
+    q8_0 config it schedules like an fp16 one is still measured (the 72-config bench's best was q8_0,
+    and tune, skipping every q8_0 config as an fp16 one's twin, never measured one)."""
+    assert _scheduling_only(_cfg(8, 512), _cfg(8, 4096)) and _scheduling_only(_cfg(8, 512), _cfg(16, 512))
+    assert not _scheduling_only(_cfg(8, 512), dict(_cfg(8, 512), kv_dtype="q8_0"))
+    assert not _scheduling_only(_cfg(8, 512), dict(_cfg(8, 512), spec_k=2))
+    assert not _scheduling_only(_cfg(8, 512), dict(_cfg(8, 512), tp=2))
 
 
 def test_a_near_config_that_will_not_start_is_recorded_and_the_round_goes_on(tuner, monkeypatch):
