@@ -88,7 +88,6 @@ EQUAL_COST_MARGIN = 0.01  # min_cost: a config at the best's $/h must beat its g
                         # is then at least 1/1.01 of the best at its $/h)
 
 
-
 @dataclass(frozen=True)
 class Probe:
     """One simulation of one config at one per-replica rate (req/s)."""

@@ -8,11 +8,10 @@ its percentiles and attainment are solve's (``optimizer.check``)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 import dataclasses
 import math
 import time
+from collections.abc import Collection
 
 import click
 
